@@ -1,0 +1,83 @@
+"""Checks of user input, run at the API boundary before any state is touched."""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Union
+
+from .errors import ConfigurationError
+
+#: the longest queue name accepted, in characters
+MAX_NAME_LENGTH = 200
+
+#: what an interval or timeout may be given as
+Seconds = Union[float, int, datetime.timedelta]
+
+
+def interval(value: object) -> float:
+    """``value`` as a positive, finite number of seconds."""
+    seconds = _seconds("interval", value)
+    if not (0.0 < seconds < math.inf):
+        raise ConfigurationError(f"interval must be a finite number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def interval_us(seconds: float) -> int:
+    """An interval in seconds as whole microseconds, at least one."""
+    micros = round(seconds * 1_000_000)
+    if micros < 1:
+        raise ConfigurationError(f"interval must be at least one microsecond, got {seconds!r} s")
+    if micros >= 2**52:
+        raise ConfigurationError(f"interval must be under about 142 years, got {seconds!r} s")
+    return micros
+
+
+def timeout(value: object) -> float | None:
+    """``value`` as ``None`` (wait for ever) or a number of seconds >= 0."""
+    if value is None:
+        return None
+    seconds = _seconds("timeout", value)
+    if math.isnan(seconds) or seconds < 0:
+        raise ConfigurationError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def lead(value: object) -> float | None:
+    """``value`` as ``None`` (adaptive) or a finite number of seconds >= 0."""
+    if value is None:
+        return None
+    seconds = _seconds("lead", value)
+    if not (0.0 <= seconds < math.inf):
+        raise ConfigurationError(f"lead must be None or a finite number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def name(value: object) -> str:
+    """``value`` as a queue name: a non-empty string of printable characters."""
+    if not isinstance(value, str):
+        raise ConfigurationError(f"name must be a string, got {type(value).__name__}")
+    if not value:
+        raise ConfigurationError("name must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ConfigurationError(f"name must be at most {MAX_NAME_LENGTH} characters, got {len(value)}")
+    if not value.isprintable():
+        raise ConfigurationError(f"name must hold printable characters only, got {value!r}")
+    return value
+
+
+def positive_int(what: str, value: object) -> int:
+    """``value`` as an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _seconds(what: str, value: object) -> float:
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(
+            f"{what} must be a number of seconds or a timedelta, got {type(value).__name__}"
+        )
+    return float(value)

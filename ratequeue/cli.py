@@ -1,0 +1,198 @@
+"""The ``ratequeue`` command (also ``python -m ratequeue``).
+
+``demo`` starts several processes that share one rate and shows their starts
+live; ``status`` and ``reset`` inspect and clear a queue's shared record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing
+import queue as queue_module
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from . import __version__, _validate
+from .errors import ConfigurationError, RateQueueError
+from .limiter import Limiter
+from .protocol import NEVER, US
+from .state import State, from_url
+from .state.memory import MemoryState
+
+__all__ = ["main"]
+
+#: what the command line accepts for "the per-user default state file"
+DEFAULT_URL = "default"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the process exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args, sys.stdout))
+    except RateQueueError as exc:
+        print(f"ratequeue: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ratequeue: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ratequeue", description="One start per interval, globally, in first-come order."
+    )
+    parser.add_argument("--version", action="version", version=f"ratequeue {__version__}")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run several processes sharing one rate and show their starts",
+        description="Start several processes that share one rate through one state, show every "
+        "start as it happens, and summarise the gaps between starts.",
+    )
+    demo.add_argument("--processes", type=int, default=4, help="processes to start (default 4)")
+    demo.add_argument("--jobs", type=int, default=25, help="acquires per process (default 25)")
+    demo.add_argument("--interval", type=float, default=0.05, help="seconds between starts (default 0.05)")
+    demo.add_argument("--url", default=DEFAULT_URL, help="state URL (default: the per-user state file)")
+    demo.add_argument("--name", default="ratequeue-demo", help="queue name (default ratequeue-demo)")
+    demo.add_argument("--quiet", action="store_true", help="print only the summary")
+    demo.set_defaults(run=_demo)
+
+    status = commands.add_parser("status", help="show a queue's shared record")
+    status.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
+    status.add_argument("name", metavar="NAME", help="queue name")
+    status.set_defaults(run=_status)
+
+    reset = commands.add_parser("reset", help="delete a queue's shared record")
+    reset.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
+    reset.add_argument("name", metavar="NAME", help="queue name")
+    reset.set_defaults(run=_reset)
+    return parser
+
+
+def _open(url: str) -> State:
+    return from_url(None if url == DEFAULT_URL else url)
+
+
+def _status(args: argparse.Namespace, out: TextIO) -> int:
+    with _open(args.url) as state:
+        snapshot = state.read(_validate.name(args.name))
+        print(f"state:     {state.url}", file=out)
+        print(f"queue:     {args.name}", file=out)
+        record = snapshot.record
+        if record is None:
+            print("record:    none (no ticket handed out yet)", file=out)
+            return 0
+        print(f"interval:  {record.interval / US:g} s", file=out)
+        print(f"tickets:   {record.ticket - 1} handed out, {record.pos} is the latest started", file=out)
+        if record.at == NEVER:
+            print("last start: never", file=out)
+        else:
+            ago = (snapshot.now - record.at) / US
+            print(f"last start: {ago:.3f} s ago (state clock)", file=out)
+        waiting = record.ticket - 1 - record.pos
+        print(f"held:      {waiting} ticket(s) handed out and not started", file=out)
+    return 0
+
+
+def _reset(args: argparse.Namespace, out: TextIO) -> int:
+    with _open(args.url) as state:
+        existed = state.reset(_validate.name(args.name))
+        print(f"{'reset' if existed else 'no record for'} queue {args.name!r} in {state.url}", file=out)
+    return 0
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    processes = _validate.positive_int("--processes", args.processes)
+    jobs = _validate.positive_int("--jobs", args.jobs)
+    interval = _validate.interval(args.interval)
+    name = _validate.name(args.name)
+    with _open(args.url) as state:
+        if isinstance(state, MemoryState):
+            raise ConfigurationError(
+                "memory:// lives inside one process; the demo needs a state its processes share"
+            )
+        url = state.url
+        state.reset(name)  # a fresh record, with this demo's interval
+    total = processes * jobs
+    print(
+        f"{processes} processes x {jobs} starts, one start every {interval * 1000:g} ms, "
+        f"through {url} (queue {name!r})",
+        file=out,
+    )
+    context = multiprocessing.get_context("spawn")
+    reports: Any = context.Queue()
+    workers = [
+        context.Process(target=_demo_worker, args=(url, name, interval, jobs, index, reports), daemon=True)
+        for index in range(1, processes + 1)
+    ]
+    for worker in workers:
+        worker.start()
+    starts: list[int] = []
+    failures: list[str] = []
+    latest: int | None = None
+    finished = 0
+    while finished < processes:
+        try:
+            index, ticket, start, error = reports.get(timeout=max(30.0, 10 * interval))
+        except queue_module.Empty:
+            failures.append("no report for 30 s; giving up")
+            break
+        if ticket is None:
+            finished += 1
+            if error:
+                failures.append(f"process {index}: {error}")
+            continue
+        starts.append(start)
+        if not args.quiet:
+            gap = "" if latest is None else f"gap {(start - latest) / 1000:8.3f} ms"
+            flag = "  UNDER INTERVAL" if latest is not None and start - latest < interval * US else ""
+            progress = f"[{len(starts):>{len(str(total))}}/{total}]"
+            print(f"{progress} process {index}  ticket {ticket:>6}  {gap}{flag}", file=out)
+        latest = start if latest is None else max(latest, start)
+    for worker in workers:
+        worker.join(timeout=5)
+    return _summary(starts, total, interval, failures, out)
+
+
+def _summary(starts: list[int], total: int, interval: float, failures: list[str], out: TextIO) -> int:
+    starts = sorted(starts)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    interval_us = _validate.interval_us(interval)
+    under = sum(1 for gap in gaps if gap < interval_us)
+    print(file=out)
+    if gaps:
+        span = (starts[-1] - starts[0]) / US
+        rate = len(gaps) / span if span > 0 else float("inf")
+        target = 1 / interval
+        print(
+            f"summary: {len(starts)}/{total} starts, smallest gap {min(gaps) / 1000:.3f} ms, "
+            f"median gap {statistics.median(gaps) / 1000:.3f} ms, "
+            f"rate {rate:.2f}/s of {target:.2f}/s target ({100 * rate / target:.1f} %), "
+            f"gaps under the interval: {under}",
+            file=out,
+        )
+    else:
+        print(f"summary: {len(starts)}/{total} starts", file=out)
+    for failure in failures:
+        print(f"failure: {failure}", file=out)
+    return 0 if under == 0 and not failures and len(starts) == total else 1
+
+
+def _demo_worker(url: str, name: str, interval: float, jobs: int, index: int, reports: Any) -> None:
+    error = ""
+    try:
+        limiter = Limiter(url, name=name, interval=interval)
+        for _ in range(jobs):
+            turn = limiter.acquire()
+            reports.put((index, turn.ticket, turn.start_us, ""))
+        limiter.close()
+    except Exception as exc:  # reported to the parent, which fails the demo
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        reports.put((index, None, None, error))

@@ -1,0 +1,145 @@
+"""The ticket protocol: the shared record and its two atomic operations.
+
+This module is the reference every state backend is held to (DESIGN.md §3).
+It is pure: each operation takes a :class:`Record` and the state clock's
+``now`` and returns the new record with the answer. Backends run the same
+steps atomically, reading ``now`` from their own clock.
+
+``slot(T) = at + (T - pos) * interval`` is the earliest state-clock time at
+which ticket ``T`` may start. A record whose ``at`` is :data:`NEVER` has
+never started a job, so every ticket's slot lies far in the past and it may
+start at once.
+
+Times and intervals are whole **microseconds**: integer arithmetic keeps
+guarantee G1 exact (no start closer than ``interval`` by a rounding error)
+and gives every backend -- Python, Lua, MongoDB's int64 -- the same answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Union
+
+__all__ = [
+    "NEVER",
+    "US",
+    "Outcome",
+    "Passed",
+    "Record",
+    "Started",
+    "Taken",
+    "Wait",
+    "new_record",
+    "take",
+    "take_and_try",
+    "try_start",
+]
+
+#: the ``at`` of a record that has never started a job: -2**52 us, about 142
+#: years before the epoch, so that slots stay exact in a double (Lua)
+NEVER = -(2**52)
+
+#: microseconds per second
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Record:
+    """The state one queue name shares between all of its shards."""
+
+    #: the next ticket number to hand out (the first is 1)
+    ticket: int
+    #: the highest ticket that has started (0: none yet)
+    pos: int
+    #: state-clock time (us) at which ticket ``pos`` starts; ``NEVER`` if none has
+    at: int
+    #: microseconds between two starts, fixed when the record is created
+    interval: int
+
+    def slot(self, ticket: int) -> int:
+        """The earliest state-clock time at which ``ticket`` (> ``pos``) may start."""
+        return self.at + (ticket - self.pos) * self.interval
+
+
+def new_record(interval: int) -> Record:
+    """The record of a queue that has handed out no ticket yet."""
+    return Record(ticket=1, pos=0, at=NEVER, interval=interval)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A ticket handed out by :func:`take`, with the record as it stood."""
+
+    ticket: int
+    pos: int
+    at: int
+    now: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """``ticket`` started; its job begins at state-clock time ``start`` (``>= now``)."""
+
+    ticket: int
+    start: int
+    now: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """``ticket`` may not start before state-clock time ``slot``; ask again then."""
+
+    ticket: int
+    slot: int
+    now: int
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A later ticket (``pos``) has started: ``ticket`` will never start; take a new one."""
+
+    ticket: int
+    pos: int
+    now: int
+
+
+#: what :func:`try_start` and :func:`take_and_try` answer
+Outcome = Union[Started, Wait, Passed]
+
+
+def take(record: Record, now: int) -> tuple[Record, Taken]:
+    """Hand out the next ticket.
+
+    When every ticket already handed out is at least one interval past its
+    slot, ``pos`` jumps forward to the last of them first, so a new ticket
+    never waits behind tickets whose holders are gone (guarantee G4). ``at``
+    is left alone: slots stay computed from the last real start.
+    """
+    last = record.ticket - 1
+    if last > record.pos and record.slot(last) + record.interval <= now:
+        record = replace(record, pos=last)
+    taken = Taken(ticket=record.ticket, pos=record.pos, at=record.at, now=now)
+    return replace(record, ticket=record.ticket + 1), taken
+
+
+def try_start(record: Record, ticket: int, lead: int, now: int) -> tuple[Record, Outcome]:
+    """Start ``ticket`` if its slot is at most ``lead`` microseconds away.
+
+    A started ticket's job begins at ``max(slot, now)``, which may lie up to
+    ``lead`` in the future; the record's ``current`` moves to it. A ticket at
+    or below ``pos`` has been passed and can never start; so has a ticket the
+    record never handed out (it was reset since).
+    """
+    if record.pos >= ticket or ticket >= record.ticket:
+        return record, Passed(ticket=ticket, pos=record.pos, now=now)
+    slot = record.slot(ticket)
+    if now + lead >= slot:
+        start = max(slot, now)
+        return replace(record, pos=ticket, at=start), Started(ticket=ticket, start=start, now=now)
+    return record, Wait(ticket=ticket, slot=slot, now=now)
+
+
+def take_and_try(record: Record, lead: int, now: int) -> tuple[Record, Outcome]:
+    """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
+    record, taken = take(record, now)
+    return try_start(record, taken.ticket, lead, now)

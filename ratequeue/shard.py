@@ -1,0 +1,255 @@
+"""The shard: one process's local queue of waiting jobs, free of I/O.
+
+A :class:`Shard` decides, for each waiting job, what its driver must do next
+(DESIGN.md §4): wait for its turn in the local FIFO, take a ticket, try to
+start the ticket it holds, sleep until its slot comes near, or begin. It
+never calls the state, reads a clock or sleeps itself; the thread driver
+(:mod:`ratequeue.limiter`) and the asyncio driver run the I/O and report the
+answers back. The property tests drive it with a fake clock.
+
+Only the head job talks to the state, and the shard holds at most one ticket.
+The ticket belongs to the shard, not to a job: when the head gives up
+(timeout, cancel) the next job inherits the ticket, and a turn granted to a
+job that has just left goes to the next one, so nothing is wasted.
+
+Local times are seconds on the local clock (``time.monotonic`` in the
+drivers); the protocol's answers carry state-clock times in microseconds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Union
+
+from .protocol import US, Outcome, Passed, Started, Wait
+
+__all__ = [
+    "DEFAULT_JITTER",
+    "Begin",
+    "Expired",
+    "Job",
+    "Shard",
+    "SleepUntil",
+    "Step",
+    "TakeAndTry",
+    "Turn",
+    "TryStart",
+    "WaitForTurn",
+]
+
+#: wake-up lateness allowed for when reserving a slot early (adaptive lead)
+DEFAULT_JITTER = 0.002
+
+#: weight of the newest round-trip in the smoothed round-trip time
+_RTT_WEIGHT = 0.25
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A job's granted turn."""
+
+    #: the ticket that started
+    ticket: int
+    #: when the job starts, on the state's clock, in microseconds
+    start_us: int
+    #: the same instant on this process's local clock, in seconds
+    local_start: float
+
+    @property
+    def start(self) -> float:
+        """When the job starts, on the state's clock, in seconds."""
+        return self.start_us / US
+
+
+@dataclass(eq=False)
+class Job:
+    """One caller waiting in a shard for its turn."""
+
+    #: local time by which the job must have begun, or ``None``
+    deadline: float | None = None
+    #: set once the job's turn has been granted
+    turn: Turn | None = field(default=None, init=False)
+    #: whether the job is in its shard's queue
+    queued: bool = field(default=False, init=False)
+
+
+@dataclass(frozen=True)
+class WaitForTurn:
+    """Not this job's turn to act (another job is ahead, or the shard is paused).
+
+    Wait until the shard changes, or until ``deadline`` (if not ``None``).
+    """
+
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class SleepUntil:
+    """Sleep until local time ``until`` (or a change of the shard), then ask again."""
+
+    until: float
+
+
+@dataclass(frozen=True)
+class TakeAndTry:
+    """Call ``state.take_and_try(name, interval_us, lead_us)`` and report the answer."""
+
+    lead_us: int
+
+
+@dataclass(frozen=True)
+class TryStart:
+    """Call ``state.try_start(name, interval_us, ticket, lead_us)`` and report the answer."""
+
+    ticket: int
+    lead_us: int
+
+
+@dataclass(frozen=True)
+class Begin:
+    """The job's turn: begin it at local time ``turn.local_start``."""
+
+    turn: Turn
+
+
+@dataclass(frozen=True)
+class Expired:
+    """The job's deadline passes before its turn can come: give up."""
+
+
+#: what :meth:`Shard.step` tells a driver to do
+Step = Union[WaitForTurn, SleepUntil, TakeAndTry, TryStart, Begin, Expired]
+
+
+class Shard:
+    """The scheduling logic of one process's share of a queue."""
+
+    def __init__(self, interval: float, *, lead: float | None = None, jitter: float = DEFAULT_JITTER) -> None:
+        """
+        :param interval: the queue's interval in seconds.
+        :param lead: how long before its slot the head may reserve it; ``None``
+            adapts it to twice the smoothed round-trip time plus ``jitter``,
+            at most one interval.
+        :param jitter: the wake-up lateness the adaptive lead allows for.
+        """
+        self.interval = interval
+        self._fixed_lead = lead
+        self._jitter = jitter
+        self._jobs: deque[Job] = deque()
+        self._paused = False
+        #: the ticket this shard holds, and the local time of its slot if known
+        self._ticket: int | None = None
+        self._slot: float | None = None
+        self._in_flight: Job | None = None
+        self._rtt: float | None = None
+
+    @property
+    def waiting(self) -> int:
+        """How many jobs wait here for their turn."""
+        return len(self._jobs)
+
+    @property
+    def paused(self) -> bool:
+        """Whether the shard is paused."""
+        return self._paused
+
+    @property
+    def ticket(self) -> int | None:
+        """The ticket this shard holds, if any."""
+        return self._ticket
+
+    @property
+    def lead(self) -> float:
+        """How long before its slot the head reserves it."""
+        if self._fixed_lead is not None:
+            return self._fixed_lead
+        rtt = self._rtt if self._rtt is not None else 0.0
+        return min(self.interval, self._jitter + 2 * rtt)
+
+    def add(self, deadline: float | None = None) -> Job:
+        """Queue a new job at the back; ``deadline`` is local time."""
+        job = Job(deadline=deadline)
+        job.queued = True
+        self._jobs.append(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Take ``job`` out of the queue (it timed out or was cancelled).
+
+        The shard keeps its ticket for the next job. Cancelling a job that has
+        its turn already, or has left, does nothing.
+        """
+        if job.queued:
+            job.queued = False
+            self._jobs.remove(job)
+
+    def pause(self) -> None:
+        """Stop calling the state; waiting jobs keep their places."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Continue after :meth:`pause`; the held ticket is tried first."""
+        self._paused = False
+
+    def step(self, job: Job, now: float) -> Step:
+        """What the driver of ``job`` must do at local time ``now``."""
+        if job.turn is not None:
+            return Begin(job.turn)
+        if not job.queued:
+            raise ValueError("the job is not waiting in this shard")
+        deadline = job.deadline
+        if deadline is not None and now >= deadline:
+            return Expired()
+        if self._jobs[0] is not job or self._paused or self._in_flight is not None:
+            return WaitForTurn(deadline)
+        lead = self.lead if deadline is None else max(0.0, min(self.lead, deadline - now))
+        lead_us = int(lead * US)
+        if self._ticket is None:
+            self._in_flight = job
+            return TakeAndTry(lead_us)
+        if self._slot is not None:
+            if deadline is not None and self._slot > deadline:
+                return Expired()
+            wake = self._slot - self.lead
+            if now < wake:
+                return SleepUntil(wake)
+        self._in_flight = job
+        return TryStart(self._ticket, lead_us)
+
+    def receive(self, job: Job, outcome: Outcome, sent: float, received: float) -> None:
+        """Report the state's answer to the call made for ``job``.
+
+        ``sent`` and ``received`` are the local times just before the call and
+        just after its answer.
+        """
+        self._finish_call(job)
+        rtt = max(0.0, received - sent)
+        self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
+        if isinstance(outcome, Started):
+            self._ticket = self._slot = None
+            if not self._jobs:
+                return  # the job left meanwhile and nobody else waits: the turn is unused
+            head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
+            head.queued = False
+            head.turn = Turn(outcome.ticket, outcome.start, received + (outcome.start - outcome.now) / US)
+        elif isinstance(outcome, Wait):
+            self._ticket = outcome.ticket
+            self._slot = received + (outcome.slot - outcome.now) / US
+        elif isinstance(outcome, Passed):
+            self._ticket = self._slot = None
+        else:  # pragma: no cover - the protocol has three answers
+            raise TypeError(f"not a protocol answer: {outcome!r}")
+
+    def failed(self, job: Job) -> None:
+        """Report that the call made for ``job`` raised or was abandoned.
+
+        Its answer is unknown: a ticket it may have taken is lost (costing the
+        others at most one interval), and the held ticket is kept.
+        """
+        self._finish_call(job)
+
+    def _finish_call(self, job: Job) -> None:
+        if self._in_flight is not job:
+            raise ValueError("no call is in flight for this job")
+        self._in_flight = None

@@ -1,0 +1,57 @@
+"""Shared code of the states that run the reference protocol in this process."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import TypeVar
+
+from .. import protocol
+from ..protocol import Outcome, Record, Taken
+from .base import Snapshot, State, check_interval_matches
+
+R = TypeVar("R")
+
+#: one protocol step: the record and ``now`` in, the new record and an answer out
+Step = Callable[[Record, int], "tuple[Record, R]"]
+
+
+class LocalState(State):
+    """A state that applies :mod:`ratequeue.protocol` itself, under an exclusive lock."""
+
+    @abstractmethod
+    def _transact(
+        self, name: str, interval: int | None, step: Step[R] | None
+    ) -> tuple[Record | None, int, R | None]:
+        """Atomically read ``name``'s record, apply ``step`` and store the result.
+
+        With an ``interval``, a missing record is created with it and a stored
+        one must have it. Without a ``step`` nothing is written. Returns the
+        record as read, the clock's time, and the step's answer.
+        """
+
+    def _run(self, name: str, interval: int, step: Step[R]) -> R:
+        _, _, answer = self._transact(name, interval, step)
+        assert answer is not None
+        return answer
+
+    def _take(self, name: str, interval: int) -> Taken:
+        return self._run(name, interval, protocol.take)
+
+    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return self._run(name, interval, lambda r, now: protocol.try_start(r, ticket, lead, now))
+
+    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
+        return self._run(name, interval, lambda r, now: protocol.take_and_try(r, lead, now))
+
+    def _read(self, name: str) -> Snapshot:
+        record, now, _ = self._transact(name, None, None)
+        return Snapshot(record=record, now=now)
+
+
+def open_record(name: str, record: Record | None, interval: int) -> Record:
+    """``record``, or a new one if it is missing; its interval must be ``interval``."""
+    if record is None:
+        return protocol.new_record(interval)
+    check_interval_matches(name, record.interval, interval)
+    return record

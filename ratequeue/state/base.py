@@ -1,0 +1,156 @@
+"""The contract every state backend fulfils.
+
+A state keeps one :class:`~ratequeue.protocol.Record` per queue name and
+offers the protocol's operations on it, each atomic and timed on the state's
+own clock. Times, intervals and leads are whole microseconds, as in the
+protocol. Everything else (which ticket to try, when to sleep) is decided by
+the shard above it. Backends implement the underscored methods; the public
+ones check their arguments first, so bad input never reaches a driver.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _validate
+from ..errors import ConfigurationError, StateCorrupted
+from ..protocol import NEVER, US, Outcome, Record, Taken
+
+#: larger times and intervals (us) are refused: about 142 years, so that every
+#: slot stays exact in a double (Lua) and in an int64 (MongoDB)
+MAX_US = 2**52
+
+__all__ = ["Clock", "Snapshot", "State", "check_record", "check_interval_matches"]
+
+#: a function returning the current time in whole microseconds
+Clock = Callable[[], int]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A queue's record (``None`` if it does not exist) as read at state-clock time ``now`` (us)."""
+
+    record: Record | None
+    now: int
+
+
+class State(ABC):
+    """Where the shards of a queue keep their shared record.
+
+    Every operation names the queue and the interval its caller expects. The
+    first operation on a name creates its record with that interval; a later
+    one with a different interval raises :class:`ConfigurationError` and
+    changes nothing.
+    """
+
+    #: the URL this state was opened from; limiters pickle as this URL
+    url: str
+
+    def take(self, name: str, interval_us: int) -> Taken:
+        """Hand out the next ticket of queue ``name`` (see :func:`ratequeue.protocol.take`)."""
+        return self._take(_validate.name(name), _check_us("interval_us", interval_us, 1))
+
+    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away.
+
+        See :func:`ratequeue.protocol.try_start`. A ticket the record never
+        handed out (because it was reset) is answered as passed.
+        """
+        _check_us("ticket", ticket, 1)
+        return self._try_start(
+            _validate.name(name),
+            _check_us("interval_us", interval_us, 1),
+            ticket,
+            _check_us("lead_us", lead_us, 0),
+        )
+
+    def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+        """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
+        return self._take_and_try(
+            _validate.name(name), _check_us("interval_us", interval_us, 1), _check_us("lead_us", lead_us, 0)
+        )
+
+    def read(self, name: str) -> Snapshot:
+        """The record of queue ``name`` and the state clock's time; changes nothing."""
+        return self._read(_validate.name(name))
+
+    def reset(self, name: str) -> bool:
+        """Delete the record of queue ``name``; say whether there was one.
+
+        An administrative act: the next operation creates a fresh record, with
+        the interval it names. Shards holding old tickets take new ones.
+        """
+        return self._reset(_validate.name(name))
+
+    def close(self) -> None:  # noqa: B027 - most states hold nothing to release
+        """Release connections and files; the state may not be used afterwards."""
+
+    def __enter__(self) -> State:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @abstractmethod
+    def _take(self, name: str, interval: int) -> Taken: ...
+
+    @abstractmethod
+    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+
+    @abstractmethod
+    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome: ...
+
+    @abstractmethod
+    def _read(self, name: str) -> Snapshot: ...
+
+    @abstractmethod
+    def _reset(self, name: str) -> bool: ...
+
+
+def check_interval_matches(name: str, stored: int, wanted: int) -> None:
+    """Raise :class:`ConfigurationError` if a queue's stored interval (us) is not ``wanted``."""
+    if stored != wanted:
+        raise ConfigurationError(
+            f"queue {name!r} has interval {stored / US:g} s in this state, not {wanted / US:g} s; "
+            f"use the stored interval, another name, or reset the queue to change it"
+        )
+
+
+def check_record(fields: Any, *, where: str) -> Record:
+    """Turn stored fields into a :class:`Record`, or raise :class:`StateCorrupted`."""
+    if not isinstance(fields, dict):
+        raise StateCorrupted(f"record at {where} is {type(fields).__name__}, not an object", where=where)
+    missing = {"ticket", "pos", "at", "interval"} - fields.keys()
+    if missing:
+        raise StateCorrupted(f"record at {where} lacks {', '.join(sorted(missing))}", where=where)
+    ticket, pos, at, interval = fields["ticket"], fields["pos"], fields["at"], fields["interval"]
+    if not (_is_int(ticket) and _is_int(pos) and 0 <= pos < ticket):
+        raise StateCorrupted(
+            f"record at {where} has ticket={ticket!r}, pos={pos!r}; want integers 0 <= pos < ticket",
+            where=where,
+        )
+    if at is None:
+        at = NEVER
+    if not (_is_int(at) and NEVER <= at < MAX_US):
+        raise StateCorrupted(f"record at {where} has at={at!r}; want whole microseconds or null", where=where)
+    if not (_is_int(interval) and 0 < interval < MAX_US):
+        raise StateCorrupted(
+            f"record at {where} has interval={interval!r}; want whole microseconds > 0", where=where
+        )
+    return Record(ticket=ticket, pos=pos, at=at, interval=interval)
+
+
+def _check_us(what: str, value: int, low: int) -> int:
+    if not (_is_int(value) and low <= value < MAX_US):
+        raise ConfigurationError(f"{what} must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

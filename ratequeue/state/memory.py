@@ -1,0 +1,73 @@
+"""``memory://``: a state inside this process, for threads of one process and for tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from ..protocol import Record
+from ._local import LocalState, R, Step, open_record
+from .base import Clock
+
+__all__ = ["MemoryState"]
+
+
+class MemoryState(LocalState):
+    """Records kept in this process's memory, timed on ``time.monotonic``.
+
+    Every ``MemoryState`` opened from the same URL shares one store, so
+    limiters built from ``"memory://"`` in one process share one rate.
+    ``memory://NAME`` opens a separate store called NAME. Nothing is shared
+    with other processes.
+    """
+
+    _stores: ClassVar[dict[str, tuple[threading.Lock, dict[str, Record]]]] = {}
+    _stores_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, store: str = "", *, clock: Clock | None = None, private: bool = False) -> None:
+        """Open the in-process store called ``store``.
+
+        :param clock: the state's clock (``time.monotonic_ns() // 1000`` by default, whole microseconds);
+            tests pass a fake one to drive time.
+        :param private: give this object a store of its own, shared with no
+            other object, whatever its name.
+        """
+        self.url = f"memory://{store}"
+        self._clock = clock
+        self._lock: threading.Lock
+        self._records: dict[str, Record]
+        if private:
+            self._lock, self._records = threading.Lock(), {}
+        else:
+            with self._stores_lock:
+                self._lock, self._records = self._stores.setdefault(store, (threading.Lock(), {}))
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryState:
+        """Open ``memory://`` or ``memory://NAME``."""
+        parts = urlsplit(url)
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigurationError(f"a memory URL is memory:// or memory://NAME, got {url!r}")
+        return cls(parts.netloc)
+
+    def _transact(
+        self, name: str, interval: int | None, step: Step[R] | None
+    ) -> tuple[Record | None, int, R | None]:
+        with self._lock:
+            now = self._clock() if self._clock else time.monotonic_ns() // 1000
+            record = self._records.get(name)
+            if interval is None:
+                return record, now, None
+            current = open_record(name, record, interval)
+            if step is None:
+                return record, now, None
+            updated, answer = step(current, now)
+            self._records[name] = updated
+            return record, now, answer
+
+    def _reset(self, name: str) -> bool:
+        with self._lock:
+            return self._records.pop(name, None) is not None
