@@ -82,21 +82,21 @@ def _open(url: str) -> State:
 def _status(args: argparse.Namespace, out: TextIO) -> int:
     with _open(args.url) as state:
         snapshot = state.read(_validate.name(args.name))
-        print(f"state:     {state.url}", file=out)
-        print(f"queue:     {args.name}", file=out)
+        print(f"state:      {state.url}", file=out)
+        print(f"queue:      {args.name}", file=out)
         record = snapshot.record
         if record is None:
-            print("record:    none (no ticket handed out yet)", file=out)
+            print("record:     none (no ticket handed out yet)", file=out)
             return 0
-        print(f"interval:  {record.interval / US:g} s", file=out)
-        print(f"tickets:   {record.ticket - 1} handed out, {record.pos} is the latest started", file=out)
+        print(f"interval:   {record.interval / US:g} s", file=out)
+        print(f"tickets:    {record.ticket - 1} handed out, {record.pos} is the latest started", file=out)
         if record.at == NEVER:
             print("last start: never", file=out)
         else:
             ago = (snapshot.now - record.at) / US
             print(f"last start: {ago:.3f} s ago (state clock)", file=out)
         waiting = record.ticket - 1 - record.pos
-        print(f"held:      {waiting} ticket(s) handed out and not started", file=out)
+        print(f"unstarted:  {waiting} ticket(s) handed out and not started", file=out)
     return 0
 
 

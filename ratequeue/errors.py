@@ -48,8 +48,9 @@ class StateUnavailable(RateQueueError, ConnectionError):
 class StateCorrupted(RateQueueError):
     """The stored state cannot be parsed or has the wrong shape.
 
-    ratequeue never resets such state by itself: fix or reset it explicitly
-    (``python -m ratequeue reset URL NAME`` or ``State.reset``).
+    ratequeue never resets such state by itself. A bad record can be cleared
+    with ``python -m ratequeue reset URL NAME``; a state file that cannot be
+    read at all must be moved aside (the next operation creates a new one).
     """
 
     def __init__(self, message: str, *, where: str = "") -> None:
@@ -80,7 +81,7 @@ class AcquireTimeout(RateQueueError, TimeoutError):
 
 
 class QueueClosed(RateQueueError, RuntimeError):
-    """A job was added to, or was still waiting in, a closed queue."""
+    """A job was added to a closed queue."""
 
 
 def _rebuild(cls: type[Exception], args: tuple[Any, ...], attrs: dict[str, Any]) -> Exception:

@@ -88,6 +88,8 @@ class Limiter:
         self._lead = _validate.lead(lead)
         self._clock = clock or time.monotonic
         self._state: State = from_url(url)
+        #: whether this limiter opened the state (and so closes it)
+        self._owns_state = not isinstance(url, State)
         self._shard = Shard(self.interval, lead=self._lead)
         self._cond = threading.Condition()
 
@@ -104,10 +106,15 @@ class Limiter:
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
         """
-        seconds = _validate.timeout(timeout)
+        return self._acquire(_validate.timeout(timeout))
+
+    def _acquire(self, seconds: float | None, on_job: Callable[[Job], None] | None = None) -> Turn:
+        """:meth:`acquire`, telling ``on_job`` (under the lock) which job waits, so it can be withdrawn."""
         now = self._clock()
         with self._cond:
             job = self._shard.add(None if seconds is None else now + seconds)
+            if on_job is not None:
+                on_job(job)
             turn = self._drive(job, seconds)
         delay = turn.local_start - self._clock()
         if delay > 0:
@@ -183,8 +190,12 @@ class Limiter:
         return None
 
     def close(self) -> None:
-        """Close the state's connections; the limiter may not be used afterwards."""
-        self._state.close()
+        """Close the state if this limiter opened it from a URL; the limiter may not be used afterwards.
+
+        A :class:`State` object passed in by the caller is left open.
+        """
+        if self._owns_state:
+            self._state.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead))
@@ -192,10 +203,18 @@ class Limiter:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._state.url!r}, name={self.name!r}, interval={self.interval!r})"
 
+    def _withdraw(self, job: Job) -> None:
+        """Take a waiting ``job`` out from another thread; its ``_acquire`` raises :class:`Withdrawn`."""
+        with self._cond:
+            self._shard.cancel(job)
+            self._cond.notify_all()
+
     def _drive(self, job: Job, timeout: float | None) -> Turn:
         """Run ``job``'s steps until its turn; called and returns holding ``self._cond``."""
         try:
             while True:
+                if job.turn is None and not job.queued:
+                    raise Withdrawn("the waiting job was withdrawn")
                 now = self._clock()
                 step = self._shard.step(job, now)
                 if isinstance(step, Begin):
@@ -234,6 +253,10 @@ class Limiter:
         self._cond.acquire()
         self._shard.receive(job, outcome, sent, received)
         self._cond.notify_all()
+
+
+class Withdrawn(Exception):
+    """Internal: a waiting job was withdrawn by another thread (see ``Limiter._withdraw``)."""
 
 
 def _rebuild(cls: type[Limiter], url: str, name: str, interval: float, lead: float | None) -> Limiter:

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 from . import _validate
 from .errors import QueueClosed
-from .limiter import Limiter, Status
+from .limiter import Limiter, Status, Withdrawn
+from .shard import Job
 from .state import State, StateLike
 
 __all__ = ["Queue"]
@@ -68,6 +69,8 @@ class Queue:
         self._pending: deque[_Entry] = deque()
         self._running = 0
         self._pacer: threading.Thread | None = None
+        #: the pacer's job waiting in the limiter, withdrawn when no queued job is left to run
+        self._pacing: Job | None = None
         self._closed = False
 
     @property
@@ -79,6 +82,7 @@ class Queue:
         """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future.
 
         Cancelling the future before the job starts removes it from the queue.
+
         :raises QueueClosed: if the queue is closed.
         """
         if not callable(fn):
@@ -87,7 +91,9 @@ class Queue:
         with self._lock:
             if self._closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
-            self._pending.append(_Entry(future, fn, args, kwargs))
+            entry = _Entry(future, fn, args, kwargs)
+            self._pending.append(entry)
+            future.add_done_callback(lambda _: self._forget_if_cancelled(entry))
             if self._pacer is None:
                 self._pacer = threading.Thread(target=self._pace, name=f"ratequeue-pacer-{self.name}")
                 self._pacer.start()
@@ -138,8 +144,8 @@ class Queue:
                 while self._pending:
                     self._pending.popleft().future.cancel()
                 self._lock.notify_all()
-        if cancel_pending and self._limiter.paused:
-            self._limiter.resume()  # let a waiting pacer see the empty queue
+        if cancel_pending:
+            self._withdraw_if_idle()
         if wait:
             self.join()
         if wait and not self._pending:
@@ -165,12 +171,18 @@ class Queue:
             if self._slots is not None:
                 self._slots.acquire()
             try:
-                self._limiter.acquire()
+                self._limiter._acquire(None, on_job=self._set_pacing)
+            except Withdrawn:  # every queued job was cancelled
+                self._pacing = None
+                if self._slots is not None:
+                    self._slots.release()
+                continue
             except BaseException as exc:  # the state failed: fail the head job, go on
                 self._fail_head(exc)
                 if self._slots is not None:
                     self._slots.release()
                 continue
+            self._pacing = None
             entry = self._next_runnable()
             if entry is None:  # every queued job was cancelled while we waited
                 if self._slots is not None:
@@ -188,6 +200,26 @@ class Queue:
                     return entry
             self._lock.notify_all()
             return None
+
+    def _forget_if_cancelled(self, entry: _Entry) -> None:
+        """Drop a job whose future was cancelled before it started."""
+        if not entry.future.cancelled():
+            return
+        with self._lock:
+            if entry in self._pending:
+                self._pending.remove(entry)
+                self._lock.notify_all()
+        self._withdraw_if_idle()
+
+    def _set_pacing(self, job: Job) -> None:
+        self._pacing = job
+
+    def _withdraw_if_idle(self) -> None:
+        """Withdraw the pacer's wait for a turn when no queued job is left to use it."""
+        with self._lock:
+            job = self._pacing if not self._pending else None
+        if job is not None:
+            self._limiter._withdraw(job)
 
     def _fail_head(self, exc: BaseException) -> None:
         with self._lock:

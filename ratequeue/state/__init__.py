@@ -66,7 +66,9 @@ def from_url(url: StateLike) -> State:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        if extra is None or exc.name in (module_name, None):
+        if exc.name == module_name:
+            raise ConfigurationError(f"{scheme}:// states are not available in this version") from exc
+        if extra is None or exc.name is None:
             raise
         raise ConfigurationError(
             f"{scheme}:// states need the {exc.name!r} package: pip install 'ratequeue[{extra}]'"

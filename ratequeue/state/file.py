@@ -67,7 +67,7 @@ class FileState(LocalState):
     ) -> None:
         """Use the state file at ``path`` (created on first write).
 
-        :param clock: the state's clock (``time.time_ns() // 1000`` by default, whole microseconds); tests
+        :param clock: the state's clock (the host's wall clock by default, in whole microseconds); tests
             pass a fake one to drive time.
         :param lock_timeout: seconds to wait for the file lock before raising
             :class:`StateUnavailable`.
@@ -102,7 +102,7 @@ class FileState(LocalState):
     ) -> tuple[Record | None, int, R | None]:
         with self._locked():
             data = self._load()
-            now = self._clock() if self._clock else time.time_ns() // 1000
+            now = self._clock() if self._clock else _host_clock()
             queues = data["queues"]
             where = f"{self.path}#{name}"
             record = check_record(queues[name], where=where) if name in queues else None
@@ -169,13 +169,24 @@ class FileState(LocalState):
             ) from exc
 
 
+def _host_clock() -> int:
+    """The host's wall clock in whole microseconds.
+
+    Read through ``time.time`` (rounded, so exact to the microsecond) rather
+    than ``time.time_ns``, so that tests can drive it with freezegun.
+    """
+    return round(time.time() * 1_000_000)
+
+
 def _decode(raw: bytes, *, where: str) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise StateCorrupted(f"state file {where} is not valid JSON: {exc}", where=where) from exc
+        raise StateCorrupted(
+            f"state file {where} is not valid JSON ({exc}); move it aside to start afresh", where=where
+        ) from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise StateCorrupted(f"{where} is not a ratequeue state file", where=where)
+        raise StateCorrupted(f"{where} is not a ratequeue state file; give another path", where=where)
     if data.get("version") != VERSION:
         raise StateCorrupted(
             f"state file {where} has version {data.get('version')!r}; this ratequeue reads version {VERSION}",

@@ -1,0 +1,17 @@
+"""Hypothesis strategies shared by the property tests."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+#: intervals in microseconds: from 1 us to 10 s, biased to small and round values
+intervals_us = st.one_of(st.sampled_from([1, 1000, 20_000, 100_000, 1_000_000]), st.integers(1, 10_000_000))
+
+#: leads in microseconds
+leads_us = st.one_of(st.just(0), st.integers(0, 50_000))
+
+#: state-clock starting points in microseconds (around "now" since the epoch, and small ones)
+epochs_us = st.one_of(st.integers(0, 10**9), st.integers(1_700_000_000_000_000, 1_900_000_000_000_000))
+
+#: how far the state clock moves in one step, in microseconds (negative: steps back)
+clock_steps_us = st.one_of(st.integers(0, 200_000), st.integers(-2_000_000, 0))

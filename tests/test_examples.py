@@ -1,0 +1,125 @@
+"""Every script in examples/ runs as written, exits 0 and prints what it claims.
+
+Each example runs in a subprocess with its default (a state file in a new
+temporary directory); ``RATEQUEUE_STATE_FILE`` points into the test's
+temporary directory so that nothing can touch the user's default state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+#: the interval every example uses, in milliseconds
+INTERVAL_MS = 50.0
+
+#: an average gap seen on a local clock may fall short of the interval by the
+#: wake-up lateness of the first start, spread over all gaps; this is ample
+AVERAGE_TOLERANCE = 0.9
+
+
+def run_example(path: Path, tmp_path: Path, *args: str) -> str:
+    env = dict(os.environ)
+    env["RATEQUEUE_STATE_FILE"] = str(tmp_path / "default-state.json")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(path), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"{path.name} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+def search(pattern: str, output: str) -> re.Match[str]:
+    match = re.search(pattern, output)
+    assert match, f"no line matching {pattern!r} in:\n{output}"
+    return match
+
+
+def check_limiter_basic(output: str) -> None:
+    match = search(
+        r"state clock: (\d+) starts, smallest gap ([\d.]+) ms, .*gaps under the interval: (\d+)", output
+    )
+    assert int(match[1]) == 20
+    assert float(match[2]) >= INTERVAL_MS
+    assert int(match[3]) == 0
+    assert len(re.findall(r"^thread \d+  ticket", output, re.MULTILINE)) == 20
+
+
+def check_decorator(output: str) -> None:
+    assert search(r"(\d+) results", output)[1] == "12"
+    assert len(re.findall(r"^fetch\(\s*\d+\) began", output, re.MULTILINE)) == 12
+    assert float(search(r"average ([\d.]+) ms", output)[1]) >= AVERAGE_TOLERANCE * INTERVAL_MS
+    search(r"name and docstring: fetch: Pretend", output)
+    search(r"ticket 12 is the latest started, next ticket 13", output)
+
+
+def check_queue_jobs(output: str) -> None:
+    search(r"join\(\) returned True", output)
+    search(r"job 3 failed: ValueError: image 3 is unreadable", output)
+    search(r"job 7: image 7 resized", output)
+    search(r"8 jobs: 7 succeeded, 1 failed", output)
+    assert float(search(r"average gap between starts ([\d.]+) ms", output)[1]) >= (
+        AVERAGE_TOLERANCE * INTERVAL_MS
+    )
+
+
+def check_multi_process(output: str) -> None:
+    match = search(
+        r"(\d+) starts from (\d+) processes, smallest gap ([\d.]+) ms \(state clock\), "
+        r"gaps under the interval: (\d+), tickets in start order: (\w+)",
+        output,
+    )
+    assert (int(match[1]), int(match[2])) == (15, 3)
+    assert float(match[3]) >= INTERVAL_MS
+    assert (match[4], match[5]) == ("0", "yes")
+    assert {int(index) for index in re.findall(r"^process (\d+)", output, re.MULTILINE)} == {1, 2, 3}
+
+
+CHECKS: dict[str, Callable[[str], None]] = {
+    "limiter_basic.py": check_limiter_basic,
+    "decorator.py": check_decorator,
+    "queue_jobs.py": check_queue_jobs,
+    "multi_process.py": check_multi_process,
+}
+
+
+def test_every_checked_example_exists() -> None:
+    assert set(CHECKS) <= {path.name for path in EXAMPLES}
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("path", EXAMPLES, ids=[path.name for path in EXAMPLES])
+def test_example_runs(path: Path, tmp_path: Path) -> None:
+    output = run_example(path, tmp_path)
+    assert output.strip(), f"{path.name} printed nothing"
+    check = CHECKS.get(path.name)
+    if check is not None:
+        check(output)
+
+
+@pytest.mark.processes
+def test_multi_process_with_the_default_state_file(tmp_path: Path) -> None:
+    output = run_example(ROOT / "examples" / "multi_process.py", tmp_path, "default")
+    check_multi_process(output)
+    assert (tmp_path / "default-state.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["limiter_basic.py", "decorator.py", "queue_jobs.py"])
+def test_thread_examples_accept_a_memory_state(name: str, tmp_path: Path) -> None:
+    CHECKS[name](run_example(ROOT / "examples" / name, tmp_path, "memory://"))

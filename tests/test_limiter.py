@@ -1,0 +1,211 @@
+"""Limiter: many threads, timeouts, pause, the decorator and context manager, pickling."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import pickle
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ratequeue
+from ratequeue import AcquireTimeout, Limiter
+from ratequeue.state.memory import MemoryState
+
+LONG = 30.0  # an interval no test waits out
+
+
+def wait_until(predicate: object, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` s (a condition, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.001)
+
+
+def fresh(interval: float, **kwargs: object) -> Limiter:
+    return Limiter(MemoryState(private=True), name="q", interval=interval, **kwargs)  # type: ignore[arg-type]
+
+
+def test_threads_share_one_rate() -> None:
+    """G1/G2 with 8 threads on one limiter: distinct tickets, starts one interval apart."""
+    limiter = fresh(0.005)
+    turns: list[ratequeue.Turn] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for _ in range(10):
+            turn = limiter.acquire(timeout=LONG)
+            with lock:
+                turns.append(turn)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LONG)
+    assert len(turns) == 80
+    turns.sort(key=lambda t: t.start_us)
+    assert [t.ticket for t in turns] == sorted(t.ticket for t in turns)
+    assert len({t.ticket for t in turns}) == 80
+    assert min(b.start_us - a.start_us for a, b in itertools.pairwise(turns)) >= 5000
+    assert limiter.status().waiting == 0
+
+
+def test_zero_timeout_takes_a_free_turn_only() -> None:
+    limiter = fresh(LONG)
+    assert limiter.acquire(timeout=0).ticket == 1
+    with pytest.raises(AcquireTimeout) as raised:
+        limiter.acquire(timeout=0)
+    assert raised.value.name == "q"
+    assert raised.value.timeout == 0
+
+
+def test_timed_out_caller_leaves_its_ticket_to_the_next() -> None:
+    """Giving up costs nothing more: the shard keeps the ticket and reuses it."""
+    limiter = fresh(LONG)
+    limiter.acquire()
+    started = time.monotonic()
+    with pytest.raises(AcquireTimeout):
+        limiter.acquire(timeout=5.0)  # the slot is 30 s away: no need to wait 5 s to know
+    assert time.monotonic() - started < 4.0
+    status = limiter.status()
+    assert status.held_ticket == 2
+    for _ in range(3):
+        with pytest.raises(AcquireTimeout):
+            limiter.acquire(timeout=0.01)
+    assert limiter.status().next_ticket == 3, "no new ticket was taken"
+
+
+def test_a_waiting_caller_behind_the_head_times_out() -> None:
+    limiter = fresh(1.0)
+    limiter.acquire()
+    turns: list[ratequeue.Turn] = []
+    head = threading.Thread(target=lambda: turns.append(limiter.acquire(timeout=LONG)))
+    head.start()  # waits up to one interval for ticket 2
+    wait_until(lambda: limiter.status().held_ticket == 2)
+    with pytest.raises(AcquireTimeout):
+        limiter.acquire(timeout=0.05)
+    head.join(LONG)
+    assert [turn.ticket for turn in turns] == [2]
+
+
+def test_pause_holds_waiting_callers_and_calls_nothing(tmp_path: Path) -> None:
+    """G6: a paused shard keeps its callers waiting and does not touch the state; resume releases them."""
+    path = tmp_path / "state.json"
+    limiter = Limiter(f"file://{path}", name="q", interval=0.01)
+    limiter.acquire()
+    limiter.pause()
+    assert limiter.paused
+    before = path.read_bytes()
+    done: list[ratequeue.Turn] = []
+    thread = threading.Thread(target=lambda: done.append(limiter.acquire(timeout=LONG)))
+    thread.start()
+    wait_until(lambda: limiter.status().waiting == 1)
+    assert path.read_bytes() == before, "a paused shard called the state"
+    assert not done
+    limiter.resume()
+    thread.join(LONG)
+    assert [turn.ticket for turn in done] == [2]
+
+
+def test_decorator_keeps_metadata_and_waits_for_each_call() -> None:
+    limiter = fresh(0.002)
+    seen: list[int] = []
+
+    @limiter
+    def fetch(url: str, *, retries: int = 3) -> str:
+        """Fetch a URL."""
+        seen.append(limiter.status().current)
+        return url.upper()
+
+    assert fetch.__name__ == "fetch"
+    assert fetch.__doc__ == "Fetch a URL."
+    assert str(inspect.signature(fetch)) == "(url: 'str', *, retries: 'int' = 3) -> 'str'"
+    assert fetch("a") == "A"
+    assert fetch("b", retries=1) == "B"
+    assert seen == [1, 2], "each call took one turn before running"
+
+
+def test_wrap_works_on_methods_and_coroutine_functions() -> None:
+    limiter = fresh(0.002)
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        @limiter
+        def get(self, key: str) -> str:
+            self.calls += 1
+            return key
+
+    client = Client()
+    assert client.get("x") == "x"
+    assert client.calls == 1
+
+    async def fetch(n: int) -> int:
+        return n * 2
+
+    wrapped = limiter.wrap(fetch)
+    assert inspect.iscoroutinefunction(wrapped)
+    assert wrapped.__name__ == "fetch"
+    assert asyncio.run(wrapped(21)) == 42
+    assert limiter.status().current == 2
+
+
+def test_context_manager_returns_the_turn() -> None:
+    limiter = fresh(0.001)
+    with limiter as turn:
+        assert turn.ticket == 1
+        assert turn.local_start <= time.monotonic()
+    with limiter as turn:
+        assert turn.ticket == 2
+
+
+def test_pickles_as_configuration(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/state.json"
+    limiter = Limiter(url, name="q", interval=0.01)
+    limiter.acquire()
+    again = pickle.loads(pickle.dumps(limiter))
+    assert (again.name, again.interval, again.state.url) == ("q", 0.01, url)
+    assert again.acquire(timeout=LONG).ticket == 2
+
+
+def test_status_reports_record_and_shard() -> None:
+    limiter = fresh(LONG)
+    status = limiter.status()
+    assert (status.next_ticket, status.current, status.last_start, status.waiting) == (1, 0, None, 0)
+    turn = limiter.acquire()
+    status = limiter.status()
+    assert (status.next_ticket, status.current, status.interval) == (2, 1, LONG)
+    assert status.last_start == turn.start
+    assert status.now >= turn.start
+
+
+def test_memory_urls_share_a_store_per_name() -> None:
+    a = Limiter("memory://shared-test", name="q", interval=LONG)
+    b = Limiter("memory://shared-test", name="q", interval=LONG)
+    c = Limiter("memory://other-test", name="q", interval=LONG)
+    a.acquire()
+    assert b.status().current == 1
+    assert c.status().current == 0
+
+
+def test_close_leaves_a_callers_state_open(tmp_path: Path) -> None:
+    state = ratequeue.from_url(f"file://{tmp_path}/state.json")
+    Limiter(state, name="q", interval=0.01).close()
+    assert state.take("q", 10_000).ticket == 1
+
+
+def test_no_thread_is_left_behind() -> None:
+    """G5: acquiring starts no thread; nothing runs once the callers are done."""
+    before = threading.active_count()
+    limiter = fresh(0.001)
+    for _ in range(5):
+        limiter.acquire()
+    assert threading.active_count() == before

@@ -1,0 +1,146 @@
+"""Properties of the reference protocol (ratequeue.protocol) under any operation sequence."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ratequeue import protocol
+from ratequeue.protocol import NEVER, Passed, Record, Started, Wait
+
+from .strategies import clock_steps_us, epochs_us, intervals_us, leads_us
+
+# One operation: ("take",), ("try", index into handed-out tickets, lead), ("take_and_try", lead),
+# ("clock", step). Tickets are drawn from those handed out, plus one never handed out.
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("take")),
+        st.tuples(st.just("try"), st.integers(0, 30), leads_us),
+        st.tuples(st.just("take_and_try"), leads_us),
+        st.tuples(st.just("clock"), clock_steps_us),
+    ),
+    max_size=60,
+)
+
+
+@dataclass
+class History:
+    """What a sequence of operations did, for checking the guarantees."""
+
+    starts: list[tuple[int, int]] = field(default_factory=list)  # (ticket, start)
+    records: list[Record] = field(default_factory=list)
+
+
+def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
+    record = protocol.new_record(interval)
+    now = epoch
+    history = History(records=[record])
+    for op in ops:
+        kind = op[0]
+        if kind == "clock":
+            now = max(0, now + int(op[1]))  # type: ignore[call-overload]
+            continue
+        before = record
+        if kind == "take":
+            record, taken = protocol.take(record, now)
+            assert taken.ticket == before.ticket
+            assert taken.now == now
+        elif kind == "try":
+            ticket = 1 + int(op[1]) % before.ticket  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            record, outcome = protocol.try_start(record, ticket, lead, now)
+            check_outcome(before, record, outcome, ticket, lead, now, history)
+        else:
+            lead = int(op[1])  # type: ignore[call-overload]
+            record, outcome = protocol.take_and_try(record, lead, now)
+            assert outcome.ticket == before.ticket
+            check_outcome(before, record, outcome, outcome.ticket, lead, now, history)
+        history.records.append(record)
+    return history
+
+
+def check_outcome(
+    before: Record, after: Record, outcome: object, ticket: int, lead: int, now: int, history: History
+) -> None:
+    if isinstance(outcome, Started):
+        assert outcome.ticket == ticket
+        assert now <= outcome.start <= now + lead, "a start lies between now and now + lead"
+        assert (after.pos, after.at) == (ticket, outcome.start)
+        history.starts.append((ticket, outcome.start))
+    elif isinstance(outcome, Wait):
+        assert outcome.slot > now + lead, "WAIT only when the slot is more than lead away"
+        assert after == before or after.ticket == before.ticket + 1
+    else:
+        assert isinstance(outcome, Passed)
+        assert outcome.pos >= ticket or ticket >= after.ticket
+
+
+@given(intervals_us, epochs_us, operations)
+def test_starts_are_spaced_and_ordered(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> None:
+    """G1 and G2: starts at least one interval apart, in increasing ticket order, whatever the clock does."""
+    history = run(interval, epoch, ops)
+    for (t1, s1), (t2, s2) in zip(history.starts, history.starts[1:], strict=False):
+        assert t2 > t1, "tickets start in increasing order"
+        assert s2 - s1 >= interval, "two starts are at least one interval apart"
+
+
+@given(intervals_us, epochs_us, operations)
+def test_current_never_moves_back(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> None:
+    """G2: pos and ticket never decrease; at never decreases once set; pos < ticket always."""
+    records = run(interval, epoch, ops).records
+    for before, after in itertools.pairwise(records):
+        assert after.pos >= before.pos
+        assert after.ticket >= before.ticket
+        assert after.at >= before.at
+        assert 0 <= after.pos < after.ticket
+        assert after.interval == interval
+
+
+@given(intervals_us, epochs_us, leads_us, st.integers(1, 20), st.integers(0, 5_000_000))
+def test_take_jumps_over_stale_tickets_only(
+    interval: int, epoch: int, lead: int, abandoned: int, later: int
+) -> None:
+    """G4: a new ticket does not wait behind tickets whose slots have all passed by an interval."""
+    record, outcome = protocol.take_and_try(protocol.new_record(interval), lead, epoch)
+    assert isinstance(outcome, Started)
+    for _ in range(abandoned):  # tickets handed out and never tried again (their holders died)
+        record, _ = protocol.take(record, epoch)
+    now = epoch + later
+    record, outcome = protocol.take_and_try(record, lead, now)
+    last_abandoned_slot = epoch + abandoned * interval
+    if last_abandoned_slot + interval <= now:
+        assert outcome == Started(ticket=abandoned + 2, start=now, now=now), "all stale: start at once"
+    else:  # wait behind the abandoned tickets: one interval each
+        slot = last_abandoned_slot + interval
+        expected = (
+            Started(abandoned + 2, max(slot, now), now)
+            if now + lead >= slot
+            else Wait(abandoned + 2, slot, now)
+        )
+        assert outcome == expected
+
+
+@given(intervals_us, epochs_us, leads_us)
+def test_first_ticket_starts_at_once(interval: int, epoch: int, lead: int) -> None:
+    """An unused queue starts its first job immediately."""
+    record, outcome = protocol.take_and_try(protocol.new_record(interval), lead, epoch)
+    assert outcome == Started(ticket=1, start=epoch, now=epoch)
+    assert record == Record(ticket=2, pos=1, at=epoch, interval=interval)
+
+
+@given(intervals_us, epochs_us, st.integers(1, 10))
+def test_ticket_never_handed_out_is_passed(interval: int, epoch: int, ahead: int) -> None:
+    """A ticket from before a reset is answered PASSED, so its holder takes a new one."""
+    record = protocol.new_record(interval)
+    record, outcome = protocol.try_start(record, ahead, 0, epoch)
+    assert outcome == Passed(ticket=ahead, pos=0, now=epoch)
+    assert record == protocol.new_record(interval)
+
+
+def test_never_is_far_in_the_past() -> None:
+    """NEVER + any realistic slot offset stays below any real clock and exact in a double."""
+    assert float(NEVER + 10**15) == NEVER + 10**15
+    assert NEVER + 10**15 < 0

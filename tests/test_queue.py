@@ -1,0 +1,188 @@
+"""Queue: futures, order, failures, cancel, concurrency bound, pause, close, idle threads."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import CancelledError
+
+import pytest
+
+import ratequeue
+from ratequeue import Queue, QueueClosed
+from ratequeue.protocol import Outcome, Started
+from ratequeue.state.memory import MemoryState
+
+LONG = 30.0
+
+
+def fresh(interval: float, **kwargs: object) -> Queue:
+    return Queue(MemoryState(private=True), name="q", interval=interval, **kwargs)  # type: ignore[arg-type]
+
+
+def test_jobs_run_in_order_at_the_rate_with_their_results() -> None:
+    queue = fresh(0.003)
+    starts: list[tuple[int, int]] = []
+
+    def job(i: int) -> int:
+        starts.append((i, queue.status().current))
+        return i * i
+
+    futures = [queue.add(job, i) for i in range(10)]
+    assert queue.join(LONG)
+    assert [f.result() for f in futures] == [i * i for i in range(10)]
+    assert [i for i, _ in starts] == list(range(10)), "jobs start in the order they were added"
+    queue.close()
+
+
+def test_a_failing_job_fails_its_future_only() -> None:
+    queue = fresh(0.001)
+
+    def boom() -> None:
+        raise KeyError("nope")
+
+    bad = queue.add(boom)
+    good = queue.add(lambda: "ok")
+    assert queue.join(LONG)
+    with pytest.raises(KeyError):
+        bad.result()
+    assert good.result() == "ok"
+
+
+def test_cancelled_job_is_removed_and_never_runs() -> None:
+    queue = fresh(LONG)
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        started.set()
+        return release.wait(LONG)
+
+    first = queue.add(hold)  # takes the first turn; the next is 30 s away
+    assert started.wait(LONG)
+    ran: list[str] = []
+    second = queue.add(ran.append, "second")
+    third = queue.add(ran.append, "third")
+    assert third.cancel()
+    assert second.cancel()
+    assert queue.pending == 0
+    release.set()
+    assert queue.join(LONG)
+    assert first.result() is True
+    assert ran == []
+    for thread in threading.enumerate():
+        if thread.name.startswith("ratequeue-"):
+            thread.join(5.0)  # the pacer's wait is withdrawn: it ends now, not after the 30 s interval
+            assert not thread.is_alive()
+    assert queue.status().current == 1
+    with pytest.raises(CancelledError):
+        third.result()
+
+
+def test_max_running_bounds_concurrency_before_taking_a_turn() -> None:
+    queue = fresh(0.001, max_running=2)
+    gates = [threading.Event() for _ in range(3)]
+    running = threading.Semaphore(0)
+
+    def job(i: int) -> int:
+        running.release()
+        gates[i].wait(LONG)
+        return i
+
+    futures = [queue.add(job, i) for i in range(3)]
+    assert running.acquire(timeout=LONG)
+    assert running.acquire(timeout=LONG)
+    assert queue.status().next_ticket == 3, "the third job took no ticket while two run"
+    gates[0].set()
+    assert running.acquire(timeout=LONG)
+    gates[1].set()
+    gates[2].set()
+    assert [f.result(LONG) for f in futures] == [0, 1, 2]
+
+
+def test_pause_and_resume() -> None:
+    queue = fresh(0.001)
+    queue.pause()
+    future = queue.add(lambda: "done")
+    assert queue.paused
+    assert not future.done()
+    assert queue.status().next_ticket == 1, "a paused queue takes no ticket"
+    queue.resume()
+    assert future.result(LONG) == "done"
+
+
+def test_close_cancels_pending_and_refuses_new_jobs() -> None:
+    queue = fresh(LONG)
+    release = threading.Event()
+    running = queue.add(release.wait, LONG)
+    waiting = [queue.add(lambda: None) for _ in range(3)]
+    closer = threading.Thread(target=queue.close, kwargs={"cancel_pending": True})
+    closer.start()
+    for future in waiting:
+        with pytest.raises(CancelledError):
+            future.result(LONG)
+    with pytest.raises(QueueClosed):
+        queue.add(lambda: None)
+    release.set()
+    closer.join(LONG)
+    assert not closer.is_alive()
+    assert running.result() is True
+
+
+def test_threads_exist_only_while_jobs_exist() -> None:
+    """G5: the pacing and job threads end when the queue is empty."""
+    queue = fresh(0.001)
+    for _ in range(2):  # the pacer starts again on demand
+        futures = [queue.add(lambda: threading.current_thread().name) for _ in range(3)]
+        assert queue.join(LONG)
+        assert {f.result() for f in futures} == {"ratequeue-job-q"}
+        for thread in threading.enumerate():
+            if thread.name.startswith("ratequeue-"):
+                thread.join(LONG)
+        assert not [t for t in threading.enumerate() if t.name.startswith("ratequeue-")]
+
+
+def test_status_counts_pending_jobs() -> None:
+    queue = fresh(LONG)
+    release = threading.Event()
+    queue.add(release.wait, LONG)
+    for _ in range(4):
+        queue.add(lambda: None)
+    status = queue.status()
+    assert status.waiting >= 3  # the pacer may have taken the next job out already
+    assert isinstance(status, ratequeue.Status)
+    queue.close(wait=False, cancel_pending=True)
+    release.set()
+
+
+def test_add_needs_a_callable() -> None:
+    with pytest.raises(TypeError):
+        fresh(0.001).add(42)  # type: ignore[arg-type]
+
+
+class RecordingState(MemoryState):
+    """A real memory state that also remembers every start it granted."""
+
+    def __init__(self) -> None:
+        super().__init__(private=True)
+        self.starts: list[int] = []
+
+    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
+        return self._remember(super()._take_and_try(name, interval, lead))
+
+    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return self._remember(super()._try_start(name, interval, ticket, lead))
+
+    def _remember(self, outcome: Outcome) -> Outcome:
+        if isinstance(outcome, Started):
+            self.starts.append(outcome.start)
+        return outcome
+
+
+def test_starts_are_spaced_on_the_state_clock() -> None:
+    state = RecordingState()
+    queue = Queue(state, name="q", interval=0.002)
+    for _ in range(20):
+        queue.add(lambda: None)
+    assert queue.join(LONG)
+    assert len(state.starts) == 20
+    assert min(b - a for a, b in itertools.pairwise(state.starts)) >= 2000

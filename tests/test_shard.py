@@ -1,0 +1,327 @@
+"""The shard state machine, driven with fake clocks over the reference protocol.
+
+A small discrete-event world runs several shards against one protocol record:
+each shard has its own local clock (offset from the world's true time), may
+wake up late, be paused, resumed or killed, and its jobs may carry deadlines.
+The state clock may step backwards. After every step the guarantees are
+checked:
+
+* G1  starts are at least one interval apart on the state clock, and on the
+      true time at which the jobs begin (local start converted back);
+* G2  tickets start in increasing order and ``pos`` never decreases;
+* G3  every job of a live shard is waiting, started or expired (its caller
+      got ``AcquireTimeout``) -- none vanish;
+* G4  see ``isolate``: with one live, unpaused shard left, its j-th waiting
+      job starts by ``T0 + (D + j) * interval``, where ``T0`` is the later of
+      the state clock and ``at`` at that moment and ``D`` is the number of
+      other shards. Each other shard holds at most one ticket, so they delay
+      the survivor by one interval each, once; the survivor's own jobs take
+      one interval each.
+* G5  a shard with no jobs makes no calls and schedules no wake-up;
+* G6  a paused shard makes no calls; on resume it first tries the ticket it
+      holds (keeping its place), and its jobs still all start or expire.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hypothesis import assume, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ratequeue import protocol
+from ratequeue.protocol import US, Record
+from ratequeue.shard import (
+    Begin,
+    Expired,
+    Job,
+    Shard,
+    SleepUntil,
+    TakeAndTry,
+    TryStart,
+    WaitForTurn,
+)
+
+#: float tolerance (seconds) when local float times are compared with integer microseconds
+EPS = 2e-6
+
+
+@dataclass
+class SimShard:
+    """One shard in the simulated world, with the bookkeeping the checks need."""
+
+    index: int
+    shard: Shard
+    clock_offset: float  # local time = true time + offset
+    lateness: float = 0.0  # how late this shard wakes from a sleep
+    alive: bool = True
+    wake: float | None = None  # true time of the next wake-up, if sleeping
+    jobs: list[Job] = field(default_factory=list)  # every job ever added, in order
+    expired: list[Job] = field(default_factory=list)
+    calls: list[tuple[str, int | None]] = field(default_factory=list)
+
+
+class ShardWorld(RuleBasedStateMachine):
+    """Several shards, one reference record, fake clocks."""
+
+    @initialize(
+        interval_ms=st.sampled_from([1, 5, 20, 100]),
+        shards=st.integers(1, 5),
+        offsets=st.lists(st.floats(-3, 3, allow_nan=False), min_size=5, max_size=5),
+        fixed_lead_ms=st.one_of(st.none(), st.sampled_from([0, 1, 3])),
+        epoch=st.integers(0, 2 * 10**15),
+    )
+    def setup(
+        self, interval_ms: int, shards: int, offsets: list[float], fixed_lead_ms: int | None, epoch: int
+    ) -> None:
+        self.interval = interval_ms * 1000  # us
+        self.time = 100.0  # true time, seconds
+        self.state_offset = epoch  # state clock (us) = true time + this
+        self.record: Record = protocol.new_record(self.interval)
+        self.max_pos = 0
+        self.starts: list[tuple[int, int, float]] = []  # (ticket, state start us, true begin time)
+        lead = None if fixed_lead_ms is None else fixed_lead_ms / 1000
+        self.shards = [
+            SimShard(i, Shard(interval_ms / 1000, lead=lead), clock_offset=offsets[i]) for i in range(shards)
+        ]
+
+    # -- the world ------------------------------------------------------------
+
+    def state_now(self) -> int:
+        return math.floor(self.time * US) + self.state_offset
+
+    def local_now(self, sim: SimShard) -> float:
+        return self.time + sim.clock_offset
+
+    def run_shard(self, sim: SimShard) -> None:
+        """Let ``sim``'s drivers act at the current time until they all wait or sleep."""
+        if not sim.alive:
+            return
+        sim.wake = None
+        for _ in range(10_000):
+            now = self.local_now(sim)
+            waiting = [job for job in sim.jobs if job.queued]
+            if not waiting:
+                return
+            progressed = False
+            for job in waiting:  # every caller's driver looks at its job
+                step = sim.shard.step(job, now)
+                if isinstance(step, Expired):
+                    sim.shard.cancel(job)
+                    sim.expired.append(job)
+                    progressed = True
+                elif isinstance(step, (TakeAndTry, TryStart)):
+                    self.call(sim, job, step, now)
+                    progressed = True
+                elif isinstance(step, SleepUntil):
+                    assert step.until > now
+                    # in true time; never "now" again, so that float rounding cannot stall the world
+                    wake = self.time + max(step.until - now, 1e-9) + sim.lateness
+                    sim.wake = wake if sim.wake is None else min(sim.wake, wake)
+                elif isinstance(step, Begin):  # pragma: no cover - a started job is not queued
+                    raise AssertionError("a started job is still queued")
+                else:
+                    assert isinstance(step, WaitForTurn)
+                    if job.deadline is not None:
+                        wake = self.time + max(job.deadline - now, 1e-9)
+                        sim.wake = wake if sim.wake is None else min(sim.wake, wake)
+                if progressed:
+                    break
+            if not progressed:
+                return
+        raise AssertionError("the shard never settles")
+
+    def call(self, sim: SimShard, job: Job, step: TakeAndTry | TryStart, now: float) -> None:
+        assert not sim.shard.paused, "G6: a paused shard calls the state"
+        state_now = self.state_now()
+        if isinstance(step, TakeAndTry):
+            sim.calls.append(("take_and_try", None))
+            self.record, outcome = protocol.take_and_try(self.record, step.lead_us, state_now)
+        else:
+            sim.calls.append(("try_start", step.ticket))
+            self.record, outcome = protocol.try_start(self.record, step.ticket, step.lead_us, state_now)
+        assert self.record.pos >= self.max_pos, "G2: pos moved back"
+        self.max_pos = self.record.pos
+        sim.shard.receive(job, outcome, now, now)
+        if isinstance(outcome, protocol.Started):
+            started = [j for j in sim.jobs if j.turn is not None and j.turn.ticket == outcome.ticket]
+            assert len(started) == 1, "a STARTED turn goes to exactly one job"
+            turn = started[0].turn
+            assert turn is not None
+            begin = turn.local_start - sim.clock_offset  # true time at which the job begins
+            self.starts.append((outcome.ticket, outcome.start, begin))
+
+    def advance_to(self, target: float) -> None:
+        """Move true time to ``target``, waking shards on the way, in time order."""
+        for _ in range(100_000):
+            wakes = [s.wake for s in self.shards if s.alive and s.wake is not None and s.wake <= target]
+            if not wakes:
+                break
+            self.time = max(self.time, min(wakes))
+            for sim in self.shards:
+                if sim.alive and sim.wake is not None and sim.wake <= self.time:
+                    self.run_shard(sim)
+        else:  # pragma: no cover
+            raise AssertionError("too many wake-ups")
+        self.time = max(self.time, target)
+
+    def live(self) -> list[SimShard]:
+        return [s for s in self.shards if s.alive]
+
+    # -- rules ----------------------------------------------------------------
+
+    @rule(data=st.data(), count=st.integers(1, 4), timeout_ms=st.one_of(st.none(), st.integers(0, 300)))
+    def enqueue(self, data: st.DataObject, count: int, timeout_ms: int | None) -> None:
+        live = self.live()
+        assume(live)
+        sim = data.draw(st.sampled_from(live))
+        for _ in range(count):
+            deadline = None if timeout_ms is None else self.local_now(sim) + timeout_ms / 1000
+            sim.jobs.append(sim.shard.add(deadline))
+        self.run_shard(sim)
+
+    @rule(ms=st.one_of(st.integers(0, 50), st.integers(50, 1000)))
+    def advance(self, ms: int) -> None:
+        self.advance_to(self.time + ms / 1000)
+
+    @rule(data=st.data(), ms=st.sampled_from([0.0, 0.5, 3.0, 30.0]))
+    def wake_late(self, data: st.DataObject, ms: float) -> None:
+        """A shard's timers fire late by ``ms`` from now on."""
+        sim = data.draw(st.sampled_from(self.shards))
+        sim.lateness = ms / 1000
+
+    @rule(ms=st.integers(1, 3000))
+    def state_clock_steps_back(self, ms: int) -> None:
+        self.state_offset -= ms * 1000
+
+    @rule(data=st.data())
+    def pause(self, data: st.DataObject) -> None:
+        live = self.live()
+        assume(live)
+        sim = data.draw(st.sampled_from(live))
+        sim.shard.pause()
+
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        paused = [s for s in self.live() if s.shard.paused]
+        assume(paused)
+        sim = data.draw(st.sampled_from(paused))
+        held = sim.shard.ticket
+        calls_before = len(sim.calls)
+        slot_not_passed = held is not None and held > self.record.pos
+        sim.shard.resume()
+        self.run_shard(sim)
+        if slot_not_passed and len(sim.calls) > calls_before:
+            assert sim.calls[calls_before] == ("try_start", held), "G6: the held ticket keeps its place"
+
+    @precondition(lambda self: len(self.live()) > 1)
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        sim = data.draw(st.sampled_from(self.live()))
+        sim.alive = False
+        sim.wake = None
+
+    @rule(data=st.data(), jobs=st.integers(1, 6), kill_others=st.booleans())
+    def isolate(self, data: st.DataObject, jobs: int, kill_others: bool) -> None:
+        """G4: leave one live, unpaused shard; its jobs start within the stated bound."""
+        live = self.live()
+        assume(live)
+        survivor = data.draw(st.sampled_from(live))
+        others = [s for s in self.shards if s is not survivor]
+        for sim in others:
+            if kill_others:
+                sim.alive, sim.wake = False, None
+            else:
+                sim.shard.pause()
+        survivor.lateness = 0.0
+        for _ in range(jobs):
+            survivor.jobs.append(survivor.shard.add(None))
+        queued = [job for job in survivor.jobs if job.queued]
+        t0 = max(self.state_now(), self.record.at)
+        d = len(others)
+        survivor.shard.resume()
+        self.run_shard(survivor)
+        # a state clock stepped back delays every start by the step: wait that out too
+        horizon = (t0 - self.state_now()) / US + (d + len(queued) + 2) * self.interval / US + 1.0
+        self.advance_to(self.time + horizon)
+        for j, job in enumerate(queued, start=1):
+            if job in survivor.expired:
+                continue
+            assert job.turn is not None, "G4: the survivor's job never started"
+            bound = t0 + (d + j) * self.interval
+            assert job.turn.start_us <= bound, f"G4: job {j} started {job.turn.start_us - bound} us late"
+
+    # -- invariants -----------------------------------------------------------
+
+    @invariant()
+    def spacing_and_order(self) -> None:
+        """G1 and G2 over every start so far."""
+        for (t1, s1, b1), (t2, s2, b2) in zip(self.starts, self.starts[1:], strict=False):
+            assert t2 > t1, "G2: tickets start in increasing order"
+            assert s2 - s1 >= self.interval, "G1: starts closer than the interval (state clock)"
+            assert b2 - b1 >= self.interval / US - EPS, "G1: jobs begin closer than the interval"
+
+    @invariant()
+    def nothing_lost(self) -> None:
+        """G3: every job of a live shard is queued, started or expired, exactly one of them."""
+        for sim in self.live():
+            for job in sim.jobs:
+                states = [job.queued, job.turn is not None, job in sim.expired]
+                assert sum(states) == 1, f"G3: job in states {states}"
+            assert sim.shard.waiting == sum(job.queued for job in sim.jobs)
+
+    @invariant()
+    def idle_means_idle(self) -> None:
+        """G5: a live shard with nothing queued has no wake-up and no call in flight."""
+        for sim in self.live():
+            if not sim.shard.waiting:
+                assert sim.wake is None
+
+    @invariant()
+    def one_ticket_per_shard(self) -> None:
+        """Each live shard holds at most one ticket, never one that has started."""
+        held = [s.shard.ticket for s in self.live() if s.shard.ticket is not None]
+        assert len(held) == len(set(held))
+        for ticket in held:
+            assert ticket < self.record.ticket
+
+
+ShardWorld.TestCase.settings = settings(stateful_step_count=40)
+TestShardWorld = ShardWorld.TestCase
+
+
+def test_idle_shard_asks_for_nothing() -> None:
+    """A shard without jobs has nothing to do, and a new job's first step is a single fused call."""
+    shard = Shard(0.01)
+    job = shard.add()
+    assert shard.step(job, 0.0) == TakeAndTry(lead_us=2000)
+    shard.receive(job, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 0.0, 0.0)
+    assert shard.step(job, 0.0) == Begin(job.turn)  # type: ignore[arg-type]
+    assert shard.waiting == 0
+
+
+def test_turn_of_a_job_that_left_goes_to_the_next() -> None:
+    """A STARTED answer for a job cancelled meanwhile is given to the next waiting job."""
+    shard = Shard(0.01)
+    first, second = shard.add(), shard.add()
+    assert isinstance(shard.step(first, 0.0), TakeAndTry)
+    shard.cancel(first)
+    shard.receive(first, protocol.Started(ticket=7, start=1000, now=1000), 0.0, 0.0)
+    assert second.turn is not None
+    assert second.turn.ticket == 7
+    assert first.turn is None
+
+
+def test_expired_job_leaves_its_ticket_to_the_next() -> None:
+    """A job whose slot lies past its deadline expires at once; the next job inherits the ticket."""
+    shard = Shard(1.0, lead=0.0)
+    first = shard.add(deadline=0.5)
+    second = shard.add()
+    assert isinstance(shard.step(first, 0.0), TakeAndTry)
+    shard.receive(first, protocol.Wait(ticket=3, slot=2_000_000, now=0), 0.0, 0.0)
+    assert isinstance(shard.step(first, 0.0), Expired)
+    shard.cancel(first)
+    assert shard.step(second, 0.0) == SleepUntil(2.0)
+    assert shard.step(second, 2.0) == TryStart(ticket=3, lead_us=0)
