@@ -199,10 +199,13 @@ class Shard:
         if not job.queued:
             raise ValueError("the job is not waiting in this shard")
         deadline = job.deadline
-        if deadline is not None and now >= deadline:
-            return Expired()
         if self._jobs[0] is not job or self._paused or self._in_flight is not None:
+            if deadline is not None and now >= deadline:
+                return Expired()
             return WaitForTurn(deadline)
+        # The head always gets its attempt (with a lead cut to the time left), even at or
+        # past its deadline, so a zero timeout takes a turn that is free now; it expires
+        # only once its slot is known to lie beyond the deadline.
         lead = self.lead if deadline is None else max(0.0, min(self.lead, deadline - now))
         lead_us = int(lead * US)
         if self._ticket is None:
