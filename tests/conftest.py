@@ -1,15 +1,17 @@
-"""Shared test settings: hypothesis profiles and common fixtures."""
+"""Shared test settings: hypothesis profiles, real servers, and the backend table."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-#: set by CI; a server that cannot start fails the run there, and skips locally
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from . import servers
+from ._env import CI
+from .backends import Backend, make_backend
 
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -22,3 +24,37 @@ def _private_default_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     path = tmp_path_factory.mktemp("default-state") / "state.json"
     monkeypatch.setenv("RATEQUEUE_STATE_FILE", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Server]:
+    """A real redis-server on a free loopback port, for the whole session."""
+    yield from servers.redis_server(tmp_path_factory.mktemp("redis"))
+
+
+@pytest.fixture(scope="session")
+def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Server]:
+    """A real MongoDB-compatible server (secantusdb) on a free loopback port, for the whole session."""
+    yield from servers.mongodb_server(tmp_path_factory.mktemp("mongodb"))
+
+
+@pytest.fixture(scope="session", params=["memory", "file", "redis", "mongodb"])
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    """Each backend in turn, on a real server where it needs one (the contract table)."""
+    kind = str(request.param)
+    server = request.getfixturevalue(f"{kind}_server") if kind in ("redis", "mongodb") else None
+    made = make_backend(kind, tmp_path_factory.mktemp(kind), server)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="session", params=["file", "redis", "mongodb"])
+def shared_backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Backend]:
+    """Each backend that processes can share (all but memory)."""
+    kind = str(request.param)
+    server = request.getfixturevalue(f"{kind}_server") if kind in ("redis", "mongodb") else None
+    made = make_backend(kind, tmp_path_factory.mktemp(kind), server)
+    yield made
+    made.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import math
 import pickle
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,8 @@ CASES: dict[str, tuple[Callable[[], object], str]] = {
     "a URL of the wrong type": (limiter(url=42), "URL"),
     "memory URL with a path": (limiter(url="memory://x/y"), "memory://"),
     "file URL with a host": (limiter(url="file://otherhost/x.json"), "file:///"),
-    "backend of a later version": (limiter(url="redis://localhost:6379"), "not available"),
+    "redis URL with a bad port": (limiter(url="redis://localhost:notaport"), "Redis URL"),
+    "mongodb URL with a bad port": (limiter(url="mongodb://localhost:notaport"), "MongoDB URL"),
     "queue max_running zero": (queue(max_running=0), "max_running"),
     "queue interval zero": (queue(interval=0), "interval"),
 }
@@ -59,6 +61,20 @@ CASES: dict[str, tuple[Callable[[], object], str]] = {
 def test_bad_construction(make: Callable[[], object], message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    ("url", "driver", "extra"),
+    [("redis://localhost", "redis", "redis"), ("mongodb://localhost", "pymongo", "mongodb")],
+)
+def test_missing_extra_says_what_to_install(
+    url: str, driver: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the driver installed (hidden from import here), the error names the pip command."""
+    monkeypatch.setitem(sys.modules, driver, None)
+    monkeypatch.delitem(sys.modules, f"ratequeue.state.{extra}", raising=False)
+    with pytest.raises(ConfigurationError, match=rf"pip install 'ratequeue\[{extra}\]'"):
+        ratequeue.Limiter(url, name="q", interval=1)
 
 
 @pytest.mark.parametrize("timeout", [-1, -0.001, math.nan, "1", datetime.timedelta(seconds=-1)])

@@ -1,0 +1,269 @@
+"""``redis://`` and ``rediss://``: the protocol run atomically inside Redis, on its clock.
+
+Each queue is one hash (``PREFIX + name``: ``ticket``, ``pos``, ``at``,
+``interval``), so every operation touches a single key and works on Redis
+Cluster. Each operation is one Lua script that reads the server's ``TIME``
+itself, so hosts whose clocks disagree still share one rate. Scripts are
+sent by SHA and re-loaded when the server answers NOSCRIPT (after a restart
+or ``SCRIPT FLUSH``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
+from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
+from .base import Clock, Snapshot, State, check_interval_matches, check_record
+
+__all__ = ["RedisState"]
+
+#: the key prefix used unless one is given
+DEFAULT_PREFIX = "ratequeue:"
+
+# Shared head of every script. Reads the record into locals and the clock into `now`.
+# KEYS[1]  the queue's hash
+# ARGV[1]  the interval (us) the caller expects; "" to read without creating
+# ARGV[2]  "" to read the server's TIME, or a fixed `now` in us (tests only)
+# Returns early {"mismatch", stored interval} or {"corrupt", field} without writing.
+_HEAD = """
+local now
+if ARGV[2] == "" then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local fields = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval")
+local ticket, pos, at, interval
+if fields[1] == false and fields[2] == false and fields[3] == false and fields[4] == false then
+  ticket, pos, at, interval = 1, 0, __NEVER__, tonumber(ARGV[1])
+else
+  ticket, pos = tonumber(fields[1]), tonumber(fields[2])
+  at, interval = tonumber(fields[3]), tonumber(fields[4])
+  local names = {"ticket", "pos", "at", "interval"}
+  local values = {ticket, pos, at, interval}
+  for i = 1, 4 do
+    if values[i] == nil or values[i] ~= math.floor(values[i]) then
+      return {"corrupt", names[i], tostring(fields[i])}
+    end
+  end
+  if not (0 <= pos and pos < ticket and interval > 0) then
+    return {"corrupt", "pos/ticket/interval", fields[2] .. "/" .. fields[1] .. "/" .. fields[4]}
+  end
+  if interval ~= tonumber(ARGV[1]) then return {"mismatch", fields[4]} end
+end
+local function save()
+  redis.call("HSET", KEYS[1], "ticket", string.format("%.0f", ticket), "pos", string.format("%.0f", pos),
+    "at", string.format("%.0f", at), "interval", string.format("%.0f", interval))
+end
+local function take()
+  local last = ticket - 1
+  if last > pos and at + (last - pos) * interval + interval <= now then
+    pos = last
+  end
+  local t = ticket
+  ticket = ticket + 1
+  return t
+end
+local function try_start(t, lead)
+  if pos >= t or t >= ticket then return {"passed", t, pos, now} end
+  local slot = at + (t - pos) * interval
+  if now + lead >= slot then
+    local start = math.max(slot, now)
+    pos, at = t, start
+    return {"started", t, start, now}
+  end
+  return {"wait", t, slot, now}
+end
+""".replace("__NEVER__", str(NEVER))
+
+#: take: ARGV as in _HEAD. Returns {"taken", ticket, pos, at, now}.
+TAKE_SCRIPT = (
+    _HEAD
+    + """
+local t = take()
+save()
+return {"taken", t, pos, at, now}
+"""
+)
+
+#: try_start: ARGV[3] the ticket, ARGV[4] the lead (us). Returns {kind, ticket, value, now}.
+TRY_START_SCRIPT = (
+    _HEAD
+    + """
+local answer = try_start(tonumber(ARGV[3]), tonumber(ARGV[4]))
+save()
+return answer
+"""
+)
+
+#: take_and_try: ARGV[3] the lead (us). Returns {kind, ticket, value, now}.
+TAKE_AND_TRY_SCRIPT = (
+    _HEAD
+    + """
+local answer = try_start(take(), tonumber(ARGV[3]))
+save()
+return answer
+"""
+)
+
+#: read: KEYS[1] the hash, ARGV[1] "" (test `now` in ARGV[2]). Returns {now, ticket, pos, at, interval}
+#: with false for missing fields; never writes.
+READ_SCRIPT = """
+local now
+if ARGV[2] == "" then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local fields = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval")
+return {string.format("%.0f", now), fields[1], fields[2], fields[3], fields[4]}
+"""
+
+
+class RedisState(State):
+    """Records kept in Redis hashes, changed only by Lua scripts timed on the server's clock."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        url: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        """Use a ready ``redis.Redis`` client.
+
+        :param prefix: put before every queue name to form its key.
+        :param url: the URL to pickle limiters as (default: built from the client).
+        :param clock: **for tests only**: a function returning ``now`` in whole
+            microseconds, sent to every script in place of the server's ``TIME``.
+        """
+        if not isinstance(prefix, str):
+            raise ConfigurationError(f"prefix must be a string, got {type(prefix).__name__}")
+        self._client = client
+        self._prefix = prefix
+        self._clock = clock
+        kwargs = client.connection_pool.connection_kwargs
+        self._where = str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
+        self.url = url or f"redis://{self._where}/{kwargs.get('db', 0)}"
+        self._scripts = {
+            "take": client.register_script(TAKE_SCRIPT),
+            "try_start": client.register_script(TRY_START_SCRIPT),
+            "take_and_try": client.register_script(TAKE_AND_TRY_SCRIPT),
+            "read": client.register_script(READ_SCRIPT),
+        }
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisState:
+        """Open ``redis://[[user]:password@]host[:port][/db][?prefix=P&...]``, ``rediss://`` or ``unix://``.
+
+        Query options other than ``prefix`` go to ``redis.Redis.from_url``
+        (``ssl_cert_reqs``, ``socket_timeout``, ...).
+        """
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
+        rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
+        client_url = parts._replace(query=rest).geturl()
+        try:
+            client = redis.Redis.from_url(
+                client_url,
+                retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=8),
+                retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                socket_connect_timeout=5,
+                socket_timeout=10,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
+        return cls(client, prefix=prefix, url=url)
+
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client in use."""
+        return self._client
+
+    def key(self, name: str) -> str:
+        """The Redis key holding queue ``name``."""
+        return self._prefix + name
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _run(self, script: str, name: str, args: list[Any]) -> list[Any]:
+        now = "" if self._clock is None else str(self._clock())
+        try:
+            reply = self._scripts[script](keys=[self.key(name)], args=[args[0], now, *args[1:]])
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StateUnavailable(
+                f"Redis at {self._where} is unreachable: {exc}", where=self._where
+            ) from exc
+        except redis.RedisError as exc:
+            raise StateUnavailable(f"Redis at {self._where} failed: {exc}", where=self._where) from exc
+        return [item.decode() if isinstance(item, bytes) else item for item in reply]
+
+    def _checked(self, name: str, interval: int, reply: list[Any]) -> list[Any]:
+        kind = reply[0]
+        if kind == "mismatch":
+            check_interval_matches(name, _stored_interval(reply[1], self.key(name)), interval)
+        if kind == "corrupt":
+            where = self.key(name)
+            raise StateCorrupted(
+                f"Redis hash {where} has {reply[1]}={reply[2]!r}; want a whole number", where=where
+            )
+        return reply
+
+    def _take(self, name: str, interval: int) -> Taken:
+        reply = self._checked(name, interval, self._run("take", name, [interval]))
+        return Taken(ticket=int(reply[1]), pos=int(reply[2]), at=int(reply[3]), now=int(reply[4]))
+
+    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        reply = self._run("try_start", name, [interval, ticket, lead])
+        return _outcome(self._checked(name, interval, reply))
+
+    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
+        reply = self._run("take_and_try", name, [interval, lead])
+        return _outcome(self._checked(name, interval, reply))
+
+    def _read(self, name: str) -> Snapshot:
+        now, *fields = self._run("read", name, [""])
+        if all(field is None for field in fields):
+            return Snapshot(record=None, now=int(now))
+        where = self.key(name)
+        try:
+            values = dict(zip(("ticket", "pos", "at", "interval"), [int(f) for f in fields], strict=True))
+        except (TypeError, ValueError) as exc:
+            raise StateCorrupted(
+                f"Redis hash {where} holds {fields!r}; want whole numbers", where=where
+            ) from exc
+        record: Record = check_record(values, where=where)
+        return Snapshot(record=record, now=int(now))
+
+    def _reset(self, name: str) -> bool:
+        try:
+            return bool(self._client.delete(self.key(name)))
+        except redis.RedisError as exc:
+            raise StateUnavailable(f"Redis at {self._where} failed: {exc}", where=self._where) from exc
+
+
+def _outcome(reply: list[Any]) -> Outcome:
+    kind, ticket, value, now = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
+    if kind == "started":
+        return Started(ticket=ticket, start=value, now=now)
+    if kind == "wait":
+        return Wait(ticket=ticket, slot=value, now=now)
+    return Passed(ticket=ticket, pos=value, now=now)
+
+
+def _stored_interval(raw: Any, where: str) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError) as exc:
+        raise StateCorrupted(f"Redis hash {where} has interval={raw!r}", where=where) from exc

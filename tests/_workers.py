@@ -1,0 +1,23 @@
+"""Functions run in child processes by the multi-process tests (importable under spawn)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratequeue.protocol import Started
+from ratequeue.state import from_url
+
+
+def take_many(url: str, name: str, interval_us: int, count: int, barrier: Any) -> list[int]:
+    """Take ``count`` tickets as fast as possible; return them."""
+    with from_url(url) as state:
+        barrier.wait(60)
+        return [state.take(name, interval_us).ticket for _ in range(count)]
+
+
+def race_try_start(url: str, name: str, interval_us: int, ticket: int, lead_us: int, barrier: Any) -> str:
+    """Try to start ``ticket`` at the same moment as the other racers; return the answer's kind."""
+    with from_url(url) as state:
+        barrier.wait(60)
+        outcome = state.try_start(name, interval_us, ticket, lead_us)
+        return "started" if isinstance(outcome, Started) else type(outcome).__name__.lower()

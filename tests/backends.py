@@ -1,0 +1,75 @@
+"""The one table of backends the contract and multi-process tests run against."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from pymongo import MongoClient
+
+from ratequeue.state import State
+from ratequeue.state.base import Clock
+from ratequeue.state.file import FileState
+from ratequeue.state.memory import MemoryState
+from ratequeue.state.mongodb import MongoState
+from ratequeue.state.redis import RedisState
+
+from .servers import Server
+
+_names = itertools.count()
+
+
+@dataclass
+class Backend:
+    """How to open one kind of state, fresh for each test."""
+
+    kind: str
+    url: str
+    server: Server | None = None
+    _opened: list[State] = field(default_factory=list)
+    _clocked: tuple[State, list[int]] | None = None
+
+    def open(self, clock: Clock | None = None) -> State:
+        """A new state object on this backend; ``clock`` fixes its ``now`` (tests only)."""
+        state: State
+        if self.kind == "memory":
+            state = MemoryState("contract", clock=clock)
+        elif self.kind == "file":
+            state = FileState(self.url.removeprefix("file://"), clock=clock)
+        elif self.kind == "redis":
+            client = redis.Redis(host="127.0.0.1", port=self.server.port)  # type: ignore[union-attr]
+            state = RedisState(client, prefix="test:", clock=clock, url=self.url)
+        else:
+            mongo: MongoClient[Any] = MongoClient(f"mongodb://127.0.0.1:{self.server.port}")  # type: ignore[union-attr]
+            state = MongoState(mongo, database="ratequeue_test", clock=clock, url=self.url)
+        self._opened.append(state)
+        return state
+
+    def clocked(self) -> tuple[State, list[int]]:
+        """A state whose ``now`` is ``holder[0]``, set by the test (one per backend and session)."""
+        if self._clocked is None:
+            holder = [0]
+            self._clocked = (self.open(clock=lambda: holder[0]), holder)
+        return self._clocked
+
+    def fresh_name(self) -> str:
+        """A queue name no other test has used on this backend."""
+        return f"q{next(_names)}"
+
+    def close(self) -> None:
+        for state in self._opened:
+            state.close()
+
+
+def make_backend(kind: str, workdir: Path, server: Server | None) -> Backend:
+    if kind == "memory":
+        return Backend(kind, "memory://contract")
+    if kind == "file":
+        return Backend(kind, f"file://{workdir / 'state.json'}")
+    assert server is not None
+    if kind == "redis":
+        return Backend(kind, f"redis://127.0.0.1:{server.port}/0?prefix=test:", server)
+    return Backend(kind, f"mongodb://127.0.0.1:{server.port}/?database=ratequeue_test", server)
