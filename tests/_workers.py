@@ -21,3 +21,24 @@ def race_try_start(url: str, name: str, interval_us: int, ticket: int, lead_us: 
         barrier.wait(60)
         outcome = state.try_start(name, interval_us, ticket, lead_us)
         return "started" if isinstance(outcome, Started) else type(outcome).__name__.lower()
+
+
+def acquire_many(url: str, name: str, interval: float, count: int, offset: float, index: int, reports: Any) -> None:
+    """Acquire ``count`` turns on a limiter whose local clock is shifted by ``offset`` s; report each.
+
+    Reports ``(index, ticket, start_us)`` per turn, then ``(index, None, error)`` at the end.
+    """
+    import time
+
+    from ratequeue import Limiter
+
+    error = ""
+    try:
+        limiter = Limiter(url, name=name, interval=interval, clock=lambda: time.monotonic() + offset)
+        for _ in range(count):
+            turn = limiter.acquire(timeout=60)
+            reports.put((index, turn.ticket, turn.start_us))
+        limiter.close()
+    except Exception as exc:  # reported to the test, which fails
+        error = f"{type(exc).__name__}: {exc}"
+    reports.put((index, None, error))
