@@ -23,7 +23,9 @@ def race_try_start(url: str, name: str, interval_us: int, ticket: int, lead_us: 
         return "started" if isinstance(outcome, Started) else type(outcome).__name__.lower()
 
 
-def acquire_many(url: str, name: str, interval: float, count: int, offset: float, index: int, reports: Any) -> None:
+def acquire_many(
+    url: str, name: str, interval: float, count: int, offset: float, index: int, reports: Any
+) -> None:
     """Acquire ``count`` turns on a limiter whose local clock is shifted by ``offset`` s; report each.
 
     Reports ``(index, ticket, start_us)`` per turn, then ``(index, None, error)`` at the end.
@@ -39,6 +41,33 @@ def acquire_many(url: str, name: str, interval: float, count: int, offset: float
             turn = limiter.acquire(timeout=60)
             reports.put((index, turn.ticket, turn.start_us))
         limiter.close()
+    except Exception as exc:  # reported to the test, which fails
+        error = f"{type(exc).__name__}: {exc}"
+    reports.put((index, None, error))
+
+
+def acquire_many_async(
+    url: str, name: str, interval: float, tasks: int, count: int, index: int, reports: Any
+) -> None:
+    """Run ``tasks`` asyncio tasks in one loop, each acquiring ``count`` turns; report as ``acquire_many``."""
+    import asyncio
+
+    from ratequeue import aio
+
+    async def main() -> None:
+        limiter = aio.Limiter(url, name=name, interval=interval)
+
+        async def task() -> None:
+            for _ in range(count):
+                turn = await limiter.acquire(timeout=60)
+                reports.put((index, turn.ticket, turn.start_us))
+
+        await asyncio.gather(*(task() for _ in range(tasks)))
+        await limiter.close()
+
+    error = ""
+    try:
+        asyncio.run(main())
     except Exception as exc:  # reported to the test, which fails
         error = f"{type(exc).__name__}: {exc}"
     reports.put((index, None, error))

@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from pymongo import MongoClient
+import redis.asyncio
+from pymongo import AsyncMongoClient, MongoClient
+
+from ratequeue.aio.mongodb import AsyncMongoState
+from ratequeue.aio.redis import AsyncRedisState
+from ratequeue.aio.state import AsyncState, ThreadedState
 
 from ratequeue.state import State
 from ratequeue.state.base import Clock
@@ -47,6 +52,16 @@ class Backend:
             state = MongoState(mongo, database="ratequeue_test", clock=clock, url=self.url)
         self._opened.append(state)
         return state
+
+    def open_async(self, clock: Clock | None = None) -> AsyncState:
+        """A new asyncio state on this backend (call inside the event loop that will use it)."""
+        if self.kind in ("memory", "file"):
+            return ThreadedState(self.open(clock))
+        if self.kind == "redis":
+            client = redis.asyncio.Redis(host="127.0.0.1", port=self.server.port)  # type: ignore[union-attr]
+            return AsyncRedisState(client, prefix="test:", clock=clock, url=self.url)
+        mongo: AsyncMongoClient[Any] = AsyncMongoClient(f"mongodb://127.0.0.1:{self.server.port}")  # type: ignore[union-attr]
+        return AsyncMongoState(mongo, database="ratequeue_test", clock=clock, url=self.url)
 
     def clocked(self) -> tuple[State, list[int]]:
         """A state whose ``now`` is ``holder[0]``, set by the test (one per backend and session)."""

@@ -23,7 +23,7 @@ from ..protocol import NEVER, US, Outcome, Record, Taken
 #: slot stays exact in a double (Lua) and in an int64 (MongoDB)
 MAX_US = 2**52
 
-__all__ = ["Clock", "Snapshot", "State", "check_record", "check_interval_matches"]
+__all__ = ["Clock", "Snapshot", "State", "check_interval_matches", "check_record", "checked"]
 
 #: a function returning the current time in whole microseconds
 Clock = Callable[[], int]
@@ -51,7 +51,7 @@ class State(ABC):
 
     def take(self, name: str, interval_us: int) -> Taken:
         """Hand out the next ticket of queue ``name`` (see :func:`ratequeue.protocol.take`)."""
-        return self._take(_validate.name(name), _check_us("interval_us", interval_us, 1))
+        return self._take(*checked(name, interval_us))
 
     def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
         """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away.
@@ -59,19 +59,11 @@ class State(ABC):
         See :func:`ratequeue.protocol.try_start`. A ticket the record never
         handed out (because it was reset) is answered as passed.
         """
-        _check_us("ticket", ticket, 1)
-        return self._try_start(
-            _validate.name(name),
-            _check_us("interval_us", interval_us, 1),
-            ticket,
-            _check_us("lead_us", lead_us, 0),
-        )
+        return self._try_start(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
 
     def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
         """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
-        return self._take_and_try(
-            _validate.name(name), _check_us("interval_us", interval_us, 1), _check_us("lead_us", lead_us, 0)
-        )
+        return self._take_and_try(*checked(name, interval_us, lead_us=lead_us))
 
     def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
@@ -111,6 +103,22 @@ class State(ABC):
 
     @abstractmethod
     def _reset(self, name: str) -> bool: ...
+
+
+def checked(
+    name: str, interval_us: int, *, ticket: int | None = None, lead_us: int | None = None
+) -> tuple[Any, ...]:
+    """The arguments of a state operation, checked: ``(name, interval_us[, ticket][, lead_us])``.
+
+    :raises ConfigurationError: for a bad name, or a value that is not a whole
+        number in range (interval >= 1, ticket >= 1, lead >= 0).
+    """
+    values: list[Any] = [_validate.name(name), _check_us("interval_us", interval_us, 1)]
+    if ticket is not None:
+        values.append(_check_us("ticket", ticket, 1))
+    if lead_us is not None:
+        values.append(_check_us("lead_us", lead_us, 0))
+    return tuple(values)
 
 
 def check_interval_matches(name: str, stored: int, wanted: int) -> None:

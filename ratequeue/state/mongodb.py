@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 from pymongo import MongoClient, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError as MongoConfigurationError
-from pymongo.errors import ConnectionFailure, DuplicateKeyError, InvalidURI, OperationFailure, PyMongoError
+from pymongo.errors import ConnectionFailure, DuplicateKeyError, InvalidURI, PyMongoError
 
 from ..errors import ConfigurationError, StateUnavailable
 from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
@@ -110,6 +110,85 @@ def _try_stages(lead: int) -> list[dict[str, Any]]:
     ]
 
 
+def pipeline(
+    op: str, interval: int, now: int | None, *, ticket: int = 0, lead: int = 0
+) -> list[dict[str, Any]]:
+    """The update pipeline of operation ``op`` (``take``, ``try_start``, ``take_and_try``)."""
+    if op == "take":
+        answer = {"kind": "taken", "ticket": "$_t", "value": "$pos", "now": "$_now"}
+        stages = [*_take_stages(), {"$set": {"answer": answer}}]
+    elif op == "try_start":
+        stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead)]
+    else:
+        stages = [*_take_stages(), *_try_stages(lead)]
+    return [*_open_stages(interval, now), *stages, {"$unset": ["_now", "_t"]}]
+
+
+def read_pipeline(name: str, now: int | None) -> list[dict[str, Any]]:
+    """An aggregation returning ``name``'s document with the server clock in ``_now``; changes nothing."""
+    return [{"$match": {"_id": name}}, {"$set": {"_now": _now_expression(now)}}]
+
+
+def initial_document(name: str, interval: int) -> dict[str, Any]:
+    """The record of a queue that has handed out no ticket yet."""
+    return {"_id": name, "ticket": 1, "pos": 0, "at": NEVER, "interval": interval}
+
+
+def check_document(collection: str, name: str, document: Any) -> Record:
+    """The record in ``document``, or :class:`StateCorrupted` naming where it is."""
+    fields = {key: document.get(key) for key in ("ticket", "pos", "at", "interval") if key in document}
+    return check_record(fields, where=f"{collection}/{name}")
+
+
+def parse(op: str, document: dict[str, Any]) -> Taken | Outcome:
+    """The answer an operation left in its document."""
+    answer = document["answer"]
+    kind, ticket, value, now = answer["kind"], answer["ticket"], answer["value"], answer["now"]
+    if op == "take":
+        return Taken(ticket=ticket, pos=value, at=document["at"], now=now)
+    if kind == "started":
+        return Started(ticket=ticket, start=value, now=now)
+    if kind == "wait":
+        return Wait(ticket=ticket, slot=value, now=now)
+    return Passed(ticket=ticket, pos=value, now=now)
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """``url`` without ratequeue's options, and the database and collection they name."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    database = query.pop("database", [DEFAULT_DATABASE])[-1]
+    collection = query.pop("collection", [DEFAULT_COLLECTION])[-1]
+    rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
+    return parts._replace(query=rest).geturl(), database, collection
+
+
+#: settings of the clients ratequeue creates
+CLIENT_OPTIONS: dict[str, Any] = {"serverSelectionTimeoutMS": 5000, "connectTimeoutMS": 5000}
+
+#: errors in creating a client that mean the URL is wrong
+BAD_URL_ERRORS = (InvalidURI, MongoConfigurationError, ValueError, TypeError)
+
+
+def unavailable(where: str, exc: Exception) -> StateUnavailable:
+    """The error raised when MongoDB at ``where`` fails with ``exc``."""
+    if isinstance(exc, ConnectionFailure):
+        return StateUnavailable(f"MongoDB at {where} is unreachable: {exc}", where=where)
+    return StateUnavailable(f"MongoDB at {where} failed: {exc}", where=where)
+
+
+def where_of(client: Any) -> str:
+    """The seed list of a client, ``host:port,...``."""
+    return ",".join(f"{h}:{p}" for h, p in client.topology_description.server_descriptions())
+
+
+def datetime_us(moment: datetime.datetime) -> int:
+    """A server ``Date`` (milliseconds) in whole microseconds."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return round(moment.timestamp() * 1000) * 1000
+
+
 class MongoState(State):
     """Records kept in a MongoDB collection, changed only by server-side update pipelines."""
 
@@ -133,9 +212,8 @@ class MongoState(State):
         self._client = client
         self._collection: Collection[Any] = client[database][collection]
         self._clock = clock
-        seeds = ",".join(f"{h}:{p}" for h, p in client.topology_description.server_descriptions())
-        self._where = seeds
-        self.url = url or f"mongodb://{seeds}/?database={database}&collection={collection}"
+        self._where = where_of(client)
+        self.url = url or f"mongodb://{self._where}/?database={database}&collection={collection}"
 
     @classmethod
     def from_url(cls, url: str) -> MongoState:
@@ -145,18 +223,10 @@ class MongoState(State):
         ``queues``) choose where the documents live; other options go to
         ``MongoClient``. ``mongodb+srv://`` needs the ``dnspython`` package.
         """
-        parts = urlsplit(url)
-        query = parse_qs(parts.query)
-        database = query.pop("database", [DEFAULT_DATABASE])[-1]
-        collection = query.pop("collection", [DEFAULT_COLLECTION])[-1]
-        rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
+        client_url, database, collection = split_url(url)
         try:
-            client: MongoClient[Any] = MongoClient(
-                parts._replace(query=rest).geturl(),
-                serverSelectionTimeoutMS=5000,
-                connectTimeoutMS=5000,
-            )
-        except (InvalidURI, MongoConfigurationError, ValueError, TypeError) as exc:
+            client: MongoClient[Any] = MongoClient(client_url, **CLIENT_OPTIONS)
+        except BAD_URL_ERRORS as exc:
             raise ConfigurationError(f"bad MongoDB URL {url!r}: {exc}") from exc
         return cls(client, database=database, collection=collection, url=url)
 
@@ -168,18 +238,17 @@ class MongoState(State):
     def close(self) -> None:
         self._client.close()
 
-    def _update(self, name: str, interval: int, stages: list[dict[str, Any]]) -> dict[str, Any]:
-        now = None if self._clock is None else self._clock()
-        pipeline = [*_open_stages(interval, now), *stages, {"$unset": ["_now", "_t"]}]
+    def _update(self, op: str, name: str, interval: int, **args: int) -> Taken | Outcome:
+        steps = pipeline(op, interval, None if self._clock is None else self._clock(), **args)
         for _ in range(3):
             document = self._retrying(
                 lambda: self._collection.find_one_and_update(
-                    {"_id": name, "interval": interval}, pipeline, return_document=ReturnDocument.AFTER
+                    {"_id": name, "interval": interval}, steps, return_document=ReturnDocument.AFTER
                 )
             )
             if document is not None:
-                self._check(name, document)
-                return dict(document)
+                check_document(self._collection.full_name, name, document)
+                return parse(op, document)
             self._create(name, interval)
         raise StateUnavailable(  # pragma: no cover - only if the document vanishes again and again
             f"MongoDB at {self._where}: queue {name!r} disappeared while being created", where=self._where
@@ -192,20 +261,13 @@ class MongoState(State):
         upserting ``find_one_and_update`` yet return no document, and retrying it would apply
         the operation twice. Inserting the initial record first is correct everywhere.
         """
-        initial = {"_id": name, "ticket": 1, "pos": 0, "at": NEVER, "interval": interval}
         try:
-            self._retrying(lambda: self._collection.insert_one(initial))
+            self._retrying(lambda: self._collection.insert_one(initial_document(name, interval)))
         except DuplicateKeyError:
             stored = self._retrying(lambda: self._collection.find_one({"_id": name}))
             if stored is not None:
-                check_interval_matches(name, self._check(name, stored).interval, interval)
-
-    def _check(self, name: str, document: dict[str, Any]) -> Record:
-        fields = {key: document.get(key) for key in ("ticket", "pos", "at", "interval") if key in document}
-        return check_record(fields, where=self._document_where(name))
-
-    def _document_where(self, name: str) -> str:
-        return f"{self._collection.full_name}/{name}"
+                record = check_document(self._collection.full_name, name, stored)
+                check_interval_matches(name, record.interval, interval)
 
     def _retrying(self, call: Any) -> Any:
         delay = BACKOFF
@@ -216,63 +278,33 @@ class MongoState(State):
                 raise
             except ConnectionFailure as exc:
                 if attempt == RETRIES:
-                    raise StateUnavailable(
-                        f"MongoDB at {self._where} is unreachable: {exc}", where=self._where
-                    ) from exc
+                    raise unavailable(self._where, exc) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
-            except (OperationFailure, PyMongoError) as exc:
-                raise StateUnavailable(f"MongoDB at {self._where} failed: {exc}", where=self._where) from exc
+            except PyMongoError as exc:
+                raise unavailable(self._where, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _take(self, name: str, interval: int) -> Taken:
-        document = self._update(
-            name,
-            interval,
-            [
-                *_take_stages(),
-                {"$set": {"answer": {"kind": "taken", "ticket": "$_t", "value": "$pos", "now": "$_now"}}},
-            ],
-        )
-        answer = document["answer"]
-        return Taken(ticket=answer["ticket"], pos=answer["value"], at=document["at"], now=answer["now"])
+        return self._update("take", name, interval)  # type: ignore[return-value]
 
     def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        document = self._update(name, interval, [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead)])
-        return _outcome(document["answer"])
+        return self._update("try_start", name, interval, ticket=ticket, lead=lead)  # type: ignore[return-value]
 
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        document = self._update(name, interval, [*_take_stages(), *_try_stages(lead)])
-        return _outcome(document["answer"])
+        return self._update("take_and_try", name, interval, lead=lead)  # type: ignore[return-value]
 
     def _read(self, name: str) -> Snapshot:
-        # One round-trip that changes nothing: the document with the server's clock beside it.
-        now = _now_expression(None if self._clock is None else self._clock())
-        rows = self._retrying(
-            lambda: list(self._collection.aggregate([{"$match": {"_id": name}}, {"$set": {"_now": now}}]))
-        )
+        fixed = None if self._clock is None else self._clock()
+        rows = self._retrying(lambda: list(self._collection.aggregate(read_pipeline(name, fixed))))
         if rows:
-            return Snapshot(record=self._check(name, rows[0]), now=int(rows[0]["_now"]))
-        if self._clock is not None:
-            return Snapshot(record=None, now=self._clock())
+            record = check_document(self._collection.full_name, name, rows[0])
+            return Snapshot(record=record, now=int(rows[0]["_now"]))
+        if fixed is not None:
+            return Snapshot(record=None, now=fixed)
         hello = self._retrying(lambda: self._client.admin.command("hello"))
-        return Snapshot(record=None, now=_datetime_us(hello["localTime"]))
+        return Snapshot(record=None, now=datetime_us(hello["localTime"]))
 
     def _reset(self, name: str) -> bool:
         result = self._retrying(lambda: self._collection.delete_one({"_id": name}))
         return bool(result.deleted_count)
-
-
-def _outcome(answer: dict[str, Any]) -> Outcome:
-    kind, ticket, value, now = answer["kind"], answer["ticket"], answer["value"], answer["now"]
-    if kind == "started":
-        return Started(ticket=ticket, start=value, now=now)
-    if kind == "wait":
-        return Wait(ticket=ticket, slot=value, now=now)
-    return Passed(ticket=ticket, pos=value, now=now)
-
-
-def _datetime_us(moment: datetime.datetime) -> int:
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return round(moment.timestamp() * 1000) * 1000

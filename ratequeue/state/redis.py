@@ -28,7 +28,7 @@ DEFAULT_PREFIX = "ratequeue:"
 
 # Shared head of every script. Reads the record into locals and the clock into `now`.
 # KEYS[1]  the queue's hash
-# ARGV[1]  the interval (us) the caller expects; "" to read without creating
+# ARGV[1]  the interval (us) the caller expects (a new record gets it)
 # ARGV[2]  "" to read the server's TIME, or a fixed `now` in us (tests only)
 # Returns early {"mismatch", stored interval} or {"corrupt", field} without writing.
 _HEAD = """
@@ -128,6 +128,84 @@ return {string.format("%.0f", now), fields[1], fields[2], fields[3], fields[4]}
 """
 
 
+def split_url(url: str) -> tuple[str, str]:
+    """``url`` without ratequeue's own ``prefix`` option, and that prefix."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
+    rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
+    return parts._replace(query=rest).geturl(), prefix
+
+
+#: connection settings of the clients ratequeue creates: a short bounded retry, then an error
+CLIENT_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 10}
+RETRIES = 8
+
+
+def script_args(interval: int, clock: Clock | None, *rest: int) -> list[Any]:
+    """The ARGV of a script: the interval, the test clock's ``now`` (or ""), then ``rest``."""
+    return [interval, "" if clock is None else clock(), *rest]
+
+
+def decode(reply: list[Any]) -> list[Any]:
+    """A script's reply with bytes turned into text."""
+    return [item.decode() if isinstance(item, bytes) else item for item in reply]
+
+
+def parse_taken(name: str, key: str, interval: int, reply: list[Any]) -> Taken:
+    """The answer of TAKE_SCRIPT."""
+    _raise_for(name, key, interval, reply)
+    return Taken(ticket=int(reply[1]), pos=int(reply[2]), at=int(reply[3]), now=int(reply[4]))
+
+
+def parse_outcome(name: str, key: str, interval: int, reply: list[Any]) -> Outcome:
+    """The answer of TRY_START_SCRIPT or TAKE_AND_TRY_SCRIPT."""
+    _raise_for(name, key, interval, reply)
+    kind, ticket, value, now = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
+    if kind == "started":
+        return Started(ticket=ticket, start=value, now=now)
+    if kind == "wait":
+        return Wait(ticket=ticket, slot=value, now=now)
+    return Passed(ticket=ticket, pos=value, now=now)
+
+
+def parse_snapshot(key: str, reply: list[Any]) -> Snapshot:
+    """The answer of READ_SCRIPT."""
+    now, *fields = reply
+    if all(field is None for field in fields):
+        return Snapshot(record=None, now=int(now))
+    try:
+        values = dict(zip(("ticket", "pos", "at", "interval"), [int(f) for f in fields], strict=True))
+    except (TypeError, ValueError) as exc:
+        raise StateCorrupted(f"Redis hash {key} holds {fields!r}; want whole numbers", where=key) from exc
+    record: Record = check_record(values, where=key)
+    return Snapshot(record=record, now=int(now))
+
+
+def unavailable(where: str, exc: Exception) -> StateUnavailable:
+    """The error raised when Redis at ``where`` fails with ``exc``."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return StateUnavailable(f"Redis at {where} is unreachable: {exc}", where=where)
+    return StateUnavailable(f"Redis at {where} failed: {exc}", where=where)
+
+
+def where_of(client: Any) -> str:
+    """``host:port`` (or the socket path) a client connects to."""
+    kwargs = client.connection_pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
+
+
+def _raise_for(name: str, key: str, interval: int, reply: list[Any]) -> None:
+    if reply[0] == "mismatch":
+        try:
+            stored = int(reply[1])
+        except (TypeError, ValueError) as exc:
+            raise StateCorrupted(f"Redis hash {key} has interval={reply[1]!r}", where=key) from exc
+        check_interval_matches(name, stored, interval)
+    if reply[0] == "corrupt":
+        raise StateCorrupted(f"Redis hash {key} has {reply[1]}={reply[2]!r}; want a whole number", where=key)
+
+
 class RedisState(State):
     """Records kept in Redis hashes, changed only by Lua scripts timed on the server's clock."""
 
@@ -151,9 +229,9 @@ class RedisState(State):
         self._client = client
         self._prefix = prefix
         self._clock = clock
-        kwargs = client.connection_pool.connection_kwargs
-        self._where = str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
-        self.url = url or f"redis://{self._where}/{kwargs.get('db', 0)}"
+        self._where = where_of(client)
+        db = client.connection_pool.connection_kwargs.get("db", 0)
+        self.url = url or f"redis://{self._where}/{db}?prefix={prefix}"
         self._scripts = {
             "take": client.register_script(TAKE_SCRIPT),
             "try_start": client.register_script(TRY_START_SCRIPT),
@@ -168,18 +246,13 @@ class RedisState(State):
         Query options other than ``prefix`` go to ``redis.Redis.from_url``
         (``ssl_cert_reqs``, ``socket_timeout``, ...).
         """
-        parts = urlsplit(url)
-        query = parse_qs(parts.query)
-        prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
-        rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
-        client_url = parts._replace(query=rest).geturl()
+        client_url, prefix = split_url(url)
         try:
             client = redis.Redis.from_url(
                 client_url,
-                retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=8),
+                retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=RETRIES),
                 retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-                socket_connect_timeout=5,
-                socket_timeout=10,
+                **CLIENT_OPTIONS,
             )
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
@@ -198,72 +271,28 @@ class RedisState(State):
         self._client.close()
 
     def _run(self, script: str, name: str, args: list[Any]) -> list[Any]:
-        now = "" if self._clock is None else str(self._clock())
         try:
-            reply = self._scripts[script](keys=[self.key(name)], args=[args[0], now, *args[1:]])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StateUnavailable(
-                f"Redis at {self._where} is unreachable: {exc}", where=self._where
-            ) from exc
+            return decode(self._scripts[script](keys=[self.key(name)], args=args))
         except redis.RedisError as exc:
-            raise StateUnavailable(f"Redis at {self._where} failed: {exc}", where=self._where) from exc
-        return [item.decode() if isinstance(item, bytes) else item for item in reply]
-
-    def _checked(self, name: str, interval: int, reply: list[Any]) -> list[Any]:
-        kind = reply[0]
-        if kind == "mismatch":
-            check_interval_matches(name, _stored_interval(reply[1], self.key(name)), interval)
-        if kind == "corrupt":
-            where = self.key(name)
-            raise StateCorrupted(
-                f"Redis hash {where} has {reply[1]}={reply[2]!r}; want a whole number", where=where
-            )
-        return reply
+            raise unavailable(self._where, exc) from exc
 
     def _take(self, name: str, interval: int) -> Taken:
-        reply = self._checked(name, interval, self._run("take", name, [interval]))
-        return Taken(ticket=int(reply[1]), pos=int(reply[2]), at=int(reply[3]), now=int(reply[4]))
+        reply = self._run("take", name, script_args(interval, self._clock))
+        return parse_taken(name, self.key(name), interval, reply)
 
     def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        reply = self._run("try_start", name, [interval, ticket, lead])
-        return _outcome(self._checked(name, interval, reply))
+        reply = self._run("try_start", name, script_args(interval, self._clock, ticket, lead))
+        return parse_outcome(name, self.key(name), interval, reply)
 
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        reply = self._run("take_and_try", name, [interval, lead])
-        return _outcome(self._checked(name, interval, reply))
+        reply = self._run("take_and_try", name, script_args(interval, self._clock, lead))
+        return parse_outcome(name, self.key(name), interval, reply)
 
     def _read(self, name: str) -> Snapshot:
-        now, *fields = self._run("read", name, [""])
-        if all(field is None for field in fields):
-            return Snapshot(record=None, now=int(now))
-        where = self.key(name)
-        try:
-            values = dict(zip(("ticket", "pos", "at", "interval"), [int(f) for f in fields], strict=True))
-        except (TypeError, ValueError) as exc:
-            raise StateCorrupted(
-                f"Redis hash {where} holds {fields!r}; want whole numbers", where=where
-            ) from exc
-        record: Record = check_record(values, where=where)
-        return Snapshot(record=record, now=int(now))
+        return parse_snapshot(self.key(name), self._run("read", name, script_args(0, self._clock)))
 
     def _reset(self, name: str) -> bool:
         try:
             return bool(self._client.delete(self.key(name)))
         except redis.RedisError as exc:
-            raise StateUnavailable(f"Redis at {self._where} failed: {exc}", where=self._where) from exc
-
-
-def _outcome(reply: list[Any]) -> Outcome:
-    kind, ticket, value, now = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
-    if kind == "started":
-        return Started(ticket=ticket, start=value, now=now)
-    if kind == "wait":
-        return Wait(ticket=ticket, slot=value, now=now)
-    return Passed(ticket=ticket, pos=value, now=now)
-
-
-def _stored_interval(raw: Any, where: str) -> int:
-    try:
-        return int(raw)
-    except (TypeError, ValueError) as exc:
-        raise StateCorrupted(f"Redis hash {where} has interval={raw!r}", where=where) from exc
+            raise unavailable(self._where, exc) from exc

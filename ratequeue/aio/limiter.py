@@ -1,0 +1,219 @@
+"""Limiter for asyncio: ``await limiter.acquire()``, ``async with``, and decorated coroutines.
+
+The same :class:`~ratequeue.shard.Shard` as the thread limiter decides every
+step; this module only awaits the state's answers and the shard's sleeps.
+Waiting tasks sleep on futures woken when the shard changes: nothing runs
+while nobody waits (guarantee G5). Use a limiter from one event loop at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from .. import _validate
+from ..errors import AcquireTimeout
+from ..limiter import Status, Withdrawn
+from ..protocol import NEVER, US, Outcome
+from ..shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
+from .state import AsyncState, AsyncStateLike, from_url
+
+__all__ = ["Limiter"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Limiter:
+    """Lets tasks, across every process sharing the state, start one per ``interval``.
+
+    The asyncio twin of :class:`ratequeue.Limiter`: same arguments, same
+    guarantees. Cancelling a waiting task gives up its place; the ticket it
+    held stays with this shard for the next task.
+    """
+
+    def __init__(
+        self,
+        url: AsyncStateLike = None,
+        *,
+        name: str,
+        interval: float,
+        lead: float | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """See :class:`ratequeue.Limiter`; Redis and MongoDB use their drivers' asyncio clients."""
+        self.name: str = _validate.name(name)
+        self.interval: float = _validate.interval(interval)
+        self._interval_us = _validate.interval_us(self.interval)
+        self._lead = _validate.lead(lead)
+        self._clock = clock or time.monotonic
+        self._state: AsyncState = from_url(url)
+        self._owns_state = not isinstance(url, AsyncState)
+        self._shard = Shard(self.interval, lead=self._lead)
+        self._waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def state(self) -> AsyncState:
+        """The state this limiter uses."""
+        return self._state
+
+    async def acquire(self, timeout: float | None = None) -> Turn:
+        """Wait until this task's global turn, and return it.
+
+        :param timeout: seconds to wait at most; ``None`` waits for ever, ``0``
+            only takes a turn that is free now.
+        :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
+        """
+        return await self._acquire(_validate.timeout(timeout))
+
+    async def _acquire(self, seconds: float | None, on_job: Callable[[Job], None] | None = None) -> Turn:
+        job = self._shard.add(None if seconds is None else self._clock() + seconds)
+        if on_job is not None:
+            on_job(job)
+        turn = await self._drive(job, seconds)
+        delay = turn.local_start - self._clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return turn
+
+    def pause(self) -> None:
+        """Pause this shard (call from the event loop's thread)."""
+        self._shard.pause()
+        self._notify()
+
+    def resume(self) -> None:
+        """Resume this shard after :meth:`pause` (call from the event loop's thread)."""
+        self._shard.resume()
+        self._notify()
+
+    @property
+    def paused(self) -> bool:
+        """Whether this shard is paused."""
+        return self._shard.paused
+
+    async def status(self) -> Status:
+        """Read the queue's shared record (one call to the state) and this shard's state."""
+        snapshot = await self._state.read(self.name)
+        record = snapshot.record
+        return Status(
+            name=self.name,
+            interval=record.interval / US if record else self.interval,
+            next_ticket=record.ticket if record else 1,
+            current=record.pos if record else 0,
+            last_start=record.at / US if record and record.at != NEVER else None,
+            now=snapshot.now / US,
+            waiting=self._shard.waiting,
+            paused=self._shard.paused,
+            held_ticket=self._shard.ticket,
+        )
+
+    def wrap(self, fn: F) -> F:
+        """``fn`` as a coroutine function whose every call first awaits its turn.
+
+        A coroutine function is awaited after the turn; a plain function is
+        called after it (the wrapper is a coroutine function either way).
+        Name, docstring and signature are kept.
+        """
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+                await self.acquire()
+                return await fn(*args, **kwargs)
+
+            return cast(F, wrapped_async)
+
+        @functools.wraps(fn)
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            await self.acquire()
+            return fn(*args, **kwargs)
+
+        return cast(F, wrapped)
+
+    def __call__(self, fn: F) -> F:
+        """Decorate ``fn`` so that every call awaits its turn (see :meth:`wrap`)."""
+        return self.wrap(fn)
+
+    async def __aenter__(self) -> Turn:
+        return await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def close(self) -> None:
+        """Close the state if this limiter opened it from a URL."""
+        if self._owns_state:
+            await self._state.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead))
+
+    def __repr__(self) -> str:
+        return f"aio.Limiter({self._state.url!r}, name={self.name!r}, interval={self.interval!r})"
+
+    def _withdraw(self, job: Job) -> None:
+        """Take a waiting ``job`` out; its ``_acquire`` raises ``Withdrawn``."""
+        self._shard.cancel(job)
+        self._notify()
+
+    def _notify(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _changed(self, timeout: float | None) -> None:
+        """Wait until the shard changes, or ``timeout`` seconds pass."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, None if timeout is None else max(0.0, timeout))
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiters.remove(waiter)
+
+    async def _drive(self, job: Job, timeout: float | None) -> Turn:
+        try:
+            while True:
+                if job.turn is None and not job.queued:
+                    raise Withdrawn("the waiting job was withdrawn")
+                now = self._clock()
+                step = self._shard.step(job, now)
+                if isinstance(step, Begin):
+                    self._notify()  # the next job is head now
+                    return step.turn
+                if isinstance(step, Expired):
+                    raise AcquireTimeout(
+                        f"no turn in queue {self.name!r} within {timeout} s", name=self.name, timeout=timeout
+                    )
+                if isinstance(step, WaitForTurn):
+                    await self._changed(None if step.deadline is None else step.deadline - now)
+                elif isinstance(step, SleepUntil):
+                    await self._changed(step.until - now)
+                else:
+                    await self._call(job, step)
+        except BaseException:
+            self._shard.cancel(job)
+            self._notify()
+            raise
+
+    async def _call(self, job: Job, step: TakeAndTry | TryStart) -> None:
+        sent = self._clock()
+        try:
+            outcome: Outcome
+            if isinstance(step, TakeAndTry):
+                outcome = await self._state.take_and_try(self.name, self._interval_us, step.lead_us)
+            else:
+                outcome = await self._state.try_start(self.name, self._interval_us, step.ticket, step.lead_us)
+        except BaseException:
+            self._shard.failed(job)
+            raise
+        self._shard.receive(job, outcome, sent, self._clock())
+        self._notify()
+
+
+def _rebuild(cls: type[Limiter], url: str, name: str, interval: float, lead: float | None) -> Limiter:
+    return cls(url, name=name, interval=interval, lead=lead)

@@ -1,0 +1,144 @@
+"""The asyncio state contract, and the adapter that runs a thread-safe state in a thread.
+
+:class:`AsyncState` offers the same operations as :class:`ratequeue.state.State`,
+as coroutines, with the same argument checks and errors. The memory and file
+states have no asyncio driver: :class:`ThreadedState` runs them in the
+default executor so the event loop never blocks on a file lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+from typing import Union
+
+from .. import _validate
+from ..errors import ConfigurationError
+from ..protocol import Outcome, Taken
+from ..state import State
+from ..state import from_url as sync_from_url
+from ..state.base import Snapshot, checked
+
+__all__ = ["AsyncState", "AsyncStateLike", "ThreadedState", "from_url"]
+
+
+class AsyncState(ABC):
+    """Where the shards of a queue keep their shared record, used from asyncio.
+
+    The operations and their promises are those of :class:`ratequeue.state.State`.
+    """
+
+    #: the URL this state was opened from; limiters pickle as this URL
+    url: str
+
+    async def take(self, name: str, interval_us: int) -> Taken:
+        """Hand out the next ticket of queue ``name``."""
+        return await self._take(*checked(name, interval_us))
+
+    async def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away."""
+        return await self._try_start(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
+
+    async def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+        """Take a ticket and try to start it, in one atomic step."""
+        return await self._take_and_try(*checked(name, interval_us, lead_us=lead_us))
+
+    async def read(self, name: str) -> Snapshot:
+        """The record of queue ``name`` and the state clock's time; changes nothing."""
+        return await self._read(_validate.name(name))
+
+    async def reset(self, name: str) -> bool:
+        """Delete the record of queue ``name``; say whether there was one."""
+        return await self._reset(_validate.name(name))
+
+    async def close(self) -> None:  # noqa: B027 - a state may hold nothing to release
+        """Release connections; the state may not be used afterwards."""
+
+    async def __aenter__(self) -> AsyncState:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @abstractmethod
+    async def _take(self, name: str, interval: int) -> Taken: ...
+
+    @abstractmethod
+    async def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+
+    @abstractmethod
+    async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome: ...
+
+    @abstractmethod
+    async def _read(self, name: str) -> Snapshot: ...
+
+    @abstractmethod
+    async def _reset(self, name: str) -> bool: ...
+
+
+class ThreadedState(AsyncState):
+    """A (thread-safe) synchronous state, its calls run in the default executor."""
+
+    def __init__(self, state: State) -> None:
+        #: the synchronous state doing the work
+        self.state = state
+        self.url = state.url
+
+    async def _take(self, name: str, interval: int) -> Taken:
+        return await asyncio.to_thread(self.state.take, name, interval)
+
+    async def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return await asyncio.to_thread(self.state.try_start, name, interval, ticket, lead)
+
+    async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
+        return await asyncio.to_thread(self.state.take_and_try, name, interval, lead)
+
+    async def _read(self, name: str) -> Snapshot:
+        return await asyncio.to_thread(self.state.read, name)
+
+    async def _reset(self, name: str) -> bool:
+        return await asyncio.to_thread(self.state.reset, name)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.state.close)
+
+
+#: what the asyncio limiters and queues accept as their state
+AsyncStateLike = Union[str, "os.PathLike[str]", State, AsyncState, None]
+
+
+def from_url(url: AsyncStateLike) -> AsyncState:
+    """Open the state named by ``url`` for asyncio.
+
+    ``redis://`` and ``mongodb://`` use the drivers' asyncio clients; the
+    memory and file states (and any synchronous :class:`State` object) run in
+    a thread. Raises :class:`ConfigurationError` as :func:`ratequeue.state.from_url` does.
+    """
+    if isinstance(url, AsyncState):
+        return url
+    if isinstance(url, str):
+        scheme = url.split(":", 1)[0].lower()
+        if scheme in ("redis", "rediss", "unix"):
+            module = _import_backend("redis", "redis")
+            return module.AsyncRedisState.from_url(url)  # type: ignore[no-any-return]
+        if scheme in ("mongodb", "mongodb+srv"):
+            module = _import_backend("mongodb", "mongodb")
+            return module.AsyncMongoState.from_url(url)  # type: ignore[no-any-return]
+    return ThreadedState(sync_from_url(url))
+
+
+def _import_backend(module: str, extra: str):  # type: ignore[no-untyped-def]
+    import importlib
+
+    try:
+        return importlib.import_module(f"ratequeue.aio.{module}")
+    except ImportError as exc:
+        if exc.name and exc.name.startswith("ratequeue"):
+            raise
+        raise ConfigurationError(
+            f"{module} states need the {exc.name!r} package: pip install 'ratequeue[{extra}]'"
+        ) from exc
