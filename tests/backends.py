@@ -14,7 +14,6 @@ from pymongo import AsyncMongoClient, MongoClient
 from ratequeue.aio.mongodb import AsyncMongoState
 from ratequeue.aio.redis import AsyncRedisState
 from ratequeue.aio.state import AsyncState, ThreadedState
-
 from ratequeue.state import State
 from ratequeue.state.base import Clock
 from ratequeue.state.file import FileState

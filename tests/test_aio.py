@@ -104,7 +104,7 @@ def test_processes_each_with_a_loop_share_one_rate(shared_backend: Backend) -> N
     finished = 0
     while finished < 3:
         try:
-            index, ticket, value = reports.get(timeout=60)
+            _index, ticket, value = reports.get(timeout=60)
         except queue_module.Empty:
             pytest.fail("no report for 60 s")
         if ticket is None:
