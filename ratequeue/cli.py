@@ -20,6 +20,7 @@ from .errors import ConfigurationError, RateQueueError
 from .limiter import Limiter
 from .protocol import NEVER, US
 from .state import State, from_url
+from .state.base import redact
 from .state.memory import MemoryState
 
 __all__ = ["main"]
@@ -82,7 +83,7 @@ def _open(url: str) -> State:
 def _status(args: argparse.Namespace, out: TextIO) -> int:
     with _open(args.url) as state:
         snapshot = state.read(_validate.name(args.name))
-        print(f"state:      {state.url}", file=out)
+        print(f"state:      {redact(state.url)}", file=out)
         print(f"queue:      {args.name}", file=out)
         record = snapshot.record
         if record is None:
@@ -103,7 +104,9 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
 def _reset(args: argparse.Namespace, out: TextIO) -> int:
     with _open(args.url) as state:
         existed = state.reset(_validate.name(args.name))
-        print(f"{'reset' if existed else 'no record for'} queue {args.name!r} in {state.url}", file=out)
+        print(
+            f"{'reset' if existed else 'no record for'} queue {args.name!r} in {redact(state.url)}", file=out
+        )
     return 0
 
 
@@ -122,7 +125,7 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     total = processes * jobs
     print(
         f"{processes} processes x {jobs} starts, one start every {interval * 1000:g} ms, "
-        f"through {url} (queue {name!r})",
+        f"through {redact(url)} (queue {name!r})",
         file=out,
     )
     context = multiprocessing.get_context("spawn")

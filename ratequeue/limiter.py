@@ -21,6 +21,7 @@ from .errors import AcquireTimeout
 from .protocol import NEVER, US, Outcome
 from .shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
 from .state import State, StateLike, from_url
+from .state.base import redact
 
 __all__ = ["Limiter", "Status"]
 
@@ -201,7 +202,8 @@ class Limiter:
         return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._state.url!r}, name={self.name!r}, interval={self.interval!r})"
+        url = redact(self._state.url)
+        return f"{type(self).__name__}({url!r}, name={self.name!r}, interval={self.interval!r})"
 
     def _withdraw(self, job: Job) -> None:
         """Take a waiting ``job`` out from another thread; its ``_acquire`` raises :class:`Withdrawn`."""

@@ -20,6 +20,7 @@ from .errors import QueueClosed
 from .limiter import Limiter, Status, Withdrawn
 from .shard import Job
 from .state import State, StateLike
+from .state.base import redact
 
 __all__ = ["Queue"]
 
@@ -158,7 +159,7 @@ class Queue:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Queue({self._limiter.state.url!r}, name={self.name!r}, interval={self.interval!r})"
+        return f"Queue({redact(self._limiter.state.url)!r}, name={self.name!r}, interval={self.interval!r})"
 
     def _pace(self) -> None:
         """The pacing thread: take turns for queued jobs until none is left."""

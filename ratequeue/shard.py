@@ -41,6 +41,9 @@ __all__ = [
 #: wake-up lateness allowed for when reserving a slot early (adaptive lead)
 DEFAULT_JITTER = 0.002
 
+#: how many calls a head may make once its deadline has passed
+_LATE_CALLS = 2
+
 #: weight of the newest round-trip in the smoothed round-trip time
 _RTT_WEIGHT = 0.25
 
@@ -72,6 +75,8 @@ class Job:
     turn: Turn | None = field(default=None, init=False)
     #: whether the job is in its shard's queue
     queued: bool = field(default=False, init=False)
+    #: calls made for the job at or after its deadline
+    late_calls: int = field(default=0, init=False)
 
 
 @dataclass(frozen=True)
@@ -203,9 +208,14 @@ class Shard:
             if deadline is not None and now >= deadline:
                 return Expired()
             return WaitForTurn(deadline)
-        # The head always gets its attempt (with a lead cut to the time left), even at or
-        # past its deadline, so a zero timeout takes a turn that is free now; it expires
-        # only once its slot is known to lie beyond the deadline.
+        # The head gets its attempt (with a lead cut to the time left) even at or past its
+        # deadline, so a zero timeout takes a turn that is free now: a held ticket tried, and
+        # if passed, a new one taken. It expires once its slot is known to lie beyond the
+        # deadline, or after those two calls.
+        if deadline is not None and now >= deadline:
+            if job.late_calls >= _LATE_CALLS:
+                return Expired()
+            job.late_calls += 1
         lead = self.lead if deadline is None else max(0.0, min(self.lead, deadline - now))
         lead_us = int(lead * US)
         if self._ticket is None:

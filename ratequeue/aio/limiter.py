@@ -20,6 +20,7 @@ from ..errors import AcquireTimeout
 from ..limiter import Status, Withdrawn
 from ..protocol import NEVER, US, Outcome
 from ..shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
+from ..state.base import redact
 from .state import AsyncState, AsyncStateLike, from_url
 
 __all__ = ["Limiter"]
@@ -152,7 +153,8 @@ class Limiter:
         return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead))
 
     def __repr__(self) -> str:
-        return f"aio.Limiter({self._state.url!r}, name={self.name!r}, interval={self.interval!r})"
+        url = redact(self._state.url)
+        return f"aio.Limiter({url!r}, name={self.name!r}, interval={self.interval!r})"
 
     def _withdraw(self, job: Job) -> None:
         """Take a waiting ``job`` out; its ``_acquire`` raises ``Withdrawn``."""

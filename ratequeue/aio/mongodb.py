@@ -14,11 +14,13 @@ from ..state.base import Clock, Snapshot, check_interval_matches
 from ..state.mongodb import (
     BACKOFF,
     BAD_URL_ERRORS,
-    CLIENT_OPTIONS,
     DEFAULT_COLLECTION,
     DEFAULT_DATABASE,
     RETRIES,
+    WELL_FORMED,
     check_document,
+    check_well_formed,
+    client_options,
     datetime_us,
     initial_document,
     parse,
@@ -57,7 +59,7 @@ class AsyncMongoState(AsyncState):
         """Open a MongoDB URL, as :meth:`ratequeue.state.mongodb.MongoState.from_url` does."""
         client_url, database, collection = split_url(url)
         try:
-            client: AsyncMongoClient[Any] = AsyncMongoClient(client_url, **CLIENT_OPTIONS)
+            client: AsyncMongoClient[Any] = AsyncMongoClient(client_url, **client_options(client_url))
         except BAD_URL_ERRORS as exc:
             raise ConfigurationError(f"bad MongoDB URL {url!r}: {exc}") from exc
         return cls(client, database=database, collection=collection, url=url)
@@ -70,7 +72,9 @@ class AsyncMongoState(AsyncState):
         for _ in range(3):
             document = await self._retrying(
                 lambda: self._collection.find_one_and_update(
-                    {"_id": name, "interval": interval}, steps, return_document=ReturnDocument.AFTER
+                    {"_id": name, "interval": interval, **WELL_FORMED},
+                    steps,
+                    return_document=ReturnDocument.AFTER,
                 )
             )
             if document is not None:
@@ -90,6 +94,7 @@ class AsyncMongoState(AsyncState):
             if stored is not None:
                 record = check_document(self._collection.full_name, name, stored)
                 check_interval_matches(name, record.interval, interval)
+                check_well_formed(self._collection.full_name, name, stored)
 
     async def _retrying(self, call: Any) -> Any:
         delay = BACKOFF

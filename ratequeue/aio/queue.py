@@ -19,6 +19,7 @@ from .. import _validate
 from ..errors import QueueClosed
 from ..limiter import Status, Withdrawn
 from ..shard import Job
+from ..state.base import redact
 from .limiter import Limiter
 from .state import AsyncState, AsyncStateLike
 
@@ -140,7 +141,8 @@ class Queue:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"aio.Queue({self._limiter.state.url!r}, name={self.name!r}, interval={self.interval!r})"
+        url = redact(self._limiter.state.url)
+        return f"aio.Queue({url!r}, name={self.name!r}, interval={self.interval!r})"
 
     async def _pace(self) -> None:
         try:

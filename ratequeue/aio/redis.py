@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 import redis
 import redis.asyncio
@@ -53,7 +54,7 @@ class AsyncRedisState(AsyncState):
         self._clock = clock
         self._where = where_of(client)
         db = client.connection_pool.connection_kwargs.get("db", 0)
-        self.url = url or f"redis://{self._where}/{db}?prefix={prefix}"
+        self.url = url or f"redis://{self._where}/{db}?{urlencode({'prefix': prefix})}"
         self._scripts = {
             "take": client.register_script(TAKE_SCRIPT),
             "try_start": client.register_script(TRY_START_SCRIPT),
@@ -87,7 +88,7 @@ class AsyncRedisState(AsyncState):
         try:
             return decode(await self._scripts[script](keys=[self.key(name)], args=args))
         except redis.RedisError as exc:
-            raise unavailable(self._where, exc) from exc
+            raise unavailable(self._where, exc, self.key(name)) from exc
 
     async def _take(self, name: str, interval: int) -> Taken:
         reply = await self._run("take", name, script_args(interval, self._clock))

@@ -18,7 +18,7 @@ from ..errors import ConfigurationError
 from ..protocol import Outcome, Taken
 from ..state import State
 from ..state import from_url as sync_from_url
-from ..state.base import Snapshot, checked
+from ..state.base import Snapshot, checked, redact
 
 __all__ = ["AsyncState", "AsyncStateLike", "ThreadedState", "from_url"]
 
@@ -62,7 +62,7 @@ class AsyncState(ABC):
         await self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
+        return f"{type(self).__name__}({redact(self.url)!r})"
 
     @abstractmethod
     async def _take(self, name: str, interval: int) -> Taken: ...

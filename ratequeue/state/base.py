@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .. import _validate
 from ..errors import ConfigurationError, StateCorrupted
@@ -87,7 +88,7 @@ class State(ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
+        return f"{type(self).__name__}({redact(self.url)!r})"
 
     @abstractmethod
     def _take(self, name: str, interval: int) -> Taken: ...
@@ -119,6 +120,29 @@ def checked(
     if lead_us is not None:
         values.append(_check_us("lead_us", lead_us, 0))
     return tuple(values)
+
+
+def split_options(url: str, *names: str) -> tuple[str, dict[str, str]]:
+    """``url`` without the query options ``names`` (ratequeue's own), and their values.
+
+    The rest of the URL is kept as written (``unix:///path`` keeps its slashes)
+    and the other options are passed on re-encoded; empty values are kept.
+    """
+    base, _, query = url.partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    ours = {key: value for key, value in pairs if key in names}
+    rest = urlencode([(key, value) for key, value in pairs if key not in names])
+    return (f"{base}?{rest}" if rest else base), ours
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages and ``repr``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def check_interval_matches(name: str, stored: int, wanted: int) -> None:

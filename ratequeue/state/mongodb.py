@@ -18,16 +18,16 @@ from __future__ import annotations
 import datetime
 import time
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl
 
 from pymongo import MongoClient, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError as MongoConfigurationError
 from pymongo.errors import ConnectionFailure, DuplicateKeyError, InvalidURI, PyMongoError
 
-from ..errors import ConfigurationError, StateUnavailable
+from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
-from .base import Clock, Snapshot, State, check_interval_matches, check_record
+from .base import MAX_US, Clock, Snapshot, State, check_interval_matches, check_record, split_options
 
 __all__ = ["MongoState"]
 
@@ -140,6 +140,16 @@ def check_document(collection: str, name: str, document: Any) -> Record:
     return check_record(fields, where=f"{collection}/{name}")
 
 
+def check_well_formed(collection: str, name: str, document: Any) -> None:
+    """Raise :class:`StateCorrupted` if ``document`` would not match :data:`WELL_FORMED`."""
+    where = f"{collection}/{name}"
+    for field in ("ticket", "pos", "at"):
+        value = document.get(field)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StateCorrupted(f"record at {where} has {field}={value!r}; want a whole number", where=where)
+    check_record(document, where=where)  # the ranges
+
+
 def parse(op: str, document: dict[str, Any]) -> Taken | Outcome:
     """The answer an operation left in its document."""
     answer = document["answer"]
@@ -155,16 +165,34 @@ def parse(op: str, document: dict[str, Any]) -> Taken | Outcome:
 
 def split_url(url: str) -> tuple[str, str, str]:
     """``url`` without ratequeue's options, and the database and collection they name."""
-    parts = urlsplit(url)
-    query = parse_qs(parts.query)
-    database = query.pop("database", [DEFAULT_DATABASE])[-1]
-    collection = query.pop("collection", [DEFAULT_COLLECTION])[-1]
-    rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
-    return parts._replace(query=rest).geturl(), database, collection
+    client_url, ours = split_options(url, "database", "collection")
+    return client_url, ours.get("database", DEFAULT_DATABASE), ours.get("collection", DEFAULT_COLLECTION)
 
 
-#: settings of the clients ratequeue creates
+#: settings of the clients ratequeue creates, unless the URL sets them
 CLIENT_OPTIONS: dict[str, Any] = {"serverSelectionTimeoutMS": 5000, "connectTimeoutMS": 5000}
+
+
+def client_options(client_url: str) -> dict[str, Any]:
+    """:data:`CLIENT_OPTIONS` less those the URL gives itself (URL options win)."""
+    given = {key.lower() for key, _ in parse_qsl(client_url.partition("?")[2])}
+    return {key: value for key, value in CLIENT_OPTIONS.items() if key.lower() not in given}
+
+
+#: the filter every update adds: a record whose fields are not whole numbers in range matches
+#: nothing, so it is reported as corrupted (by the creation path) and never changed
+WELL_FORMED: dict[str, Any] = {
+    **{field: {"$type": ["int", "long"]} for field in ("ticket", "pos", "at")},
+    "$expr": {
+        "$and": [
+            {"$lte": [0, "$pos"]},
+            {"$lt": ["$pos", "$ticket"]},
+            {"$lt": ["$ticket", MAX_US]},
+            {"$lte": [NEVER, "$at"]},
+            {"$lt": ["$at", MAX_US]},
+        ]
+    },
+}
 
 #: errors in creating a client that mean the URL is wrong
 BAD_URL_ERRORS = (InvalidURI, MongoConfigurationError, ValueError, TypeError)
@@ -225,7 +253,7 @@ class MongoState(State):
         """
         client_url, database, collection = split_url(url)
         try:
-            client: MongoClient[Any] = MongoClient(client_url, **CLIENT_OPTIONS)
+            client: MongoClient[Any] = MongoClient(client_url, **client_options(client_url))
         except BAD_URL_ERRORS as exc:
             raise ConfigurationError(f"bad MongoDB URL {url!r}: {exc}") from exc
         return cls(client, database=database, collection=collection, url=url)
@@ -243,7 +271,9 @@ class MongoState(State):
         for _ in range(3):
             document = self._retrying(
                 lambda: self._collection.find_one_and_update(
-                    {"_id": name, "interval": interval}, steps, return_document=ReturnDocument.AFTER
+                    {"_id": name, "interval": interval, **WELL_FORMED},
+                    steps,
+                    return_document=ReturnDocument.AFTER,
                 )
             )
             if document is not None:
@@ -268,6 +298,7 @@ class MongoState(State):
             if stored is not None:
                 record = check_document(self._collection.full_name, name, stored)
                 check_interval_matches(name, record.interval, interval)
+                check_well_formed(self._collection.full_name, name, stored)
 
     def _retrying(self, call: Any) -> Any:
         delay = BACKOFF

@@ -1,9 +1,10 @@
 """``redis://`` and ``rediss://``: the protocol run atomically inside Redis, on its clock.
 
 Each queue is one hash (``PREFIX + name``: ``ticket``, ``pos``, ``at``,
-``interval``), so every operation touches a single key and works on Redis
-Cluster. Each operation is one Lua script that reads the server's ``TIME``
-itself, so hosts whose clocks disagree still share one rate. Scripts are
+``interval``), so every operation touches a single key (ready for Redis
+Cluster, though ``RedisCluster`` clients are not supported yet). Each
+operation is one Lua script that reads the server's ``TIME`` itself, so hosts
+whose clocks disagree still share one rate. Scripts are
 sent by SHA and re-loaded when the server answers NOSCRIPT (after a restart
 or ``SCRIPT FLUSH``).
 """
@@ -11,7 +12,7 @@ or ``SCRIPT FLUSH``).
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlencode
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -19,7 +20,7 @@ from redis.retry import Retry
 
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
-from .base import Clock, Snapshot, State, check_interval_matches, check_record
+from .base import MAX_US, Clock, Snapshot, State, check_interval_matches, check_record, split_options
 
 __all__ = ["RedisState"]
 
@@ -53,8 +54,9 @@ else
       return {"corrupt", names[i], tostring(fields[i])}
     end
   end
-  if not (0 <= pos and pos < ticket and interval > 0) then
-    return {"corrupt", "pos/ticket/interval", fields[2] .. "/" .. fields[1] .. "/" .. fields[4]}
+  if not (0 <= pos and pos < ticket and ticket < __LIMIT__ and interval > 0 and interval < __LIMIT__
+          and at >= __NEVER__ and at < __LIMIT__) then
+    return {"corrupt", "ticket/pos/at/interval", table.concat(fields, "/")}
   end
   if interval ~= tonumber(ARGV[1]) then return {"mismatch", fields[4]} end
 end
@@ -81,7 +83,7 @@ local function try_start(t, lead)
   end
   return {"wait", t, slot, now}
 end
-""".replace("__NEVER__", str(NEVER))
+""".replace("__NEVER__", str(NEVER)).replace("__LIMIT__", str(MAX_US))
 
 #: take: ARGV as in _HEAD. Returns {"taken", ticket, pos, at, now}.
 TAKE_SCRIPT = (
@@ -130,11 +132,8 @@ return {string.format("%.0f", now), fields[1], fields[2], fields[3], fields[4]}
 
 def split_url(url: str) -> tuple[str, str]:
     """``url`` without ratequeue's own ``prefix`` option, and that prefix."""
-    parts = urlsplit(url)
-    query = parse_qs(parts.query)
-    prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
-    rest = "&".join(f"{key}={value}" for key, values in query.items() for value in values)
-    return parts._replace(query=rest).geturl(), prefix
+    client_url, ours = split_options(url, "prefix")
+    return client_url, ours.get("prefix", DEFAULT_PREFIX)
 
 
 #: connection settings of the clients ratequeue creates: a short bounded retry, then an error
@@ -182,10 +181,14 @@ def parse_snapshot(key: str, reply: list[Any]) -> Snapshot:
     return Snapshot(record=record, now=int(now))
 
 
-def unavailable(where: str, exc: Exception) -> StateUnavailable:
-    """The error raised when Redis at ``where`` fails with ``exc``."""
+def unavailable(where: str, exc: Exception, key: str = "") -> StateUnavailable | StateCorrupted:
+    """The error raised when Redis at ``where`` fails with ``exc`` (on ``key``)."""
+    if isinstance(exc, redis.AuthenticationError):
+        return StateUnavailable(f"Redis at {where} refused the credentials: {exc}", where=where)
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return StateUnavailable(f"Redis at {where} is unreachable: {exc}", where=where)
+    if isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE") and key:
+        return StateCorrupted(f"Redis key {key} is not a hash: {exc}", where=key)
     return StateUnavailable(f"Redis at {where} failed: {exc}", where=where)
 
 
@@ -231,7 +234,7 @@ class RedisState(State):
         self._clock = clock
         self._where = where_of(client)
         db = client.connection_pool.connection_kwargs.get("db", 0)
-        self.url = url or f"redis://{self._where}/{db}?prefix={prefix}"
+        self.url = url or f"redis://{self._where}/{db}?{urlencode({'prefix': prefix})}"
         self._scripts = {
             "take": client.register_script(TAKE_SCRIPT),
             "try_start": client.register_script(TRY_START_SCRIPT),
@@ -274,7 +277,7 @@ class RedisState(State):
         try:
             return decode(self._scripts[script](keys=[self.key(name)], args=args))
         except redis.RedisError as exc:
-            raise unavailable(self._where, exc) from exc
+            raise unavailable(self._where, exc, self.key(name)) from exc
 
     def _take(self, name: str, interval: int) -> Taken:
         reply = self._run("take", name, script_args(interval, self._clock))

@@ -1,0 +1,122 @@
+"""Edge cases of the server backends: bad records, wrong key types, URL forms, secrets in output."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from pymongo import MongoClient
+
+import ratequeue
+from ratequeue.errors import StateCorrupted
+from ratequeue.protocol import NEVER, Wait
+from ratequeue.shard import Expired, Shard, TakeAndTry, TryStart
+from ratequeue.state.base import redact, split_options
+from ratequeue.state.mongodb import MongoState
+from ratequeue.state.redis import RedisState, split_url
+
+from .servers import Server
+
+
+@pytest.fixture
+def client(redis_server: Server) -> Iterator[redis.Redis]:
+    with redis.Redis(port=redis_server.port) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"ticket": 2, "pos": 1, "at": "1e20", "interval": 5},
+        {"ticket": 2, "pos": 1, "at": "inf", "interval": 5},
+        {"ticket": 2, "pos": 1, "at": 5, "interval": "0"},
+        {"ticket": 2, "pos": 1, "at": 5, "interval": "2.5"},
+        {"ticket": 1, "pos": 1, "at": 5, "interval": 5},
+        {"ticket": 2, "pos": 1, "at": str(NEVER - 1), "interval": 5},
+    ],
+)
+def test_redis_record_out_of_range_is_corrupted_and_unchanged(
+    client: redis.Redis, fields: dict[str, Any]
+) -> None:
+    state = RedisState(client, prefix="edge:")
+    client.delete("edge:q")
+    client.hset("edge:q", mapping=fields)
+    before = client.hgetall("edge:q")
+    with pytest.raises(StateCorrupted):
+        state.take_and_try("q", 5, 0)
+    with pytest.raises(StateCorrupted):
+        state.read("q")
+    assert client.hgetall("edge:q") == before
+
+
+def test_redis_key_of_another_type_is_corrupted(client: redis.Redis) -> None:
+    client.delete("edge:list")
+    client.rpush("edge:list", "x")
+    with pytest.raises(StateCorrupted, match="not a hash"):
+        RedisState(client, prefix="edge:").take("list", 5)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"interval": 5},
+        {"ticket": 2, "pos": 1, "interval": 5},
+        {"ticket": 2.5, "pos": 1, "at": 3, "interval": 5},
+        {"ticket": "2", "pos": 1, "at": 3, "interval": 5},
+        {"ticket": 2, "pos": 2, "at": 3, "interval": 5},
+    ],
+)
+def test_mongodb_malformed_record_is_corrupted_and_unchanged(
+    mongodb_server: Server, document: dict[str, Any]
+) -> None:
+    client: MongoClient[Any] = MongoClient(port=mongodb_server.port)
+    with MongoState(client, database="edges") as state:
+        state.collection.delete_many({})  # type: ignore[attr-defined]
+        state.collection.insert_one({"_id": "q", **document})  # type: ignore[attr-defined]
+        with pytest.raises(StateCorrupted):
+            state.take_and_try("q", 5, 0)
+        assert state.collection.find_one({"_id": "q"}) == {"_id": "q", **document}  # type: ignore[attr-defined]
+
+
+def test_redis_urls_keep_their_form() -> None:
+    assert split_url("unix:///run/redis.sock?db=2&prefix=x:") == ("unix:///run/redis.sock?db=2", "x:")
+    assert split_url("redis://h/0?prefix=") == ("redis://h/0", "")
+    assert split_url("redis://h/0?prefix=a%2Bb%26c&client_name=a%26b") == (
+        "redis://h/0?client_name=a%26b",
+        "a+b&c",
+    )
+    assert split_options("mongodb://h/?database=d&w=1", "database") == ("mongodb://h/?w=1", {"database": "d"})
+
+
+def test_a_limiter_on_a_ready_client_pickles_to_the_same_key(client: redis.Redis) -> None:
+    state = RedisState(client, prefix="a&b+c:")
+    limiter = ratequeue.Limiter(state, name="q", interval=0.001)
+    limiter.acquire()
+    again = pickle.loads(pickle.dumps(limiter))
+    assert again.state.key("q") == "a&b+c:q"  # type: ignore[attr-defined]
+    assert again.status().current == 1
+    again.close()
+
+
+def test_passwords_are_redacted_in_repr_and_messages() -> None:
+    url = "redis://user:s3cret@localhost:6379/0"
+    assert redact(url) == "redis://user:***@localhost:6379/0"
+    assert redact("redis://localhost/0") == "redis://localhost/0"
+    limiter = ratequeue.Limiter(url, name="q", interval=1)
+    assert "s3cret" not in repr(limiter)
+    assert "s3cret" not in repr(limiter.state)
+    limiter.close()
+
+
+def test_a_late_head_gives_up_after_two_calls() -> None:
+    """A head past its deadline tries at most twice, whatever the state answers (no busy loop)."""
+    shard = Shard(1.0, lead=0.0)
+    job = shard.add(deadline=0.0)
+    assert isinstance(shard.step(job, 1.0), TakeAndTry)
+    shard.receive(job, Wait(ticket=5, slot=0, now=10_000_000), 1.0, 1.0)  # a slot in the past: nonsense
+    assert isinstance(shard.step(job, 1.0), TryStart)
+    shard.receive(job, Wait(ticket=5, slot=0, now=10_000_000), 1.0, 1.0)
+    assert isinstance(shard.step(job, 1.0), Expired)
