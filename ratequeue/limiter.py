@@ -20,7 +20,7 @@ from . import _validate
 from .errors import AcquireTimeout
 from .protocol import NEVER, US, Outcome
 from .shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
-from .state import State, StateLike, from_url
+from .state import Snapshot, State, StateLike, from_url
 from .state.base import redact
 
 __all__ = ["Limiter", "Status"]
@@ -50,6 +50,22 @@ class Status:
     paused: bool
     #: the ticket this shard holds, if any
     held_ticket: int | None
+
+    @classmethod
+    def of(cls, name: str, interval: float, snapshot: Snapshot, shard: Shard) -> Status:
+        """The status of queue ``name`` from a snapshot of its record and this shard."""
+        record = snapshot.record
+        return cls(
+            name=name,
+            interval=record.interval / US if record else interval,
+            next_ticket=record.ticket if record else 1,
+            current=record.pos if record else 0,
+            last_start=record.at / US if record and record.at != NEVER else None,
+            now=snapshot.now / US,
+            waiting=shard.waiting,
+            paused=shard.paused,
+            held_ticket=shard.ticket,
+        )
 
 
 class Limiter:
@@ -142,20 +158,8 @@ class Limiter:
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
         snapshot = self._state.read(self.name)
-        record = snapshot.record
         with self._cond:
-            waiting, paused, held = self._shard.waiting, self._shard.paused, self._shard.ticket
-        return Status(
-            name=self.name,
-            interval=record.interval / US if record else self.interval,
-            next_ticket=record.ticket if record else 1,
-            current=record.pos if record else 0,
-            last_start=record.at / US if record and record.at != NEVER else None,
-            now=snapshot.now / US,
-            waiting=waiting,
-            paused=paused,
-            held_ticket=held,
-        )
+            return Status.of(self.name, self.interval, snapshot, self._shard)
 
     def wrap(self, fn: F) -> F:
         """``fn`` changed so that every call first waits for its turn.

@@ -15,3 +15,21 @@ epochs_us = st.one_of(st.integers(0, 10**9), st.integers(1_700_000_000_000_000, 
 
 #: how far the state clock moves in one step, in microseconds (negative: steps back)
 clock_steps_us = st.one_of(st.integers(0, 200_000), st.integers(-2_000_000, 0))
+
+
+def operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """Sequences of protocol operations and clock moves.
+
+    Each is ``("take",)``, ``("try", n, lead)`` (``n`` picks a ticket among those
+    handed out, or one more), ``("take_and_try", lead)``, ``("clock", step)``,
+    and, with ``reads``, ``("read",)``.
+    """
+    kinds = [
+        st.tuples(st.just("take")),
+        st.tuples(st.just("try"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("take_and_try"), leads_us),
+        st.tuples(st.just("clock"), clock_steps_us),
+    ]
+    if reads:
+        kinds.append(st.tuples(st.just("read")))
+    return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)

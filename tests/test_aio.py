@@ -12,27 +12,18 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ratequeue import AcquireTimeout, QueueClosed, aio, protocol
 from ratequeue.state.memory import MemoryState
 
 from . import _workers
 from .backends import Backend
-from .strategies import clock_steps_us, epochs_us, intervals_us, leads_us
+from .strategies import epochs_us, intervals_us
+from .strategies import operations as ops_strategy
 
 LONG = 30.0
 
-operations = st.lists(
-    st.one_of(
-        st.tuples(st.just("take")),
-        st.tuples(st.just("try"), st.integers(0, 40), leads_us),
-        st.tuples(st.just("take_and_try"), leads_us),
-        st.tuples(st.just("clock"), clock_steps_us),
-    ),
-    min_size=1,
-    max_size=20,
-)
+operations = ops_strategy(max_size=20)
 
 
 @settings(max_examples=30)

@@ -14,7 +14,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from ratequeue import protocol
 from ratequeue.errors import ConfigurationError
@@ -22,19 +21,10 @@ from ratequeue.protocol import Passed, Started
 
 from . import _workers
 from .backends import Backend
-from .strategies import clock_steps_us, epochs_us, intervals_us, leads_us
+from .strategies import epochs_us, intervals_us
+from .strategies import operations as ops_strategy
 
-operations = st.lists(
-    st.one_of(
-        st.tuples(st.just("take")),
-        st.tuples(st.just("try"), st.integers(0, 40), leads_us),
-        st.tuples(st.just("take_and_try"), leads_us),
-        st.tuples(st.just("clock"), clock_steps_us),
-        st.tuples(st.just("read")),
-    ),
-    min_size=1,
-    max_size=25,
-)
+operations = ops_strategy(max_size=25, reads=True)
 
 
 @given(interval=intervals_us, epoch=epochs_us, ops=operations)

@@ -11,19 +11,10 @@ from hypothesis import strategies as st
 from ratequeue import protocol
 from ratequeue.protocol import NEVER, Passed, Record, Started, Wait
 
-from .strategies import clock_steps_us, epochs_us, intervals_us, leads_us
+from .strategies import epochs_us, intervals_us, leads_us
+from .strategies import operations as ops_strategy
 
-# One operation: ("take",), ("try", index into handed-out tickets, lead), ("take_and_try", lead),
-# ("clock", step). Tickets are drawn from those handed out, plus one never handed out.
-operations = st.lists(
-    st.one_of(
-        st.tuples(st.just("take")),
-        st.tuples(st.just("try"), st.integers(0, 30), leads_us),
-        st.tuples(st.just("take_and_try"), leads_us),
-        st.tuples(st.just("clock"), clock_steps_us),
-    ),
-    max_size=60,
-)
+operations = ops_strategy(max_size=60)
 
 
 @dataclass

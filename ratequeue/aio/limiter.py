@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 from .. import _validate
 from ..errors import AcquireTimeout
 from ..limiter import Status, Withdrawn
-from ..protocol import NEVER, US, Outcome
+from ..protocol import Outcome
 from ..shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
 from ..state.base import redact
 from .state import AsyncState, AsyncStateLike, from_url
@@ -97,19 +97,7 @@ class Limiter:
 
     async def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
-        snapshot = await self._state.read(self.name)
-        record = snapshot.record
-        return Status(
-            name=self.name,
-            interval=record.interval / US if record else self.interval,
-            next_ticket=record.ticket if record else 1,
-            current=record.pos if record else 0,
-            last_start=record.at / US if record and record.at != NEVER else None,
-            now=snapshot.now / US,
-            waiting=self._shard.waiting,
-            paused=self._shard.paused,
-            held_ticket=self._shard.ticket,
-        )
+        return Status.of(self.name, self.interval, await self._state.read(self.name), self._shard)
 
     def wrap(self, fn: F) -> F:
         """``fn`` as a coroutine function whose every call first awaits its turn.

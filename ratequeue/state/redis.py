@@ -27,12 +27,8 @@ __all__ = ["RedisState"]
 #: the key prefix used unless one is given
 DEFAULT_PREFIX = "ratequeue:"
 
-# Shared head of every script. Reads the record into locals and the clock into `now`.
-# KEYS[1]  the queue's hash
-# ARGV[1]  the interval (us) the caller expects (a new record gets it)
-# ARGV[2]  "" to read the server's TIME, or a fixed `now` in us (tests only)
-# Returns early {"mismatch", stored interval} or {"corrupt", field} without writing.
-_HEAD = """
+# Reads the clock into `now`: the server's TIME, or ARGV[2] when a test fixes it.
+_CLOCK = """
 local now
 if ARGV[2] == "" then
   local t = redis.call("TIME")
@@ -40,6 +36,16 @@ if ARGV[2] == "" then
 else
   now = tonumber(ARGV[2])
 end
+"""
+
+# Shared head of every script. Reads the record into locals and the clock into `now`.
+# KEYS[1]  the queue's hash
+# ARGV[1]  the interval (us) the caller expects (a new record gets it)
+# ARGV[2]  "" to read the server's TIME, or a fixed `now` in us (tests only)
+# Returns early {"mismatch", stored interval} or {"corrupt", field} without writing.
+_HEAD = (
+    _CLOCK
+    + """
 local fields = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval")
 local ticket, pos, at, interval
 if fields[1] == false and fields[2] == false and fields[3] == false and fields[4] == false then
@@ -84,6 +90,7 @@ local function try_start(t, lead)
   return {"wait", t, slot, now}
 end
 """.replace("__NEVER__", str(NEVER)).replace("__LIMIT__", str(MAX_US))
+)
 
 #: take: ARGV as in _HEAD. Returns {"taken", ticket, pos, at, now}.
 TAKE_SCRIPT = (
@@ -117,17 +124,13 @@ return answer
 
 #: read: KEYS[1] the hash, ARGV[1] "" (test `now` in ARGV[2]). Returns {now, ticket, pos, at, interval}
 #: with false for missing fields; never writes.
-READ_SCRIPT = """
-local now
-if ARGV[2] == "" then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
+READ_SCRIPT = (
+    _CLOCK
+    + """
 local fields = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval")
 return {string.format("%.0f", now), fields[1], fields[2], fields[3], fields[4]}
 """
+)
 
 
 def split_url(url: str) -> tuple[str, str]:
