@@ -7,6 +7,7 @@ live; ``status`` and ``reset`` inspect and clear a queue's shared record.
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import multiprocessing
 import queue as queue_module
@@ -136,28 +137,30 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     ]
     for worker in workers:
         worker.start()
-    starts: list[int] = []
+    starts: list[int] = []  # kept sorted: reports from different processes may arrive out of order
     failures: list[str] = []
-    latest: int | None = None
     finished = 0
+    wait = max(30.0, 10 * interval)
     while finished < processes:
         try:
-            index, ticket, start, error = reports.get(timeout=max(30.0, 10 * interval))
+            index, ticket, start, error = reports.get(timeout=wait)
         except queue_module.Empty:
-            failures.append("no report for 30 s; giving up")
+            failures.append(f"no report for {wait:g} s; giving up")
             break
         if ticket is None:
             finished += 1
             if error:
                 failures.append(f"process {index}: {error}")
             continue
-        starts.append(start)
+        place = bisect.bisect(starts, start)
+        late = place < len(starts)
+        starts.insert(place, start)
         if not args.quiet:
-            gap = "" if latest is None else f"gap {(start - latest) / 1000:8.3f} ms"
-            flag = "  UNDER INTERVAL" if latest is not None and start - latest < interval * US else ""
+            gap = "" if place == 0 else f"gap {(start - starts[place - 1]) / 1000:8.3f} ms"
+            flag = "  UNDER INTERVAL" if place and start - starts[place - 1] < interval * US else ""
+            note = "  (reported after a later start)" if late else ""
             progress = f"[{len(starts):>{len(str(total))}}/{total}]"
-            print(f"{progress} process {index}  ticket {ticket:>6}  {gap}{flag}", file=out)
-        latest = start if latest is None else max(latest, start)
+            print(f"{progress} process {index}  ticket {ticket:>6}  {gap}{flag}{note}", file=out)
     for worker in workers:
         worker.join(timeout=5)
     return _summary(starts, total, interval, failures, out)

@@ -1,0 +1,286 @@
+"""The command line, run as users run it: ``python -m ratequeue`` in a subprocess.
+
+Every run gets ``RATEQUEUE_STATE_FILE`` pointing into ``tmp_path`` (and a
+``HOME`` and ``XDG_CACHE_HOME`` of its own), so nothing touches the real
+per-user state file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ratequeue
+
+#: the directory holding the ``ratequeue`` package this test run imports; the
+#: subprocesses import the same one, whatever is installed
+SOURCE_ROOT = Path(ratequeue.__file__).resolve().parents[1]
+
+#: seconds a CLI run may take before the test fails (a demo of 15 starts needs ~2 s)
+TIMEOUT = 60
+
+
+class Cli:
+    """Runs ``python -m ratequeue`` with a private default state file."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.default_state = tmp_path / "default" / "state.json"
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        self.env = {
+            **os.environ,
+            "RATEQUEUE_STATE_FILE": str(self.default_state),
+            "HOME": str(self.home),
+            "XDG_CACHE_HOME": str(self.home / ".cache"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ratequeue", *args],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=self.env,
+            cwd=self.tmp_path,
+            check=False,
+        )
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+@pytest.fixture
+def state_url(tmp_path: Path) -> str:
+    return (tmp_path / "state.json").as_uri()
+
+
+def _summary(out: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith("summary:")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def _demo(cli: Cli, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cli("demo", "--processes", "3", "--jobs", "5", "--interval", "0.02", "--url", url, *extra)
+
+
+@pytest.mark.processes
+def test_demo_runs_every_start_with_no_gap_under_the_interval(cli: Cli, state_url: str) -> None:
+    result = _demo(cli, state_url, "--name", "cli-demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = _summary(result.stdout)
+    assert summary.startswith("summary: 15/15 starts"), summary
+    assert "gaps under the interval: 0" in summary
+    # one live line per start, from each of the three processes
+    progress = re.findall(r"^\[\s*\d+/15\] process (\d)  ticket", result.stdout, re.MULTILINE)
+    assert sorted(progress) == sorted(["1", "2", "3"] * 5), result.stdout
+    assert state_url in result.stdout
+    assert not cli.default_state.exists()
+
+
+@pytest.mark.processes
+def test_demo_quiet_prints_only_the_header_and_summary(cli: Cli, state_url: str) -> None:
+    result = _demo(cli, state_url, "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "15/15 starts" in _summary(result.stdout)
+    assert not re.search(r"^\[", result.stdout, re.MULTILINE), result.stdout
+
+
+@pytest.mark.processes
+def test_demo_with_the_default_state_uses_the_private_file(cli: Cli) -> None:
+    result = cli("demo", "--processes", "2", "--jobs", "2", "--interval", "0.02", "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gaps under the interval: 0" in _summary(result.stdout)
+    assert cli.default_state.is_file()
+    assert cli.default_state.as_uri() in result.stdout
+    assert list(cli.home.iterdir()) == []  # nothing written under HOME
+
+
+def test_demo_refuses_the_memory_state(cli: Cli) -> None:
+    result = cli("demo", "--processes", "2", "--jobs", "2", "--url", "memory://")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "memory://" in result.stderr
+    assert "share" in result.stderr  # says why: the processes need a state they share
+    assert result.stderr.startswith("ratequeue: error:")
+    assert "Traceback" not in result.stderr
+    assert "summary:" not in result.stdout
+
+
+@pytest.mark.parametrize("interval", ["0", "nan", "-0.5", "inf", "-inf"])
+def test_demo_refuses_a_bad_interval_before_touching_the_state(
+    cli: Cli, tmp_path: Path, state_url: str, interval: str
+) -> None:
+    # --interval=VALUE: argparse would take a bare "-inf" for an option
+    result = cli("demo", f"--interval={interval}", "--url", state_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "interval" in result.stderr
+    assert interval in result.stderr  # names the value given
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_demo_refuses_a_non_number_interval(cli: Cli, state_url: str) -> None:
+    result = cli("demo", "--interval", "fast", "--url", state_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--interval" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.processes
+def test_status_before_and_after_a_demo(cli: Cli, state_url: str) -> None:
+    before = cli("status", state_url, "q")
+    assert before.returncode == 0, before.stdout + before.stderr
+    assert re.search(r"^record:\s+none", before.stdout, re.MULTILINE), before.stdout
+
+    demo = _demo(cli, state_url, "--name", "q", "--quiet")
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+
+    after = cli("status", state_url, "q")
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert re.search(r"^interval:\s+0\.02 s$", after.stdout, re.MULTILINE), after.stdout
+    tickets = re.search(
+        r"^tickets:\s+(\d+) handed out, (\d+) is the latest started$", after.stdout, re.MULTILINE
+    )
+    assert tickets, after.stdout
+    handed_out, latest = int(tickets[1]), int(tickets[2])
+    # 15 starts; a ticket passed by a late wake-up is replaced by a new one
+    assert handed_out >= 15
+    # every demo process finished, so the last ticket handed out is the last started
+    assert latest == handed_out
+    assert re.search(r"^\w+:\s+0 ticket\(s\) handed out and not started$", after.stdout, re.MULTILINE), (
+        after.stdout
+    )
+    assert re.search(r"^last start: \d+\.\d{3} s ago", after.stdout, re.MULTILINE), after.stdout
+
+
+def test_status_of_the_default_state(cli: Cli) -> None:
+    result = cli("status", "default", "q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert cli.default_state.as_uri() in result.stdout
+    assert list(cli.home.iterdir()) == []
+
+
+@pytest.mark.processes
+def test_reset_removes_the_record(cli: Cli, state_url: str) -> None:
+    demo = _demo(cli, state_url, "--name", "q", "--quiet")
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "handed out" in cli("status", state_url, "q").stdout
+
+    reset = cli("reset", state_url, "q")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert reset.stdout.startswith("reset queue 'q'"), reset.stdout
+
+    status = cli("status", state_url, "q")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(r"^record:\s+none", status.stdout, re.MULTILINE), status.stdout
+
+    again = cli("reset", state_url, "q")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.startswith("no record for queue 'q'"), again.stdout
+
+
+def test_reset_leaves_other_queues_alone(cli: Cli, tmp_path: Path, state_url: str) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(
+        '{"format": "ratequeue-state", "version": 1, "queues": {'
+        '"a": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000},'
+        '"b": {"ticket": 8, "pos": 7, "at": 2000000, "interval": 50000}}}'
+    )
+    assert cli("reset", state_url, "a").returncode == 0
+    assert re.search(r"^record:\s+none", cli("status", state_url, "a").stdout, re.MULTILINE)
+    kept = cli("status", state_url, "b")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert re.search(r"^tickets:\s+7 handed out, 7 is the latest started$", kept.stdout, re.MULTILINE)
+    assert re.search(r"^interval:\s+0\.05 s$", kept.stdout, re.MULTILINE)
+
+
+CORRUPTIONS = {
+    "empty": b"",
+    "not-json": b'{"format": "ratequeue-state", "version": 1, "queues": {',
+    "binary": bytes(range(256)),
+    "not-a-state": b'{"hello": "world"}\n',
+    "other-version": b'{"format": "ratequeue-state", "version": 99, "queues": {}}',
+    "bad-record": b'{"format": "ratequeue-state", "version": 1, "queues": '
+    b'{"q": {"ticket": 1, "pos": 5, "at": null, "interval": 20000}}}',
+    "record-not-object": b'{"format": "ratequeue-state", "version": 1, "queues": {"q": [1, 2]}}',
+}
+
+
+@pytest.mark.parametrize("content", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_status_of_a_corrupted_state_fails_and_leaves_it_unchanged(
+    cli: Cli, tmp_path: Path, state_url: str, content: bytes
+) -> None:
+    path = tmp_path / "state.json"
+    path.write_bytes(content)
+    result = cli("status", state_url, "q")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("ratequeue: error:"), result.stderr
+    assert str(path) in result.stderr  # says which file
+    assert "Traceback" not in result.stderr
+    assert path.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    "content", [CORRUPTIONS["not-json"], CORRUPTIONS["not-a-state"]], ids=["not-json", "not-a-state"]
+)
+def test_demo_on_a_corrupted_state_fails_and_leaves_it_unchanged(
+    cli: Cli, tmp_path: Path, state_url: str, content: bytes
+) -> None:
+    path = tmp_path / "state.json"
+    path.write_bytes(content)
+    result = _demo(cli, state_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert path.read_bytes() == content
+
+
+def test_unknown_url_scheme_is_a_clear_error(cli: Cli) -> None:
+    result = cli("status", "ftp://example.com/x", "q")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "ftp://example.com/x" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["empty", "not-json", "not-a-state", "other-version"])
+def test_reset_of_a_corrupted_file_fails_and_leaves_it_unchanged(
+    cli: Cli, tmp_path: Path, state_url: str, name: str
+) -> None:
+    # docs/file-state.md: a bad file is never overwritten, not even by reset; move it aside
+    path = tmp_path / "state.json"
+    path.write_bytes(CORRUPTIONS[name])
+    result = cli("reset", state_url, "q")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert path.read_bytes() == CORRUPTIONS[name]
+
+
+def test_reset_recovers_one_bad_record_and_keeps_the_others(cli: Cli, tmp_path: Path, state_url: str) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(
+        '{"format": "ratequeue-state", "version": 1, "queues": {'
+        '"bad": {"ticket": 13, "pos": "x", "at": null, "interval": 20000},'
+        '"good": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000}}}'
+    )
+    bad = cli("status", state_url, "bad")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert f"{path}#bad" in bad.stderr  # names the file and the record
+    assert cli("status", state_url, "good").returncode == 0  # the other queue keeps working
+
+    reset = cli("reset", state_url, "bad")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    fixed = cli("status", state_url, "bad")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert re.search(r"^record:\s+none", fixed.stdout, re.MULTILINE), fixed.stdout
+    good = cli("status", state_url, "good")
+    assert re.search(r"^tickets:\s+3 handed out, 3 is the latest started$", good.stdout, re.MULTILINE)
