@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from . import _workers
-from .backends import Backend
 from .servers import Server
 
 INTERVAL = 0.02
@@ -97,14 +96,4 @@ def test_redis_restart_mid_run(redis_server: Server) -> None:
     assert not errors, errors
     assert len(starts) == 60, "no job lost"
     assert len({ticket for _, ticket, _ in starts}) == 60
-    check_spacing(starts)
-
-
-@pytest.mark.processes
-def test_backends_share_one_rate_across_processes(shared_backend: Backend) -> None:
-    """The steady multi-process run on every shared backend: 4 processes x 25 turns at 20 ms."""
-    name = shared_backend.fresh_name()
-    starts, errors = run_workers(shared_backend.url, name, 25, [0.0] * 4)
-    assert not errors
-    assert len(starts) == 100
     check_spacing(starts)

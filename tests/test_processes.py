@@ -1,10 +1,11 @@
-"""Real OS processes sharing one JSON state file: G1-G4 and G6 end to end.
+"""Real OS processes sharing one state (file, Redis, MongoDB): G1-G4 and G6 end to end.
 
 Every test starts its workers with the ``spawn`` context (see ``_procs``),
 releases them together once each has built its limiter, and checks what they
 report: the state-clock start (``Turn.start_us``) of every turn, and the local
-time at which ``acquire`` returned. Nothing is mocked; the state is a file in
-``tmp_path`` and its clock is the host's wall clock.
+time at which ``acquire`` returned. Nothing is mocked: each test runs on every
+shared backend (``shared_backend``): a file with the host's wall clock, and
+real Redis and MongoDB-compatible servers with their own clocks.
 
 Speed is not asserted (benchmarks measure it). What is asserted about time is
 either exact (no two starts closer than the interval) or a stall bound with an
@@ -17,14 +18,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ratequeue.state.file import FileState
+from ratequeue.state import Snapshot, from_url
 
 from ._procs import Fleet, Spec, Start
+from .backends import Backend
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
@@ -43,8 +44,9 @@ JOBS = 25
 ALLOWANCE_US = 1_000_000
 
 
-def _url(tmp_path: Path) -> str:
-    return (tmp_path / "state.json").as_uri()
+def _snapshot(url: str, name: str) -> Snapshot:
+    with from_url(url) as state:
+        return state.read(name)
 
 
 def _run(fleet: Fleet, on_start: Any = None) -> tuple[list[Start], dict[int, list[tuple[Any, ...]]]]:
@@ -100,7 +102,7 @@ def _check_spacing_and_order(starts: list[Start]) -> list[int]:
 
 def _check_final_record(url: str, name: str, starts: list[Start]) -> None:
     """When every live worker is done, the latest start is the last ticket handed out."""
-    record = FileState.from_url(url).read(name).record
+    record = _snapshot(url, name).record
     assert record is not None
     highest = max(s.ticket for s in starts)
     assert (record.pos, record.ticket - 1) == (highest, highest), (record, highest)
@@ -130,8 +132,8 @@ def _check_no_stall(starts: list[Start], *, holders: int) -> None:
         assert excess <= ALLOWANCE_US, f"{b} started {excess} us later than its slot after {a}"
 
 
-def test_steady_processes_keep_the_interval(tmp_path: Path) -> None:
-    url, name = _url(tmp_path), "steady"
+def test_steady_processes_keep_the_interval(shared_backend: Backend) -> None:
+    url, name = shared_backend.url, shared_backend.fresh_name()
     fleet = Fleet(url, name, INTERVAL, [Spec(jobs=JOBS)] * PROCESSES)
     try:
         starts, other = _run(fleet)
@@ -153,7 +155,7 @@ def test_steady_processes_keep_the_interval(tmp_path: Path) -> None:
 KILL_AFTER = 5
 
 
-def test_sigkill_of_one_process_costs_the_others_at_most_one_interval(tmp_path: Path) -> None:
+def test_sigkill_of_one_process_costs_the_others_at_most_one_interval(shared_backend: Backend) -> None:
     """A shard killed with SIGKILL while its callers wait holds one ticket at most.
 
     The victim runs its 25 jobs in 25 threads, so about 20 callers are waiting
@@ -168,7 +170,7 @@ def test_sigkill_of_one_process_costs_the_others_at_most_one_interval(tmp_path: 
     the ticket bound fails on it whatever the timing (checked by running this
     test with a victim that gives each of its threads a limiter of its own).
     """
-    url, name = _url(tmp_path), "sigkill"
+    url, name = shared_backend.url, shared_backend.fresh_name()
     victim = 0
     specs = [Spec(jobs=JOBS, threads=JOBS)] + [Spec(jobs=JOBS)] * (PROCESSES - 1)
     fleet = Fleet(url, name, INTERVAL, specs)
@@ -178,7 +180,7 @@ def test_sigkill_of_one_process_costs_the_others_at_most_one_interval(tmp_path: 
         reported = sum(s.index == victim for s in starts)
         if start.index == victim and not killed_at and reported >= KILL_AFTER:
             fleet.kill(victim)
-            killed_at.append(FileState.from_url(url).read(name).now)
+            killed_at.append(_snapshot(url, name).now)
 
     try:
         starts, other = _run(fleet, kill_the_victim)
@@ -214,7 +216,7 @@ PAUSE_INTERVALS = 10
 OTHERS_DURING_PAUSE = PROCESSES
 
 
-def test_pause_holds_waiting_jobs_and_resume_runs_them(tmp_path: Path) -> None:
+def test_pause_holds_waiting_jobs_and_resume_runs_them(shared_backend: Backend) -> None:
     """A shard paused while its callers are blocked in acquire() starts nothing until resumed.
 
     The paused process runs its 25 jobs in 25 threads, so when the parent
@@ -225,7 +227,7 @@ def test_pause_holds_waiting_jobs_and_resume_runs_them(tmp_path: Path) -> None:
     on its timeout). All its jobs must still run (G6), and the others must
     have gone past its ticket (G4).
     """
-    url, name = _url(tmp_path), "pause"
+    url, name = shared_backend.url, shared_backend.fresh_name()
     pauser = 0
     specs = [Spec(jobs=JOBS, threads=JOBS, controlled=True)] + [Spec(jobs=JOBS)] * (PROCESSES - 1)
     fleet = Fleet(url, name, INTERVAL, specs)
