@@ -120,3 +120,21 @@ def test_a_late_head_gives_up_after_two_calls() -> None:
     assert isinstance(shard.step(job, 1.0), TryStart)
     shard.receive(job, Wait(ticket=5, slot=0, now=10_000_000), 1.0, 1.0)
     assert isinstance(shard.step(job, 1.0), Expired)
+
+
+def test_a_ready_clients_url_reconnects_the_same_way() -> None:
+    """Limiters on a ready client pickle as this URL: it keeps socket, db, credentials, TLS and prefix."""
+    from ratequeue.state.redis import url_of
+
+    assert url_of(redis.Redis(host="h", port=7, db=3, username="u", password="p@ss"), "x:") == (
+        "redis://u:p%40ss@h:7/3?prefix=x%3A"
+    )
+    assert (
+        url_of(redis.Redis(unix_socket_path="/run/r.sock", db=2), "a&b")
+        == "unix:///run/r.sock?db=2&prefix=a%26b"
+    )
+    assert url_of(redis.Redis(host="h", ssl=True), "p:").startswith("rediss://h:6379/0?")
+    again = RedisState.from_url(url_of(redis.Redis(host="h", password="p@ss", db=3), "x:"))
+    kwargs = again.client.connection_pool.connection_kwargs
+    assert (kwargs["password"], kwargs["db"], again.key("q")) == ("p@ss", 3, "x:q")
+    again.close()

@@ -16,8 +16,25 @@ from pathlib import Path
 
 import pytest
 
+from .servers import Server
+
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+ALL_EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+#: examples that need a Redis: run against the tests' own server, with these arguments
+REDIS_EXAMPLES: dict[str, Callable[[str], list[str]]] = {
+    "redis_hosts.py": lambda url: [url],
+    "consumers.py": lambda url: ["--redis", url, "--workers", "2", "--items", "30"],
+}
+
+#: files in examples/ run by another test (named), or not scripts at all
+ELSEWHERE = {
+    "spark_api_calls.py": "tests/test_spark.py runs it against the tests' Redis",
+    "api_service.py": "a module the Spark example imports; tests/test_spark.py uses it",
+}
+
+#: examples that run with no server and no argument
+EXAMPLES = [p for p in ALL_EXAMPLES if p.name not in REDIS_EXAMPLES and p.name not in ELSEWHERE]
 
 #: the interval every example uses, in milliseconds
 INTERVAL_MS = 50.0
@@ -101,6 +118,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
 
 def test_every_checked_example_exists() -> None:
     assert set(CHECKS) <= {path.name for path in EXAMPLES}
+    assert set(REDIS_EXAMPLES) | set(ELSEWHERE) <= {path.name for path in ALL_EXAMPLES}
 
 
 @pytest.mark.processes
@@ -123,3 +141,11 @@ def test_multi_process_with_the_default_state_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["limiter_basic.py", "decorator.py", "queue_jobs.py"])
 def test_thread_examples_accept_a_memory_state(name: str, tmp_path: Path) -> None:
     CHECKS[name](run_example(ROOT / "examples" / name, tmp_path, "memory://"))
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("name", sorted(REDIS_EXAMPLES))
+def test_redis_examples_run(name: str, tmp_path: Path, redis_server: Server) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0"
+    output = run_example(ROOT / "examples" / name, tmp_path, *REDIS_EXAMPLES[name](url))
+    assert re.search(r"gaps under the interval: 0\b", output), output

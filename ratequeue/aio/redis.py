@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
 
 import redis
 import redis.asyncio
@@ -28,6 +27,7 @@ from ..state.redis import (
     script_args,
     split_url,
     unavailable,
+    url_of,
     where_of,
 )
 from .state import AsyncState
@@ -53,8 +53,7 @@ class AsyncRedisState(AsyncState):
         self._prefix = prefix
         self._clock = clock
         self._where = where_of(client)
-        db = client.connection_pool.connection_kwargs.get("db", 0)
-        self.url = url or f"redis://{self._where}/{db}?{urlencode({'prefix': prefix})}"
+        self.url = url or url_of(client, prefix)
         self._scripts = {
             "take": client.register_script(TAKE_SCRIPT),
             "try_start": client.register_script(TRY_START_SCRIPT),

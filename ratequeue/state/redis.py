@@ -12,7 +12,7 @@ or ``SCRIPT FLUSH``).
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -195,6 +195,20 @@ def unavailable(where: str, exc: Exception, key: str = "") -> StateUnavailable |
     return StateUnavailable(f"Redis at {where} failed: {exc}", where=where)
 
 
+def url_of(client: Any, prefix: str) -> str:
+    """A URL that reconnects as ``client`` does: host or socket, db, credentials, TLS, prefix."""
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    user, password = kwargs.get("username") or "", kwargs.get("password")
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if password else ""
+    options = {"db": kwargs.get("db", 0), "prefix": prefix}
+    if kwargs.get("path"):
+        return f"unix://{auth}{kwargs['path']}?{urlencode(options)}"
+    scheme = "rediss" if "SSL" in getattr(pool, "connection_class", type(None)).__name__ else "redis"
+    host = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    return f"{scheme}://{auth}{host}/{options.pop('db')}?{urlencode(options)}"
+
+
 def where_of(client: Any) -> str:
     """``host:port`` (or the socket path) a client connects to."""
     kwargs = client.connection_pool.connection_kwargs
@@ -226,7 +240,8 @@ class RedisState(State):
         """Use a ready ``redis.Redis`` client.
 
         :param prefix: put before every queue name to form its key.
-        :param url: the URL to pickle limiters as (default: built from the client).
+        :param url: the URL to pickle limiters as (default: built from the client's host
+            or socket, db, user, password and TLS; pass it when other options matter).
         :param clock: **for tests only**: a function returning ``now`` in whole
             microseconds, sent to every script in place of the server's ``TIME``.
         """
@@ -236,8 +251,7 @@ class RedisState(State):
         self._prefix = prefix
         self._clock = clock
         self._where = where_of(client)
-        db = client.connection_pool.connection_kwargs.get("db", 0)
-        self.url = url or f"redis://{self._where}/{db}?{urlencode({'prefix': prefix})}"
+        self.url = url or url_of(client, prefix)
         self._scripts = {
             "take": client.register_script(TAKE_SCRIPT),
             "try_start": client.register_script(TRY_START_SCRIPT),
