@@ -108,7 +108,19 @@ def check_multi_process(output: str) -> None:
     assert {int(index) for index in re.findall(r"^process (\d+)", output, re.MULTILINE)} == {1, 2, 3}
 
 
+def check_asyncio_tasks(output: str) -> None:
+    match = search(
+        r"(\d+) starts, smallest gap ([\d.]+) ms \(state clock\), gaps under the interval: (\d+)", output
+    )
+    assert int(match[1]) == 20
+    assert float(match[2]) >= INTERVAL_MS
+    assert int(match[3]) == 0
+    assert len(re.findall(r"^other +ticket", output, re.MULTILINE)) == 5
+    search(r"page 20 via the decorator decorated - Every call waits", output)
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "asyncio_tasks.py": check_asyncio_tasks,
     "limiter_basic.py": check_limiter_basic,
     "decorator.py": check_decorator,
     "queue_jobs.py": check_queue_jobs,
@@ -138,7 +150,7 @@ def test_multi_process_with_the_default_state_file(tmp_path: Path) -> None:
     assert (tmp_path / "default-state.json").is_file()
 
 
-@pytest.mark.parametrize("name", ["limiter_basic.py", "decorator.py", "queue_jobs.py"])
+@pytest.mark.parametrize("name", ["limiter_basic.py", "decorator.py", "queue_jobs.py", "asyncio_tasks.py"])
 def test_thread_examples_accept_a_memory_state(name: str, tmp_path: Path) -> None:
     CHECKS[name](run_example(ROOT / "examples" / name, tmp_path, "memory://"))
 
