@@ -1,0 +1,652 @@
+"""Shared helpers of the benchmarks in ``bench/``.
+
+Not a benchmark itself. It holds what ``overhead.py``, ``rate_sweep.py`` and
+``peers.py`` share:
+
+* servers of their own on free loopback ports (``redis-server`` from PATH,
+  ``secantusd-py`` beside this Python), or a URL the user gives;
+* a counting proxy around a real ratequeue state, and a count of the Redis
+  round-trips redis-py makes, so that calls are counted where they are made;
+* ``INFO commandstats`` / ``INFO cpu`` of a Redis server;
+* worker processes started with the ``spawn`` context, released together;
+* a progress bar on stderr, Markdown tables, percentiles, gap statistics, and
+  a note of the machine and its load.
+
+Run the benchmarks as scripts (``python bench/overhead.py``): each imports
+this module from its own directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import multiprocessing
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ratequeue.protocol import Outcome, Taken
+from ratequeue.state import Snapshot, State
+
+# --------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen on port {port} within {timeout} s: {log.read_text()[-2000:]}")
+
+
+@contextlib.contextmanager
+def _server(name: str, command: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"ratequeue-bench-{name}-"))
+    log = workdir / f"{name}.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_for_port(port, process, log)
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(15)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_server(url: str | None = None) -> Iterator[str]:
+    """Yield a Redis URL: ``url`` as given, or a ``redis-server`` of our own on a free port.
+
+    Our own server keeps nothing on disk (``--save '' --appendonly no``), so
+    its ``INFO commandstats`` count this benchmark's commands alone.
+    """
+    if url:
+        yield url
+        return
+    executable = shutil.which("redis-server")
+    if executable is None:
+        raise SystemExit(
+            "redis-server is not on PATH (Debian: apt-get install redis-server), or give --redis-url"
+        )
+    port = free_port()
+    command = [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with _server("redis", command, port):
+        yield f"redis://127.0.0.1:{port}/0"
+
+
+def secantusd() -> str | None:
+    """The ``secantusd-py`` executable (a MongoDB-compatible server written in Python), if installed."""
+    candidates = [str(Path(sys.executable).parent / "secantusd-py"), shutil.which("secantusd-py")]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+@contextlib.contextmanager
+def mongodb_server(url: str | None = None) -> Iterator[str]:
+    """Yield a MongoDB URL: ``url`` as given, or a ``secantusd-py`` of our own, in memory, on a free port."""
+    if url:
+        yield url
+        return
+    executable = secantusd()
+    if executable is None:
+        raise SystemExit("secantusd-py is missing (pip install 'secantusdb==0.7.0b3'), or give --mongodb-url")
+    port = free_port()
+    command = [executable, "--host", "127.0.0.1", "--port", str(port), "--storage-path", ":memory:"]
+    with _server("mongodb", command, port):
+        yield f"mongodb://127.0.0.1:{port}/?database=bench"
+
+
+def redis_version() -> str:
+    """``redis-server --version``, shortened."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        return "redis-server not found"
+    out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=False).stdout
+    return " ".join(out.split()[:3])
+
+
+# --------------------------------------------------------------------------- Redis statistics
+
+
+@dataclass(frozen=True)
+class RedisStats:
+    """What a Redis server counted: calls per command (scripts' inner commands included) and its CPU."""
+
+    calls: dict[str, int]
+    cpu: float
+
+    @classmethod
+    def read(cls, client: Any) -> RedisStats:
+        stats = client.info("commandstats")
+        calls = {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
+        cpu = client.info("cpu")
+        return cls(calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+
+    def minus(self, before: RedisStats) -> RedisStats:
+        """The counts since ``before``, without the commands the benchmark itself sends to read them."""
+        own = {"info", "config|resetstat"}
+        calls = {
+            name: count - before.calls.get(name, 0)
+            for name, count in self.calls.items()
+            if name not in own and count - before.calls.get(name, 0)
+        }
+        return RedisStats(calls, self.cpu - before.cpu)
+
+    def plus(self, other: RedisStats) -> RedisStats:
+        """These counts and ``other``'s, added."""
+        calls = dict(self.calls)
+        for name, count in other.calls.items():
+            calls[name] = calls.get(name, 0) + count
+        return RedisStats(calls, self.cpu + other.cpu)
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+    def breakdown(self, per: int) -> str:
+        """``evalsha 1.00, hset 1.00, ...`` per ``per`` (starts)."""
+        parts = sorted(self.calls.items(), key=lambda item: (-item[1], item[0]))
+        return ", ".join(
+            f"{name} {count / per:.2f}" if count / per >= 0.005 else f"{name} <0.01" for name, count in parts
+        )
+
+
+def redis_client(url: str) -> Any:
+    """A plain redis-py client for ``url`` (for statistics and floors)."""
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+class RedisRoundTrips:
+    """Counts the requests redis-py sends in this process: one per command or pipeline.
+
+    Wraps ``AbstractConnection.send_packed_command`` (every command and every
+    pipeline goes through it once), so any library built on redis-py is
+    counted the same way. Install it once per process, before connecting.
+    """
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        from redis.connection import AbstractConnection
+
+        original: Callable[..., Any] = AbstractConnection.send_packed_command
+        if getattr(original, "_bench_counting", False):
+            return
+
+        def counting(self: Any, command: Any, check_health: bool = True) -> Any:
+            cls.count += 1
+            return original(self, command, check_health)
+
+        counting._bench_counting = True  # type: ignore[attr-defined]
+        AbstractConnection.send_packed_command = counting  # type: ignore[method-assign]
+
+
+# --------------------------------------------------------------------------- counting state
+
+
+@dataclass
+class CallLog:
+    """Calls a :class:`CountingState` made, their answers and how long each took (seconds)."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, int] = field(default_factory=dict)
+    durations: list[float] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.answers.clear()
+        self.durations.clear()
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+class CountingState(State):
+    """A real ratequeue state, with every operation counted and timed where the limiter calls it.
+
+    A proxy, not a mock: each call goes to the wrapped state unchanged. Pass
+    it to ``ratequeue.Limiter`` in place of a URL.
+    """
+
+    def __init__(self, inner: State) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.log = CallLog()
+
+    def _count(self, op: str, started: float, answer: Any) -> None:
+        self.log.durations.append(time.perf_counter() - started)
+        self.log.calls[op] = self.log.calls.get(op, 0) + 1
+        kind = type(answer).__name__.lower()
+        self.log.answers[kind] = self.log.answers.get(kind, 0) + 1
+
+    def take(self, name: str, interval_us: int) -> Taken:
+        started = time.perf_counter()
+        answer = self.inner.take(name, interval_us)
+        self._count("take", started, answer)
+        return answer
+
+    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        started = time.perf_counter()
+        answer = self.inner.try_start(name, interval_us, ticket, lead_us)
+        self._count("try_start", started, answer)
+        return answer
+
+    def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+        started = time.perf_counter()
+        answer = self.inner.take_and_try(name, interval_us, lead_us)
+        self._count("take_and_try", started, answer)
+        return answer
+
+    def read(self, name: str) -> Snapshot:
+        return self.inner.read(name)
+
+    def reset(self, name: str) -> bool:
+        return self.inner.reset(name)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # The abstract operations are never reached: the public ones above forward.
+    def _take(self, name: str, interval: int) -> Taken:
+        return self.take(name, interval)
+
+    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return self.try_start(name, interval, ticket, lead)
+
+    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
+        return self.take_and_try(name, interval, lead)
+
+    def _read(self, name: str) -> Snapshot:
+        return self.read(name)
+
+    def _reset(self, name: str) -> bool:
+        return self.reset(name)
+
+
+class MongoCommands:
+    """A pymongo command listener counting the commands a client sends (its round-trips)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.names: dict[str, int] = {}
+
+    def started(self, event: Any) -> None:
+        self.count += 1
+        self.names[event.command_name] = self.names.get(event.command_name, 0) + 1
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        pass
+
+
+def open_state(url: str, *, mongo_listener: MongoCommands | None = None) -> State:
+    """The ratequeue state at ``url``; a MongoDB client gets ``mongo_listener`` to count its commands."""
+    from ratequeue.state import from_url
+
+    if url.startswith("mongodb") and mongo_listener is not None:
+        from pymongo import MongoClient, monitoring
+
+        from ratequeue.state.mongodb import MongoState, split_url
+
+        counter = mongo_listener
+
+        class _Listener(monitoring.CommandListener):
+            def started(self, event: Any) -> None:
+                counter.started(event)
+
+            def succeeded(self, event: Any) -> None:
+                pass
+
+            def failed(self, event: Any) -> None:
+                pass
+
+        client_url, database, collection = split_url(url)
+        client: Any = MongoClient(client_url, event_listeners=[_Listener()], serverSelectionTimeoutMS=5000)
+        return MongoState(client, database=database, collection=collection, url=url)
+    return from_url(url)
+
+
+def prepare_queue(url: str, name: str, interval: float) -> None:
+    """Create queue ``name``'s record and load every script before the measured run.
+
+    Two acquires: the first creates the record (on MongoDB, three commands)
+    and starts at once, the second waits once, so both ``take_and_try`` and
+    ``try_start`` have run (Redis loads a script on its first use).
+    """
+    import ratequeue
+
+    limiter = ratequeue.Limiter(url, name=name, interval=interval)
+    try:
+        limiter.acquire()
+        limiter.acquire()
+        limiter.status()
+    finally:
+        limiter.close()
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Gate:
+    """Handed to a worker: :meth:`wait` says it is ready for the next round and blocks until every worker is.
+
+    Returns the round's common start time on ``time.monotonic()`` (a little in
+    the future, and slept to), the same clock in every process of this host.
+    """
+
+    def __init__(self, ready: Any, go: list[Any], start: Any) -> None:
+        self._ready, self._go, self._start = ready, go, start
+        self._round = 0
+
+    def wait(self, timeout: float = 300.0) -> float:
+        k = self._round
+        self._round += 1
+        self._ready.put(k)
+        if not self._go[k].wait(timeout):
+            raise RuntimeError("the benchmark did not release its workers in time")
+        t0 = float(self._start[k])
+        delay = t0 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return t0
+
+
+def _worker_main(target: Callable[[int, Any, Gate], Any], index: int, arg: Any, gate: Gate, out: Any) -> None:
+    try:
+        result = target(index, arg, gate)
+    except BaseException:
+        out.put((index, "error", traceback.format_exc()))
+        return
+    out.put((index, "ok", result))
+
+
+def run_processes(
+    target: Callable[[int, Any, Gate], Any],
+    args: Sequence[Any],
+    *,
+    rounds: int = 1,
+    before_start: Callable[[int], None] | None = None,
+    timeout: float = 900.0,
+) -> list[Any]:
+    """Run ``target(index, arg, gate)`` in one spawned process per ``arg``; return their results in order.
+
+    Each worker sets itself up, then calls ``gate.wait()`` once per round;
+    when all have, ``before_start(round)`` runs here (to prepare a queue or
+    read counters) and they are released together. ``target`` must be a
+    module-level function (``spawn`` pickles it by name).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    go = [ctx.Event() for _ in range(rounds)]
+    start = ctx.Array("d", rounds)
+    gate = Gate(ready, go, start)
+    processes = [
+        ctx.Process(target=_worker_main, args=(target, i, arg, gate, out), daemon=True)
+        for i, arg in enumerate(args)
+    ]
+    for process in processes:
+        process.start()
+    results: dict[int, Any] = {}
+    try:
+        deadline = time.monotonic() + timeout
+        for k in range(rounds):
+            for _ in processes:
+                _ready_or_error(ready, out, deadline)
+            if before_start is not None:
+                before_start(k)
+            start[k] = time.monotonic() + 0.05
+            go[k].set()
+        while len(results) < len(processes):
+            index, status, value = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            if status == "error":
+                raise RuntimeError(f"worker {index} failed:\n{value}")
+            results[index] = value
+    finally:
+        for process in processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+    return [results[i] for i in range(len(processes))]
+
+
+def _ready_or_error(ready: Any, out: Any, deadline: float) -> None:
+    """Wait for one worker's ready message; raise if a worker failed instead."""
+    import queue
+
+    while True:
+        try:
+            ready.get(timeout=0.2)
+            return
+        except queue.Empty:
+            pass
+        with contextlib.suppress(queue.Empty):
+            index, status, value = out.get_nowait()
+            if status == "error":
+                raise RuntimeError(f"worker {index} failed:\n{value}")
+            raise RuntimeError(f"worker {index} ended before the last round")
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers did not get ready in time")
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) of ``values``, interpolated linearly; NaN if empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def gaps(times: Sequence[float]) -> list[float]:
+    """The gaps between consecutive instants of ``times`` (in any order)."""
+    ordered = sorted(times)
+    return [b - a for a, b in itertools.pairwise(ordered)]
+
+
+def max_in_window(times: Sequence[float], window: float) -> int:
+    """The largest number of ``times`` in any half-open window ``[t, t + window)``."""
+    ordered = sorted(times)
+    best, low = 0, 0
+    for high, t in enumerate(ordered):
+        while ordered[low] <= t - window:
+            low += 1
+        best = max(best, high - low + 1)
+    return best
+
+
+@dataclass(frozen=True)
+class Spacing:
+    """How a run's starts were spaced, on the local clock (and the state's, when known)."""
+
+    starts: int
+    rate: float
+    state_min_gap: float
+    state_under: int
+    local_min_gap: float
+    local_p1_gap: float
+    local_median_gap: float
+    max_in_window: int
+    local_under_half: int
+
+    @classmethod
+    def of(cls, local: Sequence[float], interval: float, state: Sequence[float] | None = None) -> Spacing:
+        """Spacing of starts at local times ``local`` (s) and state times ``state`` (s), for ``interval``.
+
+        ``rate`` is starts per second between the first and the last start on
+        the local clock; ``state_under`` counts state-clock gaps below the
+        interval (by more than 1 µs of float rounding).
+        """
+        local_gaps = gaps(local)
+        span = max(local) - min(local) if len(local) > 1 else math.nan
+        state_gaps = gaps(state) if state else []
+        return cls(
+            starts=len(local),
+            rate=(len(local) - 1) / span if span and span > 0 else math.nan,
+            state_min_gap=min(state_gaps) if state_gaps else math.nan,
+            state_under=sum(1 for g in state_gaps if g < interval - 1e-6),
+            local_min_gap=min(local_gaps) if local_gaps else math.nan,
+            local_p1_gap=percentile(local_gaps, 1),
+            local_median_gap=percentile(local_gaps, 50),
+            max_in_window=max_in_window(local, interval) if local else 0,
+            local_under_half=sum(1 for g in local_gaps if g < interval / 2),
+        )
+
+
+def ms(seconds: float, digits: int = 3) -> str:
+    """Seconds as milliseconds text, or ``—`` for NaN."""
+    return "—" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.{digits}f}"
+
+
+def us(seconds: float, digits: int = 0) -> str:
+    """Seconds as microseconds text, or ``—`` for NaN."""
+    return "—" if seconds is None or math.isnan(seconds) else f"{seconds * 1e6:.{digits}f}"
+
+
+def num(value: float, digits: int = 2) -> str:
+    """A number as text, or ``—`` for NaN."""
+    return "—" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+# --------------------------------------------------------------------------- output
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
+    """A Markdown table; ``align`` has one letter per column, ``l`` or ``r`` (default: first l, rest r)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    marks = [":--" if a == "l" else "--:" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(marks) + "|"]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+class Progress:
+    """A progress bar on stderr: ``label [#####.....] 5/10 note``, redrawn in place on a terminal."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        self.total = max(1, total)
+        self.done = 0
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+        self._width = 0
+
+    def note(self, text: str) -> None:
+        """Show ``text`` as what is being done now."""
+        filled = round(24 * self.done / self.total)
+        elapsed = time.monotonic() - self.started
+        bar = "#" * filled + "." * (24 - filled)
+        line = f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:5.0f}s {text}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def step(self, text: str = "") -> None:
+        """One more item done."""
+        self.done += 1
+        self.note(text)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def machine() -> str:
+    """One Markdown paragraph describing this machine, its load, and the versions in use."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = ""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f", {kb / 2**20:.0f} GiB RAM"
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    import ratequeue
+
+    return (
+        f"{os.cpu_count()} x {cpu}{memory}; {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}; ratequeue {ratequeue.__version__}; {redis_version()}; "
+        f"load average {load} (1, 5, 15 min) when this ran."
+    )
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot with the Agg backend, or exit saying how to install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib (or the 'bench' extra)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def wall_minus_monotonic(samples: int = 21) -> float:
+    """``time.time() - time.monotonic()`` now, the median of ``samples`` readings (seconds).
+
+    Converts this host's wall clock (the file state's clock, and a local
+    Redis's ``TIME``) to ``time.monotonic()``, to check ``Turn.local_start``.
+    """
+    readings = []
+    for _ in range(samples):
+        before = time.monotonic()
+        wall = time.time()
+        after = time.monotonic()
+        readings.append(wall - (before + after) / 2)
+    return sorted(readings)[samples // 2]
+
+
+def unique_name(prefix: str) -> str:
+    """A queue name not used before, so every run starts from a fresh record."""
+    return f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
