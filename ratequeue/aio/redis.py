@@ -15,15 +15,12 @@ from ..state.base import Clock, Snapshot
 from ..state.redis import (
     CLIENT_OPTIONS,
     DEFAULT_PREFIX,
-    READ_SCRIPT,
     RETRIES,
-    TAKE_AND_TRY_SCRIPT,
-    TAKE_SCRIPT,
-    TRY_START_SCRIPT,
     decode,
     parse_outcome,
     parse_snapshot,
     parse_taken,
+    register_scripts,
     script_args,
     split_url,
     unavailable,
@@ -54,12 +51,7 @@ class AsyncRedisState(AsyncState):
         self._clock = clock
         self._where = where_of(client)
         self.url = url or url_of(client, prefix)
-        self._scripts = {
-            "take": client.register_script(TAKE_SCRIPT),
-            "try_start": client.register_script(TRY_START_SCRIPT),
-            "take_and_try": client.register_script(TAKE_AND_TRY_SCRIPT),
-            "read": client.register_script(READ_SCRIPT),
-        }
+        self._scripts = register_scripts(client)
 
     @classmethod
     def from_url(cls, url: str) -> AsyncRedisState:

@@ -195,6 +195,12 @@ def unavailable(where: str, exc: Exception, key: str = "") -> StateUnavailable |
     return StateUnavailable(f"Redis at {where} failed: {exc}", where=where)
 
 
+def register_scripts(client: Any) -> dict[str, Any]:
+    """The four scripts, registered with ``client`` (sent by SHA, re-loaded on NOSCRIPT)."""
+    scripts = {"take": TAKE_SCRIPT, "try_start": TRY_START_SCRIPT, "take_and_try": TAKE_AND_TRY_SCRIPT}
+    return {name: client.register_script(text) for name, text in {**scripts, "read": READ_SCRIPT}.items()}
+
+
 def url_of(client: Any, prefix: str) -> str:
     """A URL that reconnects as ``client`` does: host or socket, db, credentials, TLS, prefix."""
     pool = client.connection_pool
@@ -252,12 +258,7 @@ class RedisState(State):
         self._clock = clock
         self._where = where_of(client)
         self.url = url or url_of(client, prefix)
-        self._scripts = {
-            "take": client.register_script(TAKE_SCRIPT),
-            "try_start": client.register_script(TRY_START_SCRIPT),
-            "take_and_try": client.register_script(TAKE_AND_TRY_SCRIPT),
-            "read": client.register_script(READ_SCRIPT),
-        }
+        self._scripts = register_scripts(client)
 
     @classmethod
     def from_url(cls, url: str) -> RedisState:
