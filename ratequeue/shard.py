@@ -44,6 +44,12 @@ DEFAULT_JITTER = 0.002
 #: how many calls a head may make once its deadline has passed
 _LATE_CALLS = 2
 
+#: how many recent answers, and how old at most (s), bound the clock offset
+_OFFSET_SAMPLES = 16
+_OFFSET_WINDOW = 1.0
+#: how far (s) an answer's offset bound may exceed the best before a clock step is assumed
+_OFFSET_SLACK = 0.0005
+
 #: weight of the newest round-trip in the smoothed round-trip time
 _RTT_WEIGHT = 0.25
 
@@ -148,6 +154,8 @@ class Shard:
         self._slot: float | None = None
         self._in_flight: Job | None = None
         self._rtt: float | None = None
+        #: recent (local receive time, local-minus-state offset) samples, see _offset
+        self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
 
     @property
     def waiting(self) -> int:
@@ -239,20 +247,39 @@ class Shard:
         self._finish_call(job)
         rtt = max(0.0, received - sent)
         self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
+        offset = self._offset(received - outcome.now / US, received, rtt)
         if isinstance(outcome, Started):
             self._ticket = self._slot = None
             if not self._jobs:
                 return  # the job left meanwhile and nobody else waits: the turn is unused
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False
-            head.turn = Turn(outcome.ticket, outcome.start, received + (outcome.start - outcome.now) / US)
+            head.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
         elif isinstance(outcome, Wait):
             self._ticket = outcome.ticket
-            self._slot = received + (outcome.slot - outcome.now) / US
+            self._slot = outcome.slot / US + offset
         elif isinstance(outcome, Passed):
             self._ticket = self._slot = None
         else:  # pragma: no cover - the protocol has three answers
             raise TypeError(f"not a protocol answer: {outcome!r}")
+
+    def _offset(self, sample: float, received: float, rtt: float) -> float:
+        """The local-minus-state clock offset to convert state times with.
+
+        Each answer bounds it from above: the state read its clock before the
+        answer was received, so ``received - now`` is the true offset plus a
+        delay in ``[0, rtt]``. The smallest bound among recent answers is the
+        tightest, and still never converts a start to a local time before it
+        happens. An answer whose bound exceeds that minimum by more than its
+        round-trip means the state's clock stepped back: older bounds are then
+        dropped, so that every shard converts with the clock as it is now.
+        """
+        while self._offsets and received - self._offsets[0][0] > _OFFSET_WINDOW:
+            self._offsets.popleft()
+        if self._offsets and sample - min(o for _, o in self._offsets) > rtt + _OFFSET_SLACK:
+            self._offsets.clear()
+        self._offsets.append((received, sample))
+        return min(o for _, o in self._offsets)
 
     def failed(self, job: Job) -> None:
         """Report that the call made for ``job`` raised or was abandoned.

@@ -325,3 +325,31 @@ def test_expired_job_leaves_its_ticket_to_the_next() -> None:
     shard.cancel(first)
     assert shard.step(second, 0.0) == SleepUntil(2.0)
     assert shard.step(second, 2.0) == TryStart(ticket=3, lead_us=0)
+
+
+def test_a_late_answer_does_not_delay_the_local_start() -> None:
+    """The offset comes from the tightest recent bound, not from each answer's own receive time."""
+    shard = Shard(1.0, lead=0.0)
+    first = shard.add()
+    assert isinstance(shard.step(first, 10.0), TakeAndTry)
+    shard.receive(first, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 10.0, 10.0001)
+    second = shard.add()
+    assert isinstance(shard.step(second, 10.5), TakeAndTry)
+    # answered at state time 5.5 s, but received 5 ms later than the first answer's bound implies
+    shard.receive(second, protocol.Started(ticket=2, start=6_000_000, now=5_500_000), 10.5, 10.5051)
+    assert second.turn is not None
+    assert abs(second.turn.local_start - (6.0 + 10.0001 - 5.0)) < 1e-9, "the 5 ms receive delay is not added"
+
+
+def test_a_state_clock_stepping_back_resets_the_offset() -> None:
+    """After the state's clock steps back, starts convert with the clock as it is now, never earlier."""
+    shard = Shard(1.0, lead=0.0)
+    first = shard.add()
+    assert isinstance(shard.step(first, 10.0), TakeAndTry)
+    shard.receive(first, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 10.0, 10.0)
+    second = shard.add()
+    assert isinstance(shard.step(second, 10.5), TakeAndTry)
+    # the state clock stepped back by 2 s: it reads 3.5 s at local 10.5
+    shard.receive(second, protocol.Started(ticket=2, start=3_500_000, now=3_500_000), 10.5, 10.5)
+    assert second.turn is not None
+    assert second.turn.local_start == 10.5, "a start at the state's now begins now, not 2 s in the past"
