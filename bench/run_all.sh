@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run every benchmark with its defaults and keep what docs/performance.md shows:
 # the Markdown output of each script and its plots, in bench/results/.
-# Usage: sh bench/run_all.sh [PYTHON]      (about eight minutes)
+# Usage: sh bench/run_all.sh [PYTHON]      (about five minutes)
 set -eu
 python="${1:-python}"
 here="$(cd "$(dirname "$0")" && pwd)"
