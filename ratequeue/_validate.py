@@ -33,6 +33,12 @@ def interval_us(seconds: float) -> int:
     return micros
 
 
+def limiter(name_: object, interval_: object, lead_: object) -> tuple[str, float, int, float | None]:
+    """A limiter's settings, checked: name, interval (s), interval (us) and lead (s or ``None``)."""
+    seconds = interval(interval_)
+    return name(name_), seconds, interval_us(seconds), lead(lead_)
+
+
 def timeout(value: object) -> float | None:
     """``value`` as ``None`` (wait for ever) or a number of seconds >= 0."""
     if value is None:

@@ -99,10 +99,7 @@ class Limiter:
         :param clock: this process's clock, ``time.monotonic`` by default; it
             must tick at the rate of real time (tests shift it).
         """
-        self.name: str = _validate.name(name)
-        self.interval: float = _validate.interval(interval)
-        self._interval_us = _validate.interval_us(self.interval)
-        self._lead = _validate.lead(lead)
+        self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
         self._clock = clock or time.monotonic
         self._state: State = from_url(url)
         #: whether this limiter opened the state (and so closes it)

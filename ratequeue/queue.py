@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import _validate
 from .errors import QueueClosed
@@ -35,7 +35,37 @@ class _Entry:
     kwargs: dict[str, Any]
 
 
-class Queue:
+class _Pausable(Protocol):
+    @property
+    def paused(self) -> bool: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class PauseControls:
+    """Pause and resume, shared by the thread and asyncio queues: both delegate to their limiter."""
+
+    _limiter: _Pausable
+
+    def pause(self) -> None:
+        """Stop starting jobs from this queue object; they keep their places."""
+        self._limiter.pause()
+
+    def resume(self) -> None:
+        """Start jobs again after :meth:`pause`."""
+        self._limiter.resume()
+
+    @property
+    def paused(self) -> bool:
+        """Whether this queue object is paused."""
+        return self._limiter.paused
+
+
+class Queue(PauseControls):
+    _limiter: Limiter
+
     """Runs callables at one start per ``interval`` across every process sharing the state.
 
     Jobs of one queue object start in the order they were added. At most
@@ -105,19 +135,6 @@ class Queue:
         seconds = _validate.timeout(timeout)
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending and not self._running, seconds)
-
-    def pause(self) -> None:
-        """Stop starting jobs from this queue object; they keep their places."""
-        self._limiter.pause()
-
-    def resume(self) -> None:
-        """Start jobs again after :meth:`pause`."""
-        self._limiter.resume()
-
-    @property
-    def paused(self) -> bool:
-        """Whether this queue object is paused."""
-        return self._limiter.paused
 
     @property
     def pending(self) -> int:

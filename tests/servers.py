@@ -97,15 +97,7 @@ def redis_server(workdir: Path) -> Iterator[Server]:
         str(executable), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(workdir),
     ]  # fmt: skip
-    server = Server("redis", command, port, workdir)
-    try:
-        server.start()
-    except (OSError, RuntimeError) as exc:
-        unavailable(f"redis-server could not start: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serve(Server("redis", command, port, workdir), "redis-server")
 
 
 def mongodb_server(workdir: Path) -> Iterator[Server]:
@@ -115,11 +107,15 @@ def mongodb_server(workdir: Path) -> Iterator[Server]:
         unavailable("secantusd-py is missing: pip install 'secantusdb==0.7.0b3' to run the MongoDB tests")
     port = free_port()
     command = [str(executable), "--host", "127.0.0.1", "--port", str(port), "--storage-path", ":memory:"]
-    server = Server("mongodb", command, port, workdir)
+    yield from serve(Server("mongodb", command, port, workdir), "secantusd-py")
+
+
+def serve(server: Server, program: str) -> Iterator[Server]:
+    """Start ``server``, yield it, stop it; a start that fails is ``unavailable``."""
     try:
         server.start()
     except (OSError, RuntimeError) as exc:
-        unavailable(f"secantusd-py could not start: {exc}")
+        unavailable(f"{program} could not start: {exc}")
     try:
         yield server
     finally:

@@ -46,10 +46,7 @@ class Limiter:
         clock: Callable[[], float] | None = None,
     ) -> None:
         """See :class:`ratequeue.Limiter`; Redis and MongoDB use their drivers' asyncio clients."""
-        self.name: str = _validate.name(name)
-        self.interval: float = _validate.interval(interval)
-        self._interval_us = _validate.interval_us(self.interval)
-        self._lead = _validate.lead(lead)
+        self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
         self._clock = clock or time.monotonic
         self._state: AsyncState = from_url(url)
         self._owns_state = not isinstance(url, AsyncState)

@@ -18,6 +18,7 @@ from typing import Any
 from .. import _validate
 from ..errors import QueueClosed
 from ..limiter import Status, Withdrawn
+from ..queue import PauseControls
 from ..shard import Job
 from ..state.base import redact
 from .limiter import Limiter
@@ -34,7 +35,9 @@ class _Entry:
     kwargs: dict[str, Any]
 
 
-class Queue:
+class Queue(PauseControls):
+    _limiter: Limiter
+
     """Runs callables and coroutine functions at one start per ``interval`` across every process."""
 
     def __init__(
@@ -99,19 +102,6 @@ class Queue:
         except asyncio.TimeoutError:
             return False
         return True
-
-    def pause(self) -> None:
-        """Stop starting jobs from this queue object; they keep their places."""
-        self._limiter.pause()
-
-    def resume(self) -> None:
-        """Start jobs again after :meth:`pause`."""
-        self._limiter.resume()
-
-    @property
-    def paused(self) -> bool:
-        """Whether this queue object is paused."""
-        return self._limiter.paused
 
     @property
     def pending(self) -> int:
