@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import Union
 
 from .errors import ConfigurationError
 
 #: the longest queue name accepted, in characters
 MAX_NAME_LENGTH = 200
-
-#: what an interval or timeout may be given as
-Seconds = Union[float, int, datetime.timedelta]
 
 
 def interval(value: object) -> float:

@@ -8,6 +8,7 @@ job in a thread of its own, so a slow job never delays the next start.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -147,7 +148,7 @@ class Queue(PauseControls):
         status = self._limiter.status()
         with self._lock:
             waiting = len(self._pending)
-        return Status(**{**status.__dict__, "waiting": waiting})
+        return dataclasses.replace(status, waiting=waiting)
 
     def close(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
         """Accept no more jobs.

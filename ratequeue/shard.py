@@ -276,10 +276,12 @@ class Shard:
         """
         while self._offsets and received - self._offsets[0][0] > _OFFSET_WINDOW:
             self._offsets.popleft()
-        if self._offsets and sample - min(o for _, o in self._offsets) > rtt + _OFFSET_SLACK:
+        best = min((o for _, o in self._offsets), default=sample)
+        if sample - best > rtt + _OFFSET_SLACK:
             self._offsets.clear()
+            best = sample
         self._offsets.append((received, sample))
-        return min(o for _, o in self._offsets)
+        return min(best, sample)
 
     def failed(self, job: Job) -> None:
         """Report that the call made for ``job`` raised or was abandoned.

@@ -9,6 +9,7 @@ of its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 from collections import deque
 from collections.abc import Callable
@@ -111,7 +112,7 @@ class Queue(PauseControls):
     async def status(self) -> Status:
         """The shared record and this queue's view of it."""
         status = await self._limiter.status()
-        return Status(**{**status.__dict__, "waiting": len(self._pending)})
+        return dataclasses.replace(status, waiting=len(self._pending))
 
     async def close(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
         """Accept no more jobs; optionally cancel the queued ones, then wait for the rest."""
