@@ -30,6 +30,7 @@ __all__ = [
     "Taken",
     "Wait",
     "new_record",
+    "retime",
     "take",
     "take_and_try",
     "try_start",
@@ -143,3 +144,21 @@ def take_and_try(record: Record, lead: int, now: int) -> tuple[Record, Outcome]:
     """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
     record, taken = take(record, now)
     return try_start(record, taken.ticket, lead, now)
+
+
+def retime(record: Record, ticket: int, lead: int, now: int) -> tuple[Record, Outcome]:
+    """Move the start of ``ticket``, the latest started, to ``now + lead`` at the earliest.
+
+    A shard whose job could not begin on time (its wake-up came too late)
+    calls this instead of beginning late, since a late begin would shorten
+    the gap to the next one as a third party sees it (guarantee G7). While
+    ``ticket`` is still the latest start (``pos == ticket``) its start moves
+    forward, never back, to ``max(at, now + lead)``: the gap before it only
+    grows and every later slot is computed from the new ``at``, so G1-G6 hold.
+    Once a later ticket has started the turn cannot move: the answer is
+    :class:`Passed`, and the job must give its turn up and take a new ticket.
+    """
+    if record.pos != ticket or ticket >= record.ticket:
+        return record, Passed(ticket=ticket, pos=record.pos, now=now)
+    start = max(record.at, now + lead)
+    return replace(record, at=start), Started(ticket=ticket, start=start, now=now)

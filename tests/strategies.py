@@ -28,8 +28,14 @@ def operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[
         st.tuples(st.just("take")),
         st.tuples(st.just("try"), st.integers(0, 40), leads_us),
         st.tuples(st.just("take_and_try"), leads_us),
+        st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
         st.tuples(st.just("clock"), clock_steps_us),
     ]
     if reads:
         kinds.append(st.tuples(st.just("read")))
     return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)
+
+
+def retime_ticket(n: int, pos: int, ticket: int) -> int:
+    """The ticket a ``("retime", n, lead)`` operation names: mostly the latest started one."""
+    return max(1, pos) if n % 3 else 1 + n % ticket

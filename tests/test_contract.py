@@ -21,7 +21,7 @@ from ratequeue.protocol import Passed, Started
 
 from . import _workers
 from .backends import Backend
-from .strategies import epochs_us, intervals_us
+from .strategies import epochs_us, intervals_us, retime_ticket
 from .strategies import operations as ops_strategy
 
 operations = ops_strategy(max_size=25, reads=True)
@@ -53,6 +53,11 @@ def test_backend_answers_as_the_reference(
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.try_start(reference, ticket, lead, now)
             assert state.try_start(name, interval, ticket, lead) == expected_outcome
+        elif kind == "retime":
+            ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
+            assert state.retime(name, interval, ticket, lead) == expected_outcome
         else:
             lead = int(op[1])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.take_and_try(reference, lead, now)
@@ -71,6 +76,7 @@ def test_interval_mismatch_changes_nothing(backend: Backend) -> None:
         lambda: state.take(name, 20_000),
         lambda: state.take_and_try(name, 20_000, 0),
         lambda: state.try_start(name, 20_000, 1, 0),
+        lambda: state.retime(name, 20_000, 1, 0),
     ):
         with pytest.raises(ConfigurationError, match=r"interval 0\.01 s .* not 0\.02 s"):
             call()

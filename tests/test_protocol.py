@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ratequeue import protocol
 from ratequeue.protocol import NEVER, Passed, Record, Started, Wait
 
-from .strategies import epochs_us, intervals_us, leads_us
+from .strategies import epochs_us, intervals_us, leads_us, retime_ticket
 from .strategies import operations as ops_strategy
 
 operations = ops_strategy(max_size=60)
@@ -44,6 +44,11 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
             lead = int(op[2])  # type: ignore[call-overload]
             record, outcome = protocol.try_start(record, ticket, lead, now)
             check_outcome(before, record, outcome, ticket, lead, now, history)
+        elif kind == "retime":
+            ticket = retime_ticket(int(op[1]), before.pos, before.ticket)  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            record, outcome = protocol.retime(record, ticket, lead, now)
+            check_retime(before, record, outcome, ticket, lead, now, history)
         else:
             lead = int(op[1])  # type: ignore[call-overload]
             record, outcome = protocol.take_and_try(record, lead, now)
@@ -67,6 +72,21 @@ def check_outcome(
     else:
         assert isinstance(outcome, Passed)
         assert outcome.pos >= ticket or ticket >= after.ticket
+
+
+def check_retime(
+    before: Record, after: Record, outcome: object, ticket: int, lead: int, now: int, history: History
+) -> None:
+    if isinstance(outcome, Started):
+        assert before.pos == ticket, "only the latest start moves"
+        assert outcome.start == max(before.at, now + lead), "forward only, to now + lead at the earliest"
+        assert after == Record(before.ticket, before.pos, outcome.start, before.interval)
+        if history.starts and history.starts[-1][0] == ticket:  # else pos was jumped to, never started
+            history.starts[-1] = (ticket, outcome.start)
+    else:
+        assert isinstance(outcome, Passed)
+        assert before.pos != ticket or ticket >= before.ticket
+        assert after == before, "a refused retime changes nothing"
 
 
 @given(intervals_us, epochs_us, operations)

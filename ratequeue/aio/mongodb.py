@@ -121,6 +121,9 @@ class AsyncMongoState(AsyncState):
     async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
         return await self._update("take_and_try", name, interval, lead=lead)  # type: ignore[no-any-return]
 
+    async def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return await self._update("retime", name, interval, ticket=ticket, lead=lead)  # type: ignore[no-any-return]
+
     async def _read(self, name: str) -> Snapshot:
         fixed = None if self._clock is None else self._clock()
 

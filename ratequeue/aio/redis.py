@@ -93,6 +93,10 @@ class AsyncRedisState(AsyncState):
         reply = await self._run("take_and_try", name, script_args(interval, self._clock, lead))
         return parse_outcome(name, self.key(name), interval, reply)
 
+    async def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        reply = await self._run("retime", name, script_args(interval, self._clock, ticket, lead))
+        return parse_outcome(name, self.key(name), interval, reply)
+
     async def _read(self, name: str) -> Snapshot:
         return parse_snapshot(self.key(name), await self._run("read", name, script_args(0, self._clock)))
 

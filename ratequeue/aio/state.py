@@ -44,6 +44,10 @@ class AsyncState(ABC):
         """Take a ticket and try to start it, in one atomic step."""
         return await self._take_and_try(*checked(name, interval_us, lead_us=lead_us))
 
+    async def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest."""
+        return await self._retime(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
+
     async def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
         return await self._read(_validate.name(name))
@@ -74,6 +78,9 @@ class AsyncState(ABC):
     async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome: ...
 
     @abstractmethod
+    async def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+
+    @abstractmethod
     async def _read(self, name: str) -> Snapshot: ...
 
     @abstractmethod
@@ -96,6 +103,9 @@ class ThreadedState(AsyncState):
 
     async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
         return await asyncio.to_thread(self.state.take_and_try, name, interval, lead)
+
+    async def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return await asyncio.to_thread(self.state.retime, name, interval, ticket, lead)
 
     async def _read(self, name: str) -> Snapshot:
         return await asyncio.to_thread(self.state.read, name)

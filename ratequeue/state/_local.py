@@ -44,6 +44,9 @@ class LocalState(State):
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
         return self._run(name, interval, lambda r, now: protocol.take_and_try(r, lead, now))
 
+    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return self._run(name, interval, lambda r, now: protocol.retime(r, ticket, lead, now))
+
     def _read(self, name: str) -> Snapshot:
         record, now, _ = self._transact(name, None, None)
         return Snapshot(record=record, now=now)

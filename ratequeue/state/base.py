@@ -66,6 +66,14 @@ class State(ABC):
         """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
         return self._take_and_try(*checked(name, interval_us, lead_us=lead_us))
 
+    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest.
+
+        See :func:`ratequeue.protocol.retime`: :class:`Started` with the new
+        start, or :class:`Passed` once a later ticket has started.
+        """
+        return self._retime(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
+
     def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
         return self._read(_validate.name(name))
@@ -98,6 +106,9 @@ class State(ABC):
 
     @abstractmethod
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome: ...
+
+    @abstractmethod
+    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
 
     @abstractmethod
     def _read(self, name: str) -> Snapshot: ...

@@ -110,13 +110,40 @@ def _try_stages(lead: int) -> list[dict[str, Any]]:
     ]
 
 
+def _retime_stages(ticket: int, lead: int) -> list[dict[str, Any]]:
+    """``retime`` of ``ticket``: while it is the latest start, move ``at`` to ``_now + lead`` or later."""
+    latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
+    start = {"$max": ["$at", {"$add": ["$_now", {"$literal": lead}]}]}
+    return [
+        {
+            "$set": {
+                "answer": {
+                    "$cond": [
+                        latest,
+                        {"kind": "started", "ticket": {"$literal": ticket}, "value": start},
+                        {"kind": "passed", "ticket": {"$literal": ticket}, "value": "$pos"},
+                    ]
+                }
+            }
+        },
+        {
+            "$set": {
+                "answer.now": "$_now",
+                "at": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$answer.value", "$at"]},
+            }
+        },
+    ]
+
+
 def pipeline(
     op: str, interval: int, now: int | None, *, ticket: int = 0, lead: int = 0
 ) -> list[dict[str, Any]]:
-    """The update pipeline of operation ``op`` (``take``, ``try_start``, ``take_and_try``)."""
+    """The update pipeline of ``op`` (``take``, ``try_start``, ``take_and_try``, ``retime``)."""
     if op == "take":
         answer = {"kind": "taken", "ticket": "$_t", "value": "$pos", "now": "$_now"}
         stages = [*_take_stages(), {"$set": {"answer": answer}}]
+    elif op == "retime":
+        stages = _retime_stages(ticket, lead)
     elif op == "try_start":
         stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead)]
     else:
@@ -324,6 +351,9 @@ class MongoState(State):
 
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
         return self._update("take_and_try", name, interval, lead=lead)  # type: ignore[return-value]
+
+    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return self._update("retime", name, interval, ticket=ticket, lead=lead)  # type: ignore[return-value]
 
     def _read(self, name: str) -> Snapshot:
         fixed = None if self._clock is None else self._clock()

@@ -89,6 +89,11 @@ local function try_start(t, lead)
   end
   return {"wait", t, slot, now}
 end
+local function retime(t, lead)
+  if pos ~= t or t >= ticket then return {"passed", t, pos, now} end
+  at = math.max(at, now + lead)
+  return {"started", t, at, now}
+end
 """.replace("__NEVER__", str(NEVER)).replace("__LIMIT__", str(MAX_US))
 )
 
@@ -117,6 +122,16 @@ TAKE_AND_TRY_SCRIPT = (
     _HEAD
     + """
 local answer = try_start(take(), tonumber(ARGV[3]))
+save()
+return answer
+"""
+)
+
+#: retime: ARGV[3] the ticket, ARGV[4] the lead (us). Returns {kind, ticket, value, now}.
+RETIME_SCRIPT = (
+    _HEAD
+    + """
+local answer = retime(tonumber(ARGV[3]), tonumber(ARGV[4]))
 save()
 return answer
 """
@@ -196,9 +211,15 @@ def unavailable(where: str, exc: Exception, key: str = "") -> StateUnavailable |
 
 
 def register_scripts(client: Any) -> dict[str, Any]:
-    """The four scripts, registered with ``client`` (sent by SHA, re-loaded on NOSCRIPT)."""
-    scripts = {"take": TAKE_SCRIPT, "try_start": TRY_START_SCRIPT, "take_and_try": TAKE_AND_TRY_SCRIPT}
-    return {name: client.register_script(text) for name, text in {**scripts, "read": READ_SCRIPT}.items()}
+    """The scripts, registered with ``client`` (sent by SHA, re-loaded on NOSCRIPT)."""
+    scripts = {
+        "take": TAKE_SCRIPT,
+        "try_start": TRY_START_SCRIPT,
+        "take_and_try": TAKE_AND_TRY_SCRIPT,
+        "retime": RETIME_SCRIPT,
+        "read": READ_SCRIPT,
+    }
+    return {name: client.register_script(text) for name, text in scripts.items()}
 
 
 def url_of(client: Any, prefix: str) -> str:
@@ -307,6 +328,10 @@ class RedisState(State):
 
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
         reply = self._run("take_and_try", name, script_args(interval, self._clock, lead))
+        return parse_outcome(name, self.key(name), interval, reply)
+
+    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        reply = self._run("retime", name, script_args(interval, self._clock, ticket, lead))
         return parse_outcome(name, self.key(name), interval, reply)
 
     def _read(self, name: str) -> Snapshot:
