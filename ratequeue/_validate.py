@@ -55,6 +55,16 @@ def lead(value: object) -> float | None:
     return seconds
 
 
+def max_late(value: object) -> float | None:
+    """``value`` as ``None`` (no lateness check) or a finite number of seconds >= 0."""
+    if value is None:
+        return None
+    seconds = _seconds("max_late", value)
+    if not (0.0 <= seconds < math.inf):
+        raise ConfigurationError(f"max_late must be None or a finite number of seconds >= 0, got {value!r}")
+    return seconds
+
+
 def name(value: object) -> str:
     """``value`` as a queue name: a non-empty string of printable characters."""
     if not isinstance(value, str):

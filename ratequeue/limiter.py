@@ -17,9 +17,23 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from . import _validate
+from ._sleep import wait_until
 from .errors import AcquireTimeout
 from .protocol import NEVER, US, Outcome
-from .shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
+from .shard import (
+    DEFAULT_MAX_LATE,
+    Begin,
+    BeginAt,
+    Expired,
+    Job,
+    Retime,
+    Shard,
+    SleepUntil,
+    TakeAndTry,
+    TryStart,
+    Turn,
+    WaitForTurn,
+)
 from .state import Snapshot, State, StateLike, from_url
 from .state.base import redact
 
@@ -85,6 +99,7 @@ class Limiter:
         name: str,
         interval: float,
         lead: float | None = None,
+        max_late: float | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
     ) -> None:
         """
@@ -96,15 +111,22 @@ class Limiter:
         :param interval: seconds (or a ``timedelta``) between two starts.
         :param lead: how early a caller may reserve its slot before sleeping
             until it; ``None`` adapts it to the state's round-trip time.
+        :param max_late: seconds a caller may begin after its granted start
+            (0.3 ms by default). A caller that wakes later does not begin:
+            its start is moved later, or its turn given up for a new one, so
+            that begins stay ``interval - max_late`` apart as the called
+            service sees them (G7). ``None`` turns the check off; so does an
+            interval under four times ``max_late``.
         :param clock: this process's clock, ``time.monotonic`` by default; it
             must tick at the rate of real time (tests shift it).
         """
         self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
+        self._max_late = _validate.max_late(max_late)
         self._clock = clock or time.monotonic
         self._state: State = from_url(url)
         #: whether this limiter opened the state (and so closes it)
         self._owns_state = not isinstance(url, State)
-        self._shard = Shard(self.interval, lead=self._lead)
+        self._shard = Shard(self.interval, lead=self._lead, max_late=self._max_late)
         self._cond = threading.Condition()
 
     @property
@@ -129,11 +151,7 @@ class Limiter:
             job = self._shard.add(None if seconds is None else now + seconds)
             if on_job is not None:
                 on_job(job)
-            turn = self._drive(job, seconds)
-        delay = turn.local_start - self._clock()
-        if delay > 0:
-            time.sleep(delay)
-        return turn
+            return self._drive(job, seconds)
 
     def pause(self) -> None:
         """Pause this shard: its callers keep waiting, and it stops calling the state."""
@@ -200,7 +218,7 @@ class Limiter:
             self._state.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead))
+        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead, self._max_late))
 
     def __repr__(self) -> str:
         url = redact(self._state.url)
@@ -231,14 +249,20 @@ class Limiter:
                     self._cond.wait(None if step.deadline is None else step.deadline - now)
                 elif isinstance(step, SleepUntil):
                     self._cond.wait(step.until - now)
+                elif isinstance(step, BeginAt):
+                    self._cond.release()  # a precise wait, not woken by the shard's changes
+                    try:
+                        wait_until(step.until, self._clock, spin=step.spin)
+                    finally:
+                        self._cond.acquire()
                 else:
                     self._call(job, step)
         except BaseException:
-            self._shard.cancel(job)
+            self._shard.abandon(job)
             self._cond.notify_all()
             raise
 
-    def _call(self, job: Job, step: TakeAndTry | TryStart) -> None:
+    def _call(self, job: Job, step: TakeAndTry | TryStart | Retime) -> None:
         """Make the state call ``step`` asks for, without holding the condition."""
         self._cond.release()
         try:
@@ -246,8 +270,10 @@ class Limiter:
             outcome: Outcome
             if isinstance(step, TakeAndTry):
                 outcome = self._state.take_and_try(self.name, self._interval_us, step.lead_us)
-            else:
+            elif isinstance(step, TryStart):
                 outcome = self._state.try_start(self.name, self._interval_us, step.ticket, step.lead_us)
+            else:
+                outcome = self._state.retime(self.name, self._interval_us, step.ticket, step.lead_us)
             received = self._clock()
         except BaseException:
             self._cond.acquire()
@@ -262,5 +288,12 @@ class Withdrawn(Exception):
     """Internal: a waiting job was withdrawn by another thread (see ``Limiter._withdraw``)."""
 
 
-def _rebuild(cls: type[Limiter], url: str, name: str, interval: float, lead: float | None) -> Limiter:
-    return cls(url, name=name, interval=interval, lead=lead)
+def _rebuild(
+    cls: type[Limiter],
+    url: str,
+    name: str,
+    interval: float,
+    lead: float | None,
+    max_late: float | None = DEFAULT_MAX_LATE,
+) -> Limiter:
+    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late)

@@ -2,15 +2,19 @@
 
 A :class:`Shard` decides, for each waiting job, what its driver must do next
 (DESIGN.md §4): wait for its turn in the local FIFO, take a ticket, try to
-start the ticket it holds, sleep until its slot comes near, or begin. It
-never calls the state, reads a clock or sleeps itself; the thread driver
-(:mod:`ratequeue.limiter`) and the asyncio driver run the I/O and report the
-answers back. The property tests drive it with a fake clock.
+start the ticket it holds, sleep until its slot comes near, sleep until its
+granted start, and begin -- or, when it wakes too late to begin on time,
+move its start later or give the turn up (G7). It never calls the state,
+reads a clock or sleeps itself; the thread driver (:mod:`ratequeue.limiter`)
+and the asyncio driver run the I/O and report the answers back. The
+property tests drive it with a fake clock.
 
-Only the head job talks to the state, and the shard holds at most one ticket.
-The ticket belongs to the shard, not to a job: when the head gives up
-(timeout, cancel) the next job inherits the ticket, and a turn granted to a
-job that has just left goes to the next one, so nothing is wasted.
+Only the head job talks to the state, and the shard holds at most one ticket
+and at most one granted start that has not begun: while a job sleeps until
+its start, the next one does not call. So a shard that dies wastes at most
+one slot, whatever the lead (G4). The ticket belongs to the shard, not to a
+job: when the head gives up (timeout, cancel) the next job inherits the
+ticket, and a turn granted to a job that has just left goes to the next one.
 
 Local times are seconds on the local clock (``time.monotonic`` in the
 drivers); the protocol's answers carry state-clock times in microseconds.
@@ -26,9 +30,12 @@ from .protocol import US, Outcome, Passed, Started, Wait
 
 __all__ = [
     "DEFAULT_JITTER",
+    "DEFAULT_MAX_LATE",
     "Begin",
+    "BeginAt",
     "Expired",
     "Job",
+    "Retime",
     "Shard",
     "SleepUntil",
     "Step",
@@ -40,6 +47,25 @@ __all__ = [
 
 #: wake-up lateness allowed for when reserving a slot early (adaptive lead)
 DEFAULT_JITTER = 0.002
+
+#: how late (s) a job may begin after its granted start (G7's epsilon)
+DEFAULT_MAX_LATE = 0.0003
+
+#: the lateness check is on for intervals of at least this many ``max_late``: below,
+#: a busy host's wake-up jitter is a large part of the interval, and giving turns up
+#: would cost more rate than the check is worth
+_CHECKED_FROM = 4
+
+#: how many times a turn's start may be moved later before the turn is given up
+_MAX_RETIMES = 2
+
+#: the protocol's resolution (s): lateness within it is a rounding error, not late
+_RESOLUTION = 1e-6
+
+#: how many recent wake-up lateness samples the early wake-up is the median of
+_WAKE_SAMPLES = 9
+#: the most (s) a job wakes before its start, to busy-wait the rest
+_MAX_EARLY = 0.05
 
 #: how many calls a head may make once its deadline has passed
 _LATE_CALLS = 2
@@ -83,6 +109,12 @@ class Job:
     queued: bool = field(default=False, init=False)
     #: calls made for the job at or after its deadline
     late_calls: int = field(default=0, init=False)
+    #: how often the granted turn's start has been moved later
+    retimes: int = field(default=0, init=False)
+    #: turns given up because the job woke too late to begin them
+    given_up: int = field(default=0, init=False)
+    #: local time the job's driver was told to wake at before its start, while it sleeps
+    wake: float | None = field(default=None, init=False)
 
 
 @dataclass(frozen=True)
@@ -118,8 +150,31 @@ class TryStart:
 
 
 @dataclass(frozen=True)
+class Retime:
+    """The job woke too late to begin: call ``state.retime(name, interval_us, ticket, lead_us)``."""
+
+    ticket: int
+    lead_us: int
+
+
+@dataclass(frozen=True)
+class BeginAt:
+    """The job's turn is granted: wait until local time ``until``, then ask again.
+
+    Without ``spin``, sleep as precisely as the driver can (the shard sets
+    ``until`` a little before the start, by the wake-up lateness it has
+    seen); with ``spin``, the start is a short moment away: busy-wait for it.
+    The answer is then :class:`Begin`, or :class:`Retime` if the wake-up came
+    too late.
+    """
+
+    until: float
+    spin: bool = False
+
+
+@dataclass(frozen=True)
 class Begin:
-    """The job's turn: begin it at local time ``turn.local_start``."""
+    """Begin the job now: its turn has come, and it is at most ``max_late`` late."""
 
     turn: Turn
 
@@ -130,29 +185,45 @@ class Expired:
 
 
 #: what :meth:`Shard.step` tells a driver to do
-Step = Union[WaitForTurn, SleepUntil, TakeAndTry, TryStart, Begin, Expired]
+Step = Union[WaitForTurn, SleepUntil, TakeAndTry, TryStart, Retime, BeginAt, Begin, Expired]
 
 
 class Shard:
     """The scheduling logic of one process's share of a queue."""
 
-    def __init__(self, interval: float, *, lead: float | None = None, jitter: float = DEFAULT_JITTER) -> None:
+    def __init__(
+        self,
+        interval: float,
+        *,
+        lead: float | None = None,
+        jitter: float = DEFAULT_JITTER,
+        max_late: float | None = DEFAULT_MAX_LATE,
+    ) -> None:
         """
         :param interval: the queue's interval in seconds.
         :param lead: how long before its slot the head may reserve it; ``None``
-            adapts it to twice the smoothed round-trip time plus ``jitter``,
-            at most one interval.
+            adapts it to twice the smoothed round-trip time plus ``jitter``.
         :param jitter: the wake-up lateness the adaptive lead allows for.
+        :param max_late: how late (s) after its granted start a job may still
+            begin; a later wake-up moves the start (or gives the turn up)
+            instead. ``None``, or an interval under four times this, turns
+            the check off.
         """
         self.interval = interval
         self._fixed_lead = lead
         self._jitter = jitter
+        self.max_late = max_late if max_late is not None and interval >= _CHECKED_FROM * max_late else None
         self._jobs: deque[Job] = deque()
+        self._granted: Job | None = None
+        #: how late recent sleeps before a begin woke up (s)
+        self._wake_lateness: deque[float] = deque(maxlen=_WAKE_SAMPLES)
         self._paused = False
         #: the ticket this shard holds, and the local time of its slot if known
         self._ticket: int | None = None
         self._slot: float | None = None
         self._in_flight: Job | None = None
+        #: whether the call in flight is a Retime
+        self._retiming = False
         self._rtt: float | None = None
         #: recent (local receive time, local-minus-state offset) samples, see _offset
         self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
@@ -178,7 +249,15 @@ class Shard:
         if self._fixed_lead is not None:
             return self._fixed_lead
         rtt = self._rtt if self._rtt is not None else 0.0
-        return min(self.interval, self._jitter + 2 * rtt)
+        return self._jitter + 2 * rtt
+
+    @property
+    def early(self) -> float:
+        """How long before its start a job wakes up, to busy-wait the rest: the median recent lateness."""
+        if not self._wake_lateness:
+            return 0.0
+        ordered = sorted(self._wake_lateness)
+        return min(ordered[len(ordered) // 2], self.interval, _MAX_EARLY)
 
     def add(self, deadline: float | None = None) -> Job:
         """Queue a new job at the back; ``deadline`` is local time."""
@@ -197,6 +276,15 @@ class Shard:
             job.queued = False
             self._jobs.remove(job)
 
+    def abandon(self, job: Job) -> None:
+        """``job``'s caller is gone (it raised): cancel it, and drop its turn if granted and not begun.
+
+        The dropped turn's slot goes unused; the next job may call at once.
+        """
+        self.cancel(job)
+        if self._granted is job:
+            self._granted = None
+
     def pause(self) -> None:
         """Stop calling the state; waiting jobs keep their places."""
         self._paused = True
@@ -208,11 +296,14 @@ class Shard:
     def step(self, job: Job, now: float) -> Step:
         """What the driver of ``job`` must do at local time ``now``."""
         if job.turn is not None:
-            return Begin(job.turn)
+            step = self._granted_step(job, job.turn, now)
+            if step is not None:
+                return step
         if not job.queued:
             raise ValueError("the job is not waiting in this shard")
         deadline = job.deadline
-        if self._jobs[0] is not job or self._paused or self._in_flight is not None:
+        busy = self._in_flight is not None or self._granted is not None
+        if self._jobs[0] is not job or self._paused or busy:
             if deadline is not None and now >= deadline:
                 return Expired()
             return WaitForTurn(deadline)
@@ -238,6 +329,41 @@ class Shard:
         self._in_flight = job
         return TryStart(self._ticket, lead_us)
 
+    def _granted_step(self, job: Job, turn: Turn, now: float) -> Step | None:
+        """The step of a job holding a granted turn; ``None`` once it has given the turn up."""
+        if self._granted is not job:
+            return Begin(turn)  # begun already (or cancelled): nothing more to decide
+        if job.wake is not None:  # the driver has slept until job.wake: learn how late it woke
+            self._wake_lateness.append(max(0.0, now - job.wake))
+            job.wake = None
+        if now < turn.local_start:
+            wake = turn.local_start - self.early
+            if now < wake:
+                job.wake = wake
+                return BeginAt(wake)
+            return BeginAt(turn.local_start, spin=True)
+        if self.max_late is None or now - turn.local_start <= self.max_late + _RESOLUTION:
+            self._granted = None
+            return Begin(turn)
+        # Too late: a late begin shortens the gap to the next one (G7). Move the start
+        # later while it is still the latest; a paused shard makes no call, so gives up.
+        if job.retimes < _MAX_RETIMES and not self._paused:
+            job.retimes += 1
+            self._in_flight = job
+            self._retiming = True
+            return Retime(turn.ticket, int(self.lead * US))
+        self._give_up(job)
+        return None
+
+    def _give_up(self, job: Job) -> None:
+        """Return a granted job to the head of the queue, to take a new ticket."""
+        job.turn = None
+        job.retimes = 0
+        job.given_up += 1
+        job.queued = True
+        self._jobs.appendleft(job)
+        self._granted = None
+
     def receive(self, job: Job, outcome: Outcome, sent: float, received: float) -> None:
         """Report the state's answer to the call made for ``job``.
 
@@ -248,13 +374,22 @@ class Shard:
         rtt = max(0.0, received - sent)
         self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
         offset = self._offset(received - outcome.now / US, received, rtt)
-        if isinstance(outcome, Started):
+        if self._retiming:
+            self._retiming = False
+            if self._granted is not job or job.turn is None:
+                return  # the turn was abandoned meanwhile
+            if isinstance(outcome, Started):
+                job.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
+            else:
+                self._give_up(job)
+        elif isinstance(outcome, Started):
             self._ticket = self._slot = None
             if not self._jobs:
                 return  # the job left meanwhile and nobody else waits: the turn is unused
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False
             head.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
+            self._granted = head
         elif isinstance(outcome, Wait):
             self._ticket = outcome.ticket
             self._slot = outcome.slot / US + offset
@@ -287,9 +422,11 @@ class Shard:
         """Report that the call made for ``job`` raised or was abandoned.
 
         Its answer is unknown: a ticket it may have taken is lost (costing the
-        others at most one interval), and the held ticket is kept.
+        others at most one interval), and the held ticket is kept. A failed
+        :class:`Retime` leaves the turn as it was (the next step retries it or gives it up).
         """
         self._finish_call(job)
+        self._retiming = False
 
     def _finish_call(self, job: Job) -> None:
         if self._in_flight is not job:

@@ -236,3 +236,32 @@ class Fleet:
             process.join(WAIT)
         for conn in self.conns:
             conn.close()
+
+
+def busy_loop(seconds: float) -> None:
+    """Burn one core for ``seconds`` (a stand-in for the other work on a busy host)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+
+
+@dataclass
+class Hogs:
+    """``count`` busy-loop processes keeping the host's cores busy while a test runs."""
+
+    count: int
+    processes: list[Any] = field(default_factory=list)
+
+    def __enter__(self) -> Hogs:
+        context = multiprocessing.get_context("spawn")
+        for _ in range(self.count):
+            process = context.Process(target=busy_loop, args=(WAIT,), daemon=True)
+            process.start()
+            self.processes.append(process)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+            process.join(WAIT)

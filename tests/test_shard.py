@@ -6,8 +6,12 @@ wake up late, be paused, resumed or killed, and its jobs may carry deadlines.
 The state clock may step backwards. After every step the guarantees are
 checked:
 
-* G1  starts are at least one interval apart on the state clock, and on the
-      true time at which the jobs begin (local start converted back);
+* G1  starts are at least one interval apart on the state clock;
+* G7  jobs begin (the true time at which the shard answers ``Begin``) at
+      most ``max_late`` after their start, never before it, so begins are at
+      least ``interval - max_late`` apart; timers may fire late (``wake_late``),
+      which the shard must absorb by moving its start later or giving the
+      turn up;
 * G2  tickets start in increasing order and ``pos`` never decreases;
 * G3  every job of a live shard is waiting, started or expired (its caller
       got ``AcquireTimeout``) -- none vanish;
@@ -27,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import assume, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -35,8 +40,10 @@ from ratequeue import protocol
 from ratequeue.protocol import US, Record
 from ratequeue.shard import (
     Begin,
+    BeginAt,
     Expired,
     Job,
+    Retime,
     Shard,
     SleepUntil,
     TakeAndTry,
@@ -60,6 +67,7 @@ class SimShard:
     wake: float | None = None  # true time of the next wake-up, if sleeping
     jobs: list[Job] = field(default_factory=list)  # every job ever added, in order
     expired: list[Job] = field(default_factory=list)
+    begun: list[Job] = field(default_factory=list)
     calls: list[tuple[str, int | None]] = field(default_factory=list)
 
 
@@ -71,21 +79,32 @@ class ShardWorld(RuleBasedStateMachine):
         shards=st.integers(1, 5),
         offsets=st.lists(st.floats(-3, 3, allow_nan=False), min_size=5, max_size=5),
         fixed_lead_ms=st.one_of(st.none(), st.sampled_from([0, 1, 3])),
+        max_late_ms=st.one_of(st.none(), st.sampled_from([0.0, 0.3, 2.0])),
         epoch=st.integers(0, 2 * 10**15),
     )
     def setup(
-        self, interval_ms: int, shards: int, offsets: list[float], fixed_lead_ms: int | None, epoch: int
+        self,
+        interval_ms: int,
+        shards: int,
+        offsets: list[float],
+        fixed_lead_ms: int | None,
+        max_late_ms: float | None,
+        epoch: int,
     ) -> None:
         self.interval = interval_ms * 1000  # us
         self.time = 100.0  # true time, seconds
         self.state_offset = epoch  # state clock (us) = true time + this
         self.record: Record = protocol.new_record(self.interval)
         self.max_pos = 0
-        self.starts: list[tuple[int, int, float]] = []  # (ticket, state start us, true begin time)
+        self.starts: list[tuple[int, int]] = []  # (ticket, state start us), as the record saw them
+        self.begins: list[tuple[int, float, float]] = []  # (ticket, true start, true begin time)
         lead = None if fixed_lead_ms is None else fixed_lead_ms / 1000
+        max_late = None if max_late_ms is None else max_late_ms / 1000
         self.shards = [
-            SimShard(i, Shard(interval_ms / 1000, lead=lead), clock_offset=offsets[i]) for i in range(shards)
+            SimShard(i, Shard(interval_ms / 1000, lead=lead, max_late=max_late), clock_offset=offsets[i])
+            for i in range(shards)
         ]
+        self.max_late = self.shards[0].shard.max_late
 
     # -- the world ------------------------------------------------------------
 
@@ -102,26 +121,33 @@ class ShardWorld(RuleBasedStateMachine):
         sim.wake = None
         for _ in range(10_000):
             now = self.local_now(sim)
-            waiting = [job for job in sim.jobs if job.queued]
-            if not waiting:
+            active = [
+                job for job in sim.jobs if job.queued or (job.turn is not None and job not in sim.begun)
+            ]
+            if not active:
                 return
             progressed = False
-            for job in waiting:  # every caller's driver looks at its job
+            for job in active:  # every caller's driver looks at its job
                 step = sim.shard.step(job, now)
                 if isinstance(step, Expired):
                     sim.shard.cancel(job)
                     sim.expired.append(job)
                     progressed = True
-                elif isinstance(step, (TakeAndTry, TryStart)):
+                elif isinstance(step, (TakeAndTry, TryStart, Retime)):
                     self.call(sim, job, step, now)
                     progressed = True
-                elif isinstance(step, SleepUntil):
+                elif isinstance(step, (SleepUntil, BeginAt)):
                     assert step.until > now
+                    # a busy-wait ends on time; a sleep ends sim.lateness late
+                    late = 0.0 if isinstance(step, BeginAt) and step.spin else sim.lateness
                     # in true time; never "now" again, so that float rounding cannot stall the world
-                    wake = self.time + max(step.until - now, 1e-9) + sim.lateness
+                    wake = self.time + max(step.until - now, 1e-9) + late
                     sim.wake = wake if sim.wake is None else min(sim.wake, wake)
-                elif isinstance(step, Begin):  # pragma: no cover - a started job is not queued
-                    raise AssertionError("a started job is still queued")
+                elif isinstance(step, Begin):
+                    assert job.turn is not None
+                    assert step.turn == job.turn
+                    self.begin(sim, job)
+                    progressed = True
                 else:
                     assert isinstance(step, WaitForTurn)
                     if job.deadline is not None:
@@ -133,25 +159,40 @@ class ShardWorld(RuleBasedStateMachine):
                 return
         raise AssertionError("the shard never settles")
 
-    def call(self, sim: SimShard, job: Job, step: TakeAndTry | TryStart, now: float) -> None:
+    def call(self, sim: SimShard, job: Job, step: TakeAndTry | TryStart | Retime, now: float) -> None:
         assert not sim.shard.paused, "G6: a paused shard calls the state"
         state_now = self.state_now()
         if isinstance(step, TakeAndTry):
             sim.calls.append(("take_and_try", None))
             self.record, outcome = protocol.take_and_try(self.record, step.lead_us, state_now)
-        else:
+        elif isinstance(step, TryStart):
             sim.calls.append(("try_start", step.ticket))
             self.record, outcome = protocol.try_start(self.record, step.ticket, step.lead_us, state_now)
+        else:
+            sim.calls.append(("retime", step.ticket))
+            self.record, outcome = protocol.retime(self.record, step.ticket, step.lead_us, state_now)
         assert self.record.pos >= self.max_pos, "G2: pos moved back"
         self.max_pos = self.record.pos
         sim.shard.receive(job, outcome, now, now)
         if isinstance(outcome, protocol.Started):
-            started = [j for j in sim.jobs if j.turn is not None and j.turn.ticket == outcome.ticket]
+            started = [
+                j
+                for j in sim.jobs
+                if j.turn is not None and j.turn.ticket == outcome.ticket and j not in sim.begun
+            ]
             assert len(started) == 1, "a STARTED turn goes to exactly one job"
-            turn = started[0].turn
-            assert turn is not None
-            begin = turn.local_start - sim.clock_offset  # true time at which the job begins
-            self.starts.append((outcome.ticket, outcome.start, begin))
+            if isinstance(step, Retime):
+                assert self.starts[-1][0] == outcome.ticket, "only the latest start moves"
+                self.starts[-1] = (outcome.ticket, outcome.start)
+            else:
+                self.starts.append((outcome.ticket, outcome.start))
+
+    def begin(self, sim: SimShard, job: Job) -> None:
+        """``job`` begins now: record its true start and begin times."""
+        assert job.turn is not None
+        sim.begun.append(job)
+        true_start = job.turn.local_start - sim.clock_offset
+        self.begins.append((job.turn.ticket, true_start, self.time))
 
     def advance_to(self, target: float) -> None:
         """Move true time to ``target``, waking shards on the way, in time order."""
@@ -250,7 +291,8 @@ class ShardWorld(RuleBasedStateMachine):
             if job in survivor.expired:
                 continue
             assert job.turn is not None, "G4: the survivor's job never started"
-            bound = t0 + (d + j) * self.interval
+            # + 2 us a job: with max_late=0, a float rounding of the wake-up may retime a start by 1 us
+            bound = t0 + (d + j) * self.interval + 2 * j
             assert job.turn.start_us <= bound, f"G4: job {j} started {job.turn.start_us - bound} us late"
 
     # -- invariants -----------------------------------------------------------
@@ -258,10 +300,21 @@ class ShardWorld(RuleBasedStateMachine):
     @invariant()
     def spacing_and_order(self) -> None:
         """G1 and G2 over every start so far."""
-        for (t1, s1, b1), (t2, s2, b2) in zip(self.starts, self.starts[1:], strict=False):
+        for (t1, s1), (t2, s2) in zip(self.starts, self.starts[1:], strict=False):
             assert t2 > t1, "G2: tickets start in increasing order"
             assert s2 - s1 >= self.interval, "G1: starts closer than the interval (state clock)"
-            assert b2 - b1 >= self.interval / US - EPS, "G1: jobs begin closer than the interval"
+
+    @invariant()
+    def begins_where_felt(self) -> None:
+        """G7: no job begins before its start, nor more than max_late after; begins keep the spacing."""
+        for ticket, start, begin in self.begins:
+            assert begin >= start - EPS, f"ticket {ticket} began {start - begin} s before its start"
+            if self.max_late is not None:
+                assert begin - start <= self.max_late + EPS, f"ticket {ticket} began {begin - start} s late"
+        if self.max_late is not None:
+            for (t1, _, b1), (t2, _, b2) in zip(self.begins, self.begins[1:], strict=False):
+                assert t2 > t1, "G2: jobs begin in ticket order"
+                assert b2 - b1 >= self.interval / US - self.max_late - EPS, "G7: begins too close"
 
     @invariant()
     def nothing_lost(self) -> None:
@@ -270,13 +323,15 @@ class ShardWorld(RuleBasedStateMachine):
             for job in sim.jobs:
                 states = [job.queued, job.turn is not None, job in sim.expired]
                 assert sum(states) == 1, f"G3: job in states {states}"
+                assert job not in sim.begun or job.turn is not None
             assert sim.shard.waiting == sum(job.queued for job in sim.jobs)
 
     @invariant()
     def idle_means_idle(self) -> None:
         """G5: a live shard with nothing queued has no wake-up and no call in flight."""
         for sim in self.live():
-            if not sim.shard.waiting:
+            granted = [job for job in sim.jobs if job.turn is not None and job not in sim.begun]
+            if not sim.shard.waiting and not granted:
                 assert sim.wake is None
 
     @invariant()
@@ -288,7 +343,7 @@ class ShardWorld(RuleBasedStateMachine):
             assert ticket < self.record.ticket
 
 
-ShardWorld.TestCase.settings = settings(stateful_step_count=40)
+ShardWorld.TestCase.settings = settings(max_examples=200, stateful_step_count=40)
 TestShardWorld = ShardWorld.TestCase
 
 
@@ -333,6 +388,8 @@ def test_a_late_answer_does_not_delay_the_local_start() -> None:
     first = shard.add()
     assert isinstance(shard.step(first, 10.0), TakeAndTry)
     shard.receive(first, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 10.0, 10.0001)
+    assert first.turn is not None
+    assert isinstance(shard.step(first, first.turn.local_start), Begin)  # a granted turn begins first
     second = shard.add()
     assert isinstance(shard.step(second, 10.5), TakeAndTry)
     # answered at state time 5.5 s, but received 5 ms later than the first answer's bound implies
@@ -347,9 +404,66 @@ def test_a_state_clock_stepping_back_resets_the_offset() -> None:
     first = shard.add()
     assert isinstance(shard.step(first, 10.0), TakeAndTry)
     shard.receive(first, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 10.0, 10.0)
+    assert isinstance(shard.step(first, 10.0), Begin)
     second = shard.add()
     assert isinstance(shard.step(second, 10.5), TakeAndTry)
     # the state clock stepped back by 2 s: it reads 3.5 s at local 10.5
     shard.receive(second, protocol.Started(ticket=2, start=3_500_000, now=3_500_000), 10.5, 10.5)
     assert second.turn is not None
     assert second.turn.local_start == 10.5, "a start at the state's now begins now, not 2 s in the past"
+
+
+def granted(shard: Shard, job: Job, *, start: int, now: float) -> None:
+    """Drive ``job`` to a granted turn starting at state time ``start`` (us), received at local ``now``."""
+    assert isinstance(shard.step(job, now), TakeAndTry)
+    shard.receive(job, protocol.Started(ticket=1, start=start, now=start - 5_000), now, now)
+
+
+def test_a_late_wake_up_moves_the_start_instead_of_beginning() -> None:
+    """G7: a job that wakes more than max_late after its start asks for a later start; on time, it begins."""
+    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    job = shard.add()
+    granted(shard, job, start=10_005_000, now=10.0)  # local start 10.005
+    assert shard.step(job, 10.0) == BeginAt(10.005)
+    assert shard.step(job, 10.0059) == Retime(ticket=1, lead_us=2000), "0.9 ms late: no begin"
+    shard.receive(job, protocol.Started(ticket=1, start=10_008_000, now=10_006_000), 10.006, 10.006)
+    assert job.turn is not None
+    assert job.turn.local_start == pytest.approx(10.008)
+    step = shard.step(job, 10.0061)
+    assert isinstance(step, BeginAt)
+    assert step.until == pytest.approx(10.008 - 0.0009), "wakes early by the lateness it has seen"
+    assert shard.step(job, 10.0075) == BeginAt(job.turn.local_start, spin=True)
+    assert shard.step(job, 10.0081) == Begin(job.turn)
+
+
+def test_a_late_turn_that_cannot_move_is_given_up_for_a_new_ticket() -> None:
+    """G7: once a later ticket has started, the late job gives its turn up and takes a new ticket."""
+    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    job, other = shard.add(), shard.add()
+    granted(shard, job, start=10_005_000, now=10.0)
+    assert isinstance(shard.step(other, 10.0), WaitForTurn), "one granted, not begun, start per shard"
+    assert isinstance(shard.step(job, 10.007), Retime)
+    shard.receive(job, protocol.Passed(ticket=1, pos=2, now=10_007_000), 10.007, 10.007)
+    assert job.turn is None
+    assert job.given_up == 1
+    assert shard.step(job, 10.007) == TakeAndTry(lead_us=2000), "back at the head, ahead of the others"
+    assert isinstance(shard.step(other, 10.007), WaitForTurn)
+
+
+def test_a_paused_shard_gives_a_late_turn_up_without_calling() -> None:
+    """G6 with G7: a paused shard whose job wakes late makes no call; the job waits at the head."""
+    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    job = shard.add()
+    granted(shard, job, start=10_005_000, now=10.0)
+    shard.pause()
+    assert isinstance(shard.step(job, 10.007), WaitForTurn)
+    assert job.turn is None
+    assert job.queued
+
+
+def test_no_lateness_check_for_short_intervals_or_when_off() -> None:
+    """Under four times max_late (or with max_late=None) a late job begins anyway."""
+    for shard in (Shard(0.001, max_late=0.0003), Shard(0.01, max_late=None)):
+        job = shard.add()
+        granted(shard, job, start=10_005_000, now=10.0)
+        assert isinstance(shard.step(job, 10.5), Begin)

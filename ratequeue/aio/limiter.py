@@ -16,14 +16,32 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .. import _validate
+from .._sleep import wait_until
 from ..errors import AcquireTimeout
 from ..limiter import Status, Withdrawn
 from ..protocol import Outcome
-from ..shard import Begin, Expired, Job, Shard, SleepUntil, TakeAndTry, TryStart, Turn, WaitForTurn
+from ..shard import (
+    DEFAULT_MAX_LATE,
+    Begin,
+    BeginAt,
+    Expired,
+    Job,
+    Retime,
+    Shard,
+    SleepUntil,
+    TakeAndTry,
+    TryStart,
+    Turn,
+    WaitForTurn,
+)
 from ..state.base import redact
 from .state import AsyncState, AsyncStateLike, from_url
 
 __all__ = ["Limiter"]
+
+#: how long before a begin the event loop's own timers are left for a blocking, precise
+#: sleep: asyncio rounds its timeouts up to whole milliseconds
+_LOOP_RESOLUTION = 0.0015
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,14 +61,22 @@ class Limiter:
         name: str,
         interval: float,
         lead: float | None = None,
+        max_late: float | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        """See :class:`ratequeue.Limiter`; Redis and MongoDB use their drivers' asyncio clients."""
+        """See :class:`ratequeue.Limiter`; Redis and MongoDB use their drivers' asyncio clients.
+
+        asyncio's timers wake up to a millisecond late, so while ``max_late``
+        is checked the last ~1.5 ms before each begin are slept blocking the
+        event loop (a precise sleep); ``max_late=None`` keeps the loop free
+        and begins up to about a millisecond late.
+        """
         self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
+        self._max_late = _validate.max_late(max_late)
         self._clock = clock or time.monotonic
         self._state: AsyncState = from_url(url)
         self._owns_state = not isinstance(url, AsyncState)
-        self._shard = Shard(self.interval, lead=self._lead)
+        self._shard = Shard(self.interval, lead=self._lead, max_late=self._max_late)
         self._waiters: list[asyncio.Future[None]] = []
 
     @property
@@ -71,11 +97,7 @@ class Limiter:
         job = self._shard.add(None if seconds is None else self._clock() + seconds)
         if on_job is not None:
             on_job(job)
-        turn = await self._drive(job, seconds)
-        delay = turn.local_start - self._clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        return turn
+        return await self._drive(job, seconds)
 
     def pause(self) -> None:
         """Pause this shard (call from the event loop's thread)."""
@@ -135,7 +157,7 @@ class Limiter:
             await self._state.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead))
+        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead, self._max_late))
 
     def __repr__(self) -> str:
         url = redact(self._state.url)
@@ -180,21 +202,34 @@ class Limiter:
                     await self._changed(None if step.deadline is None else step.deadline - now)
                 elif isinstance(step, SleepUntil):
                     await self._changed(step.until - now)
+                elif isinstance(step, BeginAt):
+                    await self._wait_until(step.until, now, spin=step.spin)
                 else:
                     await self._call(job, step)
         except BaseException:
-            self._shard.cancel(job)
+            self._shard.abandon(job)
             self._notify()
             raise
 
-    async def _call(self, job: Job, step: TakeAndTry | TryStart) -> None:
+    async def _wait_until(self, until: float, now: float, *, spin: bool) -> None:
+        """Wait until local time ``until``: on the loop's timers, then precisely if lateness is checked."""
+        if self._shard.max_late is None:
+            await asyncio.sleep(until - now)
+            return
+        if until - now > _LOOP_RESOLUTION:
+            await asyncio.sleep(until - now - _LOOP_RESOLUTION)
+        wait_until(until, self._clock, spin=spin)
+
+    async def _call(self, job: Job, step: TakeAndTry | TryStart | Retime) -> None:
         sent = self._clock()
         try:
             outcome: Outcome
             if isinstance(step, TakeAndTry):
                 outcome = await self._state.take_and_try(self.name, self._interval_us, step.lead_us)
-            else:
+            elif isinstance(step, TryStart):
                 outcome = await self._state.try_start(self.name, self._interval_us, step.ticket, step.lead_us)
+            else:
+                outcome = await self._state.retime(self.name, self._interval_us, step.ticket, step.lead_us)
         except BaseException:
             self._shard.failed(job)
             raise
@@ -202,5 +237,12 @@ class Limiter:
         self._notify()
 
 
-def _rebuild(cls: type[Limiter], url: str, name: str, interval: float, lead: float | None) -> Limiter:
-    return cls(url, name=name, interval=interval, lead=lead)
+def _rebuild(
+    cls: type[Limiter],
+    url: str,
+    name: str,
+    interval: float,
+    lead: float | None,
+    max_late: float | None = DEFAULT_MAX_LATE,
+) -> Limiter:
+    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late)
