@@ -138,3 +138,21 @@ def test_a_ready_clients_url_reconnects_the_same_way() -> None:
     kwargs = again.client.connection_pool.connection_kwargs
     assert (kwargs["password"], kwargs["db"], again.key("q")) == ("p@ss", 3, "x:q")
     again.close()
+
+
+def test_redis_scripts_survive_a_script_flush_and_killed_connections(client: redis.Redis) -> None:
+    """The lean script calls reload a flushed script and reconnect a killed connection, losing nothing."""
+    state = RedisState(client.__class__(port=client.connection_pool.connection_kwargs["port"]))
+    try:
+        first = state.take_and_try("lean", 1000, 0)
+        client.script_flush()
+        second = state.take_and_try("lean", 1000, 0)
+        killed = client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        third = state.take_and_try("lean", 1000, 0)
+        assert killed >= 1, "the state's connection was open and got killed"
+        assert [first.ticket, second.ticket, third.ticket] == [1, 2, 3], "no operation ran twice or got lost"
+        record = state.read("lean").record
+        assert record is not None
+        assert record.ticket == 4
+    finally:
+        state.close()
