@@ -275,12 +275,14 @@ class Limiter:
             else:
                 outcome = self._state.retime(self.name, self._interval_us, step.ticket, step.lead_us)
             received = self._clock()
+            state_now = self._state.local_now()
         except BaseException:
             self._cond.acquire()
             self._shard.failed(job)
             raise
         self._cond.acquire()
-        self._shard.receive(job, outcome, sent, received)
+        offset = None if state_now is None else received - state_now
+        self._shard.receive(job, outcome, sent, received, offset=offset)
         self._cond.notify_all()
 
 

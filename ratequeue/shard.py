@@ -62,6 +62,9 @@ _MAX_RETIMES = 2
 #: the protocol's resolution (s): lateness within it is a rounding error, not late
 _RESOLUTION = 1e-6
 
+#: what a moved start allows (s) beyond a round-trip and the usual wake-up lateness
+_RETIME_MARGIN = 0.0005
+
 #: how many recent wake-up lateness samples the early wake-up is the median of
 _WAKE_SAMPLES = 9
 #: the most (s) a job wakes before its start, to busy-wait the rest
@@ -252,6 +255,17 @@ class Shard:
         return self._jitter + 2 * rtt
 
     @property
+    def _retime_lead(self) -> float:
+        """How far ahead a late job moves its start: its answer's way back, its wake-up, a margin.
+
+        The job is awake and ready, so less than the lead, which also covers
+        sleeping until the slot: every microsecond of it is a microsecond the
+        queue stands still.
+        """
+        rtt = self._rtt if self._rtt is not None else 0.0
+        return min(self.lead, rtt + self.early + _RETIME_MARGIN)
+
+    @property
     def early(self) -> float:
         """How long before its start a job wakes up, to busy-wait the rest: the median recent lateness."""
         if not self._wake_lateness:
@@ -351,7 +365,7 @@ class Shard:
             job.retimes += 1
             self._in_flight = job
             self._retiming = True
-            return Retime(turn.ticket, int(self.lead * US))
+            return Retime(turn.ticket, round(self._retime_lead * US))
         self._give_up(job)
         return None
 
@@ -364,16 +378,21 @@ class Shard:
         self._jobs.appendleft(job)
         self._granted = None
 
-    def receive(self, job: Job, outcome: Outcome, sent: float, received: float) -> None:
+    def receive(
+        self, job: Job, outcome: Outcome, sent: float, received: float, *, offset: float | None = None
+    ) -> None:
         """Report the state's answer to the call made for ``job``.
 
         ``sent`` and ``received`` are the local times just before the call and
-        just after its answer.
+        just after its answer. ``offset`` is the local-minus-state clock offset
+        if the driver could read it directly (a state on this host's clock);
+        otherwise each answer bounds it.
         """
         self._finish_call(job)
         rtt = max(0.0, received - sent)
         self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
-        offset = self._offset(received - outcome.now / US, received, rtt)
+        if offset is None:
+            offset = self._offset(received - outcome.now / US, received, rtt)
         if self._retiming:
             self._retiming = False
             if self._granted is not job or job.turn is None:

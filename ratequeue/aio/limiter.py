@@ -233,7 +233,10 @@ class Limiter:
         except BaseException:
             self._shard.failed(job)
             raise
-        self._shard.receive(job, outcome, sent, self._clock())
+        received = self._clock()
+        state_now = self._state.local_now()
+        offset = None if state_now is None else received - state_now
+        self._shard.receive(job, outcome, sent, received, offset=offset)
         self._notify()
 
 

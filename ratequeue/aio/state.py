@@ -56,6 +56,10 @@ class AsyncState(ABC):
         """Delete the record of queue ``name``; say whether there was one."""
         return await self._reset(_validate.name(name))
 
+    def local_now(self) -> float | None:
+        """The state's clock in seconds, read on this host without a call; ``None`` for a server's clock."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - a state may hold nothing to release
         """Release connections; the state may not be used afterwards."""
 
@@ -94,6 +98,9 @@ class ThreadedState(AsyncState):
         #: the synchronous state doing the work
         self.state = state
         self.url = state.url
+
+    def local_now(self) -> float | None:
+        return self.state.local_now()
 
     async def _take(self, name: str, interval: int) -> Taken:
         return await asyncio.to_thread(self.state.take, name, interval)

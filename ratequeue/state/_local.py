@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from .. import protocol
 from ..protocol import Outcome, Record, Taken
-from .base import Snapshot, State, check_interval_matches
+from .base import Clock, Snapshot, State, check_interval_matches
 
 R = TypeVar("R")
 
@@ -18,6 +18,16 @@ Step = Callable[[Record, int], "tuple[Record, R]"]
 
 class LocalState(State):
     """A state that applies :mod:`ratequeue.protocol` itself, under an exclusive lock."""
+
+    #: a test's clock in place of the host's (whole microseconds), if any
+    _clock: Clock | None
+    #: the host clock this state reads, in seconds (its ``now`` is this, in microseconds)
+    _host_seconds: Callable[[], float] | None = None
+
+    def local_now(self) -> float | None:
+        if self._clock is not None or self._host_seconds is None:
+            return None
+        return self._host_seconds()
 
     @abstractmethod
     def _transact(

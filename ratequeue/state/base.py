@@ -86,6 +86,15 @@ class State(ABC):
         """
         return self._reset(_validate.name(name))
 
+    def local_now(self) -> float | None:
+        """The state's clock in seconds, read on this host without a call; ``None`` for a server's clock.
+
+        A state whose clock is this host's (file, memory) lets a shard
+        convert its times to local ones exactly, instead of bounding the
+        offset by the delay of each answer.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - most states hold nothing to release
         """Release connections and files; the state may not be used afterwards."""
 
