@@ -11,6 +11,7 @@ or ``SCRIPT FLUSH``).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -277,13 +278,26 @@ class LeanScripts:
     reply parser, and does the rest itself: a connection error or timeout is
     retried with backoff on a fresh connection, as the client's own retry
     does; NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script and
-    sends it again.
+    sends it again. Connections taken from the client's pool are kept in a
+    free list of its own between calls (taking one from redis-py's pool
+    costs as much as the call's own packing and parsing); after a fork the
+    child takes fresh ones, as redis-py's pool does.
     """
 
     def __init__(self, client: redis.Redis, scripts: dict[str, Any]) -> None:
         self._client = client
         self._pool = client.connection_pool
         self._scripts = scripts
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+
+    def _take(self) -> Any:
+        if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+            self._idle, self._pid = [], os.getpid()
+        try:
+            return self._idle.pop()  # atomic under the GIL: no two threads get one connection
+        except IndexError:
+            return self._pool.get_connection()
 
     def __call__(self, script: str, key: str, args: list[Any]) -> Any:
         """Run ``script`` on ``key`` with ``args``; raise redis-py's errors when it fails for good."""
@@ -291,20 +305,30 @@ class LeanScripts:
         packed = pack_command(b"EVALSHA", registered.sha, 1, key, *args)
         delay = 0.02
         for attempt in range(RETRIES + 1):
-            connection: Any = self._pool.get_connection()  # redis-py leaves its methods untyped
+            connection = self._take()
             try:
                 connection.send_packed_command(packed)
-                return connection.read_response()
+                reply = connection.read_response()
             except redis.exceptions.NoScriptError:
+                self._idle.append(connection)
                 self._client.script_load(registered.script)
             except (redis.ConnectionError, redis.TimeoutError):
                 connection.disconnect()
+                self._pool.release(connection)
                 if attempt == RETRIES:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
-            finally:
+            except redis.ResponseError:
+                self._idle.append(connection)  # an error answer, read in full: the connection is fine
+                raise
+            except BaseException:
+                connection.disconnect()  # an answer may still be on its way: never reuse it
                 self._pool.release(connection)
+                raise
+            else:
+                self._idle.append(connection)
+                return reply
         raise redis.ConnectionError(f"no answer after {RETRIES + 1} attempts")  # pragma: no cover
 
 
@@ -367,7 +391,7 @@ class RedisState(State):
         return self._prefix + name
 
     def close(self) -> None:
-        self._client.close()
+        self._client.close()  # also disconnects the connections the lean calls keep
 
     def _run(self, script: str, name: str, args: list[Any]) -> list[Any]:
         try:
