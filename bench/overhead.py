@@ -7,7 +7,7 @@ cheapest thing a state can do per call --
   client ratequeue's ``RedisState`` makes);
 * MongoDB: the ``ping`` command, and the simplest atomic update, a
   ``findAndModify`` with ``$inc`` (pymongo);
-* the file: one locked read-write of a small file (``filelock``, read,
+* the file: one locked read-write of a small file (``flock`` on the lock file, read,
   write a temporary file, ``os.replace``), as the file state does it.
 
 **Idle acquire**: one process, a limiter whose interval (1 µs) has always
@@ -168,17 +168,16 @@ def floor_ops(backend: str, url: str) -> Iterator[list[FloorOp]]:
         finally:
             state.close()
     elif backend == "file":
-        from filelock import FileLock
-
-        from ratequeue.state.file import LOCK_POLL_INTERVAL
+        from ratequeue.state.file import LockFile
 
         path = Path(url.removeprefix("file://")).with_name("floor.json")
         path.write_bytes(b"{}" + b" " * 200)
-        lock = FileLock(f"{path}.lock", mode=0o600)
+        lock = LockFile.of(f"{path}.lock")
         tmp = path.with_name(".floor.tmp")
 
         def locked_read_write() -> None:
-            with lock.acquire(poll_interval=LOCK_POLL_INTERVAL):
+            lock.acquire(30.0)
+            try:
                 data = path.read_bytes()
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
@@ -186,6 +185,8 @@ def floor_ops(backend: str, url: str) -> Iterator[list[FloorOp]]:
                 finally:
                     os.close(fd)
                 os.replace(tmp, path)
+            finally:
+                lock.release()
 
         yield [("locked read-write", locked_read_write, True)]
     else:

@@ -5,35 +5,54 @@ changes and rewrites it while holding an exclusive lock on ``PATH.lock``; the
 new content is written to a temporary file and moved into place, so a
 process killed mid-write never leaves a torn file. The clock is the host's
 wall clock, which every user of the file shares.
+
+Waiting for the lock costs no CPU while it stays held: the threads of a
+process queue on an in-process lock, and the one at the head waits for the
+file's ``flock`` in the kernel (see :class:`LockFile`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
+import threading
 import time
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from filelock import FileLock, Timeout
+try:
+    import fcntl
+
+    _HAS_FLOCK = True
+except ImportError:  # pragma: no cover - Windows
+    _HAS_FLOCK = False
 
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, Record
 from ._local import LocalState, R, Step, open_record
 from .base import Clock, check_record
 
-__all__ = ["FileState", "default_path"]
+__all__ = ["FileState", "LockFile", "LockTimeout", "default_path"]
 
 #: what the file's top level says it is
 FORMAT = "ratequeue-state"
 VERSION = 1
 
-#: how often a waiting process retries a held lock; small, because the lock
-#: is held for well under a millisecond and waits add to every gap
-LOCK_POLL_INTERVAL = 0.0002
+#: where ``flock`` is missing, the first wait between two tries of a held
+#: lock, doubled after each try up to the cap; the lock is held for well under
+#: a millisecond, so the first tries come soon and the cap keeps a long wait cheap
+POLL_FIRST = 0.00005
+POLL_CAP = 0.002
+
+#: seconds a lock's helper thread waits for the next request before it ends
+HELPER_IDLE = 10.0
 
 
 def default_path() -> Path:
@@ -56,6 +75,9 @@ class FileState(LocalState):
     symbolic link or a directory is refused. Content that is not a
     ratequeue state raises :class:`StateCorrupted` and is never overwritten.
     """
+
+    # looked up at each call, so that tests that move time.time (freezegun) move this too
+    _host_seconds = staticmethod(lambda: time.time())
 
     def __init__(
         self,
@@ -82,7 +104,7 @@ class FileState(LocalState):
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         elif not self.path.parent.is_dir():
             raise ConfigurationError(f"the directory of state file {str(self.path)!r} does not exist")
-        self._lock = FileLock(f"{self.path}.lock", mode=0o600)
+        self._lock = LockFile.of(f"{self.path}.lock")
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
@@ -125,15 +147,20 @@ class FileState(LocalState):
             self._store(data)
             return True
 
-    def _locked(self) -> Any:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
         try:
-            return self._lock.acquire(timeout=self._lock_timeout, poll_interval=LOCK_POLL_INTERVAL)
-        except Timeout as exc:
+            self._lock.acquire(self._lock_timeout)
+        except LockTimeout as exc:
             raise StateUnavailable(
                 f"could not lock {self.path}.lock within {self._lock_timeout} s", where=str(self.path)
             ) from exc
         except OSError as exc:
             raise StateUnavailable(f"cannot lock {self.path}.lock: {exc}", where=str(self.path)) from exc
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _load(self) -> dict[str, Any]:
         try:
@@ -167,6 +194,298 @@ class FileState(LocalState):
             raise StateUnavailable(
                 f"cannot write state file {self.path}: {exc}", where=str(self.path)
             ) from exc
+
+
+class LockTimeout(Exception):
+    """:meth:`LockFile.acquire` gave up: the lock stayed held for the whole timeout."""
+
+
+class LockFile(ABC):
+    """An exclusive lock on a file, for the threads and processes of one host.
+
+    Get one with :meth:`of`: a process has one object per path, so that its
+    threads queue on an in-process lock (a futex wait, woken in turn) and at
+    most one of them at a time waits for the file lock. That one tries
+    ``flock`` without blocking; while another process holds it, a helper
+    thread blocks in ``flock`` for it, in the kernel, and hands it over, so
+    that the caller can still give up at its timeout (a blocking ``flock``
+    has no timeout, and only the main thread can break one with a signal).
+    A wait costs no CPU while the lock stays held, and the lock passes to a
+    waiter as soon as it is released.
+
+    Where ``flock`` is missing (Windows), :mod:`filelock` tries the lock,
+    with waits doubling from :data:`POLL_FIRST` to :data:`POLL_CAP`.
+
+    The lock file is created with mode 0600 and kept open between uses. A
+    child process made by ``fork`` closes its copy and opens its own: a lock
+    taken through the copy would be its parent's lock too.
+    """
+
+    @staticmethod
+    def of(path: str) -> LockFile:
+        """This process's lock on ``path``: the same object while any user keeps it."""
+        with _locks_guard[0]:
+            lock = _locks.get(path)
+            if lock is None:
+                lock = _locks[path] = (_FlockFile if _HAS_FLOCK else _PolledLockFile)(path)
+            return lock
+
+    def __init__(self, path: str) -> None:
+        """A lock on the file at ``path``, opened when first taken; :meth:`of` makes them."""
+        self.path = path
+        self._reset()
+
+    def _reset(self) -> None:
+        """Start afresh: nothing opened, held or waited for."""
+        #: held by the thread that holds or waits for the file lock
+        self._turn = threading.Lock()
+
+    def acquire(self, timeout: float) -> None:
+        """Take the lock, waiting ``timeout`` seconds at most.
+
+        :raises LockTimeout: if it stayed held by others for ``timeout`` seconds.
+        :raises OSError: if the lock file cannot be opened or locked.
+        """
+        deadline = time.monotonic() + timeout
+        if not self._turn.acquire(timeout=_wait_arg(timeout)):
+            raise LockTimeout(self.path)
+        try:
+            self._lock_file(deadline)
+        except BaseException:
+            self._turn.release()
+            raise
+
+    def release(self) -> None:
+        """Give the lock back; the calling thread must hold it."""
+        try:
+            self._unlock_file()
+        finally:
+            self._turn.release()
+
+    @abstractmethod
+    def _lock_file(self, deadline: float) -> None:
+        """Take the file lock by ``deadline`` (a ``time.monotonic`` time), holding ``_turn``."""
+
+    @abstractmethod
+    def _unlock_file(self) -> None:
+        """Release the file lock, holding ``_turn``."""
+
+    def _forget_parent(self) -> None:
+        """In a forked child: drop what belongs to the parent process."""
+        self._reset()
+
+
+class _FlockFile(LockFile):
+    """:class:`LockFile` by ``flock``, waited for by a helper thread."""
+
+    def _reset(self) -> None:
+        super()._reset()
+        #: the open lock file; ``None`` until first used
+        self._fd: int | None = None
+        # The hand-over between the thread holding _turn and the helper
+        # thread: the fields below change only under _mutex.
+        self._mutex = threading.Lock()
+        self._request = threading.Condition(self._mutex)
+        self._answer = threading.Condition(self._mutex)
+        #: a helper thread runs (it ends when it has had no request for HELPER_IDLE s)
+        self._helper = False
+        #: the helper is asked to lock _fd, or blocks in flock(LOCK_EX) on it
+        self._busy = False
+        #: the thread holding _turn waits for the helper
+        self._wanted = False
+        #: the helper got the lock for the waiting thread ...
+        self._granted = False
+        #: ... or failed to
+        self._failure: OSError | None = None
+
+    def _lock_file(self, deadline: float) -> None:
+        while True:
+            fd = self._open()
+            with self._mutex:
+                # While the helper waits on _fd, a lock taken here would be
+                # taken by the helper too, and released by it if no one wanted it.
+                busy = self._busy
+            if busy or not _try_flock(fd):
+                self._wait_for_helper(deadline)
+            try:
+                linked = os.fstat(fd).st_nlink > 0
+            except BaseException:
+                self._unlock_file()
+                raise
+            if linked:
+                return
+            # PATH.lock was deleted or replaced since it was opened: other
+            # processes lock another file now, so holding this one excludes no one.
+            self._unlock_file()
+            self._close()
+
+    def _unlock_file(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except OSError:
+            self._close()  # closing the last copy releases it too
+
+    def _wait_for_helper(self, deadline: float) -> None:
+        with self._mutex:
+            if not self._busy:
+                if deadline <= time.monotonic():
+                    raise LockTimeout(self.path)
+                if self._helper:
+                    self._request.notify()
+                else:
+                    threading.Thread(
+                        target=self._help, name=f"ratequeue lock {self.path}", daemon=True
+                    ).start()
+                    self._helper = True
+                self._busy = True
+            self._wanted = True
+            try:
+                # Waits on the real clock (not on a clock that tests may freeze).
+                self._answer.wait_for(
+                    lambda: self._granted or self._failure is not None,
+                    _wait_arg(deadline - time.monotonic()),
+                )
+                failure, self._failure = self._failure, None
+                if failure is not None:
+                    raise failure
+                if not self._granted:
+                    raise LockTimeout(self.path)
+                self._granted = False
+            finally:
+                self._wanted = False
+
+    def _help(self) -> None:
+        """The helper thread: block in the kernel until the lock is free, for each request."""
+        with self._mutex:
+            while self._request.wait_for(lambda: self._busy, HELPER_IDLE):
+                fd = self._fd
+                assert fd is not None
+                failure: OSError | None = None
+                self._mutex.release()
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except OSError as exc:
+                    failure = exc
+                finally:
+                    self._mutex.acquire()
+                self._busy = False
+                if self._wanted:
+                    self._granted = failure is None
+                    self._failure = failure
+                    self._answer.notify()
+                elif failure is None:
+                    # the caller gave up meanwhile; unlocking a lock held cannot fail
+                    with contextlib.suppress(OSError):
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+            self._helper = False
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = _open_lock_file(self.path)
+        return self._fd
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _forget_parent(self) -> None:
+        # Closing the child's copy leaves the parent's lock, if any, as it is.
+        with contextlib.suppress(OSError):
+            self._close()
+        super()._forget_parent()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            self._close()
+
+
+class _PolledLockFile(LockFile):
+    """:class:`LockFile` by :mod:`filelock`, tried with waits that double up to :data:`POLL_CAP`."""
+
+    def _reset(self) -> None:
+        from filelock import FileLock
+
+        super()._reset()
+        self._filelock = FileLock(self.path, mode=0o600)
+
+    def _lock_file(self, deadline: float) -> None:
+        from filelock import Timeout
+
+        delay = POLL_FIRST
+        while True:
+            try:
+                self._filelock.acquire(timeout=0)
+                return
+            except Timeout:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockTimeout(self.path)
+            time.sleep(min(delay, remaining))
+            delay = min(2 * delay, POLL_CAP)
+
+    def _unlock_file(self) -> None:
+        self._filelock.release()
+
+
+#: this process's lock files by path, and the lock that guards the mapping
+#: (in a list, so that a forked child can replace it)
+_locks: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()
+_locks_guard = [threading.Lock()]
+
+
+def _after_fork_in_child() -> None:
+    # Only the forking thread lives on in the child: a lock another thread
+    # held would stay held for ever, and an open lock file shares its flock
+    # with the parent.
+    _locks_guard[0] = threading.Lock()
+    for lock in list(_locks.values()):
+        lock._forget_parent()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _wait_arg(seconds: float) -> float:
+    """``seconds`` as a timeout that ``threading`` accepts: not negative, not above its maximum."""
+    return min(max(seconds, 0.0), threading.TIMEOUT_MAX)
+
+
+def _try_flock(fd: int) -> bool:
+    """Take the ``flock`` of ``fd`` if it is free; whether it was."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        # EACCES is how some file systems say "held"
+        if isinstance(exc, BlockingIOError) or exc.errno == errno.EACCES:
+            return False
+        raise
+    return True
+
+
+def _open_lock_file(path: str) -> int:
+    """Open ``path`` for locking: created with mode 0600 if missing, never through a symbolic link."""
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                os.fchmod(fd, 0o600)  # whatever the umask
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            continue  # deleted since: create it
 
 
 def _host_clock() -> int:

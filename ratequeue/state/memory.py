@@ -26,7 +26,8 @@ class MemoryState(LocalState):
 
     _stores: ClassVar[dict[str, tuple[threading.Lock, dict[str, Record]]]] = {}
     _stores_lock: ClassVar[threading.Lock] = threading.Lock()
-    _host_seconds = staticmethod(time.monotonic)
+    # looked up at each call, so that tests that move time.monotonic (freezegun) move this too
+    _host_seconds = staticmethod(lambda: time.monotonic())
 
     def __init__(self, store: str = "", *, clock: Clock | None = None, private: bool = False) -> None:
         """Open the in-process store called ``store``.
