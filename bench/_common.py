@@ -272,6 +272,15 @@ class CountingState(State):
         self._count("take_and_try", started, answer)
         return answer
 
+    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        started = time.perf_counter()
+        answer = self.inner.retime(name, interval_us, ticket, lead_us)
+        self._count("retime", started, answer)
+        return answer
+
+    def local_now(self) -> float | None:
+        return self.inner.local_now()
+
     def read(self, name: str) -> Snapshot:
         return self.inner.read(name)
 
@@ -290,6 +299,9 @@ class CountingState(State):
 
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
         return self.take_and_try(name, interval, lead)
+
+    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
+        return self.retime(name, interval, ticket, lead)
 
     def _read(self, name: str) -> Snapshot:
         return self.read(name)
@@ -650,3 +662,57 @@ def wall_minus_monotonic(samples: int = 21) -> float:
 def unique_name(prefix: str) -> str:
     """A queue name not used before, so every run starts from a fresh record."""
     return f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+# --------------------------------------------------------------------------- load and checkouts
+
+
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[list[int]]:
+    """Run ``count`` processes doing nothing but ``while True: pass``; yield their pids; kill them after.
+
+    They load the cores the way unrelated busy work would. Each is ended by
+    its own pid (SIGKILL), whatever happens inside the ``with`` block.
+    """
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        for _ in range(count)
+    ]
+    try:
+        yield [hog.pid for hog in hogs]
+    finally:
+        for hog in hogs:
+            if hog.poll() is None:
+                hog.kill()
+            hog.wait(10)
+
+
+def checkout(path: str | os.PathLike[str]) -> str:
+    """Which commit the git checkout holding ``path`` is at, and whether ``ratequeue/`` has local changes."""
+    import hashlib
+
+    where = Path(path)
+    where = where if where.is_dir() else where.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return f"{where} (not a git checkout)"
+    root = git("rev-parse", "--show-toplevel")
+    changed = git("status", "--porcelain", "--", ":/ratequeue")
+    if not changed:
+        return f"{root} at {commit}"
+    # a fingerprint of the uncommitted state, to tell two runs on a changing work tree apart
+    digest = hashlib.sha1(git("diff", "HEAD", "--", ":/ratequeue").encode())
+    for name in git("ls-files", "--others", "--exclude-standard", "--", ":/ratequeue").splitlines():
+        with contextlib.suppress(OSError):
+            digest.update(name.encode() + (Path(root) / name).read_bytes())
+    return (
+        f"{root} at {commit} + uncommitted changes in {len(changed.splitlines())} files of ratequeue/ "
+        f"(fingerprint {digest.hexdigest()[:10]})"
+    )

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run every benchmark with its defaults and keep what docs/performance.md shows:
 # the Markdown output of each script and its plots, in bench/results/.
-# Usage: sh bench/run_all.sh [PYTHON]      (about five minutes)
+# Usage: sh bench/run_all.sh [PYTHON]      (about eleven minutes)
 set -eu
 python="${1:-python}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -12,3 +12,4 @@ mkdir -p "$out"
 "$python" "$here/rate_sweep.py" --backends file,redis --procs 4 --intervals 2,1,0.5,0.2 --lead-ms 3 \
     | tee "$out/rate_sweep_lead3.md"
 "$python" "$here/peers.py" --plot "$out" | tee "$out/peers.md"
+"$python" "$here/begin_gaps.py" --hog 2 --plot "$out" --json "$out/begin_gaps.json" | tee "$out/begin_gaps.md"
