@@ -67,8 +67,8 @@ _RETIME_MARGIN = 0.0005
 
 #: how many recent wake-up lateness samples the early wake-up is the median of
 _WAKE_SAMPLES = 9
-#: the most (s) a job wakes before its start, to busy-wait the rest
-_MAX_EARLY = 0.05
+#: the most (s) a job busy-waits before its start
+_MAX_EARLY = 0.002
 
 #: how many calls a head may make once its deadline has passed
 _LATE_CALLS = 2
@@ -352,6 +352,10 @@ class Shard:
             job.wake = None
         if now < turn.local_start:
             wake = turn.local_start - self.early
+            if job.retimes and turn.local_start - now <= _MAX_EARLY:
+                # a moved start is a round-trip away and the job is awake: a sleep would risk
+                # another late wake-up (and another stall of the queue), so busy-wait instead
+                wake = now
             if now < wake:
                 job.wake = wake
                 return BeginAt(wake)

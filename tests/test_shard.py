@@ -431,11 +431,25 @@ def test_a_late_wake_up_moves_the_start_instead_of_beginning() -> None:
     shard.receive(job, protocol.Started(ticket=1, start=10_008_000, now=10_006_000), 10.006, 10.006)
     assert job.turn is not None
     assert job.turn.local_start == pytest.approx(10.008)
-    step = shard.step(job, 10.0061)
-    assert isinstance(step, BeginAt)
-    assert step.until == pytest.approx(10.008 - 0.0009), "wakes early by the lateness it has seen"
-    assert shard.step(job, 10.0075) == BeginAt(job.turn.local_start, spin=True)
+    assert shard.step(job, 10.0061) == BeginAt(job.turn.local_start, spin=True), "awake: no sleep"
     assert shard.step(job, 10.0081) == Begin(job.turn)
+
+
+def test_the_sleep_before_a_begin_ends_early_by_the_usual_lateness() -> None:
+    """After late wake-ups, the sleep before a begin ends that much early; the rest is busy-waited."""
+    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    first = shard.add()
+    granted(shard, first, start=10_005_000, now=10.0)
+    assert shard.step(first, 10.0) == BeginAt(10.005)
+    assert isinstance(shard.step(first, 10.0052), Begin), "0.2 ms late: within max_late"
+    second = shard.add()
+    assert isinstance(shard.step(second, 10.02), TakeAndTry)
+    shard.receive(second, protocol.Started(ticket=2, start=10_025_000, now=10_020_000), 10.02, 10.02)
+    step = shard.step(second, 10.02)
+    assert isinstance(step, BeginAt)
+    assert step.until == pytest.approx(10.025 - 0.0002), "wakes 0.2 ms early, the lateness seen"
+    assert shard.step(second, 10.0249) == BeginAt(10.025, spin=True)
+    assert isinstance(shard.step(second, 10.0250), Begin)
 
 
 def test_a_late_turn_that_cannot_move_is_given_up_for_a_new_ticket() -> None:
