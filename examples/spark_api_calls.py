@@ -1,28 +1,30 @@
 """A PySpark pipeline calls a rate-limited HTTP API at one call per interval, across all its executors.
 
 A DataFrame of 200 rows, in two partitions, runs on ``local[2]`` (two Python
-worker processes working at once). A column is computed by a UDF that calls a local HTTP
-service (``api_service.py``, standard library only). The service answers
-**429** to any call that reaches it sooner than 20 ms after the previous one
-it accepted (less a tolerance of 5 ms for the jitter of waking up and
-connecting, see below). The UDF is made with ``ratequeue.spark.throttled_udf``:
-every row first takes its turn in one queue kept in Redis, shared by both
-workers, so the calls start one per 20 ms in total and none is refused.
+worker processes working at once). A column is computed by a UDF that calls a
+local HTTP service standing in for the API: the strict referee of the
+benchmarks (``bench/referee.py``, standard library only, in a process of its
+own). It answers **429** to any call that *arrives* sooner than 20 ms after
+the previous call it accepted, less a tolerance of only 0.5 ms; "arrives" is
+the kernel's receive timestamp of the request, not when the referee got round
+to reading it. The UDF is made with ``ratequeue.spark.throttled_udf``: every
+row first takes its turn in one queue kept in Redis, shared by both workers,
+so the calls begin one per interval in total and none is refused.
 
-It prints the rows processed, the 429s (must be 0), the gaps between calls
-as the service saw them, the gaps between the turns on the state's (Redis)
-clock, and how long after its turn began each call reached the service. It
-exits 1 if a row is lost, a call is refused, two turns are closer than the
+The limiter is given the API's limit plus a margin of 0.5 ms (20.5 ms): the
+moments ``acquire()`` returns are at least ``interval - max_late`` apart
+(G7; ``max_late`` is 0.3 ms by default), and each call then takes a moment
+to reach the service, a little more for one call than for another. The
+margin covers both.
+
+It prints the rows processed, the 429s (must be 0), the gaps between calls as
+the referee saw them, the gaps between the turns on the state's (Redis)
+clock, and how long after its turn began each call reached the referee (both
+on this host's ``CLOCK_REALTIME``, which Redis' ``TIME`` reads). It exits 1
+if a row is lost, a call is refused, two turns are closer than the limiter's
 interval, or a call came before its turn.
 
-The turns are exactly 20 ms apart or more; the service sees each call a
-little after its turn began (a fraction of a millisecond on an idle host), so
-its gaps scatter around 20 ms, about half of them a little under. On a host
-whose CPUs are busy with other work, a worker can run a call several
-milliseconds late, and the call after it then reaches the service that much
-sooner than 20 ms after it: the last line shows that delay.
-
-Run::
+Run, from a checkout of the repository (the referee lives in ``bench/``)::
 
     python examples/spark_api_calls.py [REDIS_URL]
 
@@ -38,18 +40,24 @@ import statistics
 import sys
 from pathlib import Path
 
-from api_service import ApiService, call
 from pyspark.sql import SparkSession
 
 import ratequeue
 from ratequeue.spark import current_turn, throttled_udf
 
+# the referee is not part of the library: it is the benchmarks' stand-in for a strict API, in bench/
+REFEREE = Path(__file__).resolve().parent.parent / "bench" / "referee.py"
+sys.path.insert(0, str(REFEREE.parent))
+from referee import Referee, RefereeClient  # noqa: E402
+
 DEFAULT_URL = "redis://127.0.0.1:6379/15?prefix=spark-example:"
 ROWS = 200
-INTERVAL = 0.02  # seconds between two calls, across every worker
-#: how much sooner than INTERVAL a call may reach the service and still be accepted: the jitter of
-#: waking up and connecting on a busy host (see api_service.py and docs/spark.md)
-TOLERANCE = 0.005
+INTERVAL = 0.02  # the API's limit: seconds between two calls, across every worker
+TOLERANCE = 0.0005  # how much sooner than INTERVAL the referee still accepts a call
+#: the limiter's interval: the API's limit plus a margin. acquire() returns at least
+#: LIMITER_INTERVAL - max_late (0.3 ms) apart (G7), and each call reaches the API a moment later
+#: (the send); the margin covers max_late and the difference between two calls' sends
+LIMITER_INTERVAL = INTERVAL + 0.0005
 NAME = "spark-example"
 
 
@@ -64,28 +72,30 @@ def main() -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    # the workers import api_service (the UDF calls api_service.call): ship it to them
-    spark.sparkContext.addPyFile(str(Path(__file__).with_name("api_service.py")))
-    limiter = ratequeue.Limiter(url, name=NAME, interval=INTERVAL)
-    print(f"{ROWS} rows on local[2], one call per {INTERVAL * 1000:g} ms in total, state {url}")
+    # the workers unpickle a RefereeClient (module referee): ship the module to them
+    spark.sparkContext.addPyFile(str(REFEREE))
+    limiter = ratequeue.Limiter(url, name=NAME, interval=LIMITER_INTERVAL)
+    print(
+        f"{ROWS} rows on local[2]; the API takes one call per {INTERVAL * 1000:g} ms "
+        f"({TOLERANCE * 1000:g} ms tolerance), the limiter's interval is {LIMITER_INTERVAL * 1000:g} ms; "
+        f"state {url}"
+    )
     try:
-        with ApiService(INTERVAL, tolerance=TOLERANCE) as service:
-            base = service.url
+        with Referee(INTERVAL, TOLERANCE) as referee:
+            # pickled into the UDF: each Python worker opens one kept-alive connection of its own
+            client = RefereeClient(str(referee.url))
 
-            def call_api(row_id: int) -> tuple[int, int, int, float]:
-                """Call the service for one row; runs in a worker, at the row's turn."""
+            def call_api(row_id: int) -> tuple[int, int, int]:
+                """Call the API for one row; runs in a worker, at the row's turn."""
                 turn = current_turn()  # the turn this row was given
                 assert turn is not None
-                return call(base, row_id), turn.ticket, turn.start_us, turn.local_start
+                return client.call(str(row_id)), turn.ticket, turn.start_us
 
-            api = throttled_udf(
-                limiter, call_api, "struct<status:int,ticket:long,start_us:long,local_start:double>"
-            )
+            api = throttled_udf(limiter, call_api, "struct<status:int,ticket:long,start_us:long>")
             # one partition per task slot: Spark's work between tasks delays the calls around it
             frame = spark.range(0, ROWS, numPartitions=2).withColumn("result", api("id"))
             rows = frame.select("id", "result.*").collect()
-            summary = service.summary()
-            arrivals = {arrival.key: arrival.at for arrival in service.arrivals()}
+            stats = referee.stats()
     finally:
         spark.stop()
         limiter.close()
@@ -95,14 +105,19 @@ def main() -> int:
     refused = sum(1 for row in rows if row["status"] == 429)
     starts = sorted(row["start_us"] for row in rows)
     state_gaps = [b - a for a, b in itertools.pairwise(starts)]
-    under = sum(1 for gap in state_gaps if gap < round(INTERVAL * 1_000_000))
-    # when each call reached the service after its turn began, both on this host's time.monotonic();
-    # a worker places its turn on that clock to within one round-trip to the state (late, never early)
-    after = [(arrivals[str(row["id"])] - row["local_start"]) * 1000 for row in rows]
+    under = sum(1 for gap in state_gaps if gap < round(LIMITER_INTERVAL * 1_000_000))
+    arrivals = {arrival.who: arrival.t_ns for arrival in stats.arrivals}
+    arrival_gaps = [(b.t_ns - a.t_ns) / 1e6 for a, b in itertools.pairwise(stats.arrivals)]
+    # when each call reached the referee after its turn began: both on CLOCK_REALTIME (Redis' TIME)
+    after = [(arrivals[str(row["id"])] - row["start_us"] * 1000) / 1e6 for row in rows]
     early = sum(1 for delay in after if delay < 0)
     print(f"rows processed: {len(rows)} ({len(set(ids))} distinct ids, {lost} lost)")
     print(f"429s: {refused}")
-    print(summary.line())
+    print(
+        f"referee saw {len(stats.arrivals)} calls, {stats.accepted} accepted, {stats.rejected} answered 429; "
+        f"smallest gap {min(arrival_gaps):.3f} ms, median gap {statistics.median(arrival_gaps):.3f} ms "
+        f"({stats.timestamps})"
+    )
     print(
         f"turns (state clock): smallest gap {min(state_gaps) / 1000:.3f} ms, "
         f"median gap {statistics.median(state_gaps) / 1000:.3f} ms, gaps under the interval: {under}"
@@ -111,7 +126,7 @@ def main() -> int:
         f"calls after their turn began (this host's clock): {early} before it, "
         f"median {statistics.median(after):.3f} ms after, latest {max(after):.3f} ms after"
     )
-    ok = len(rows) == summary.requests == ROWS and lost == refused == summary.rejected == under == early == 0
+    ok = len(rows) == len(stats.arrivals) == ROWS and lost == refused == stats.rejected == under == early == 0
     print("ok" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -30,7 +30,6 @@ REDIS_EXAMPLES: dict[str, Callable[[str], list[str]]] = {
 #: files in examples/ run by another test (named), or not scripts at all
 ELSEWHERE = {
     "spark_api_calls.py": "tests/test_spark.py runs it against the tests' Redis",
-    "api_service.py": "a module the Spark example imports; tests/test_spark.py uses it",
 }
 
 #: examples that run with no server and no argument

@@ -1,35 +1,36 @@
-"""ratequeue.spark on a real local Spark (``local[2]``) with a real Redis state and a real HTTP service.
+"""ratequeue.spark on a real local Spark (``local[2]``) with a real Redis state and a strict referee.
 
 One SparkSession serves the module (the example runs its own, in a
-subprocess, before it starts). Each helper runs 200 rows at 20 ms through
-two Python workers sharing one queue in the ``redis_server`` fixture, each
-row calling ``examples/api_service.py``. Each test checks, strictly, that
-every row is processed exactly once with a ticket of its own, that the turns
-are at least 20 ms apart on the state's clock (G1 through Spark), and that
-no call reached the service before its turn began; then that the service
-refused no call. The service sees each call after its worker woke up and
-connected, so it accepts calls up to ``TOLERANCE`` early; a call it still
-refuses can only follow one that the host ran later than that (the turns
-being exact and no call early): then the test says so and skips, reporting
-the delays — a loaded host's wake-up jitter, not a ratequeue fault. See
-``check_calls`` and docs/spark.md for the measured delays.
+subprocess, before it starts). Each helper runs 200 rows through two Python
+workers sharing one queue in the ``redis_server`` fixture, each row calling
+the strict referee of the benchmarks (``bench/referee.py``, a process of its
+own): it answers 429 to a call *arriving* (the kernel's receive timestamp)
+less than 20 ms less 0.5 ms after the last call it accepted. The limiter's
+interval is 20.5 ms (see ``LIMITER_INTERVAL``). Each test checks, strictly,
+that every row is processed exactly once with a ticket of its own, that the
+turns are at least the limiter's interval apart on the state's clock (G1
+through Spark), that no call reached the referee before its turn began, and
+that the referee refused no call (G7 through Spark: the calls' begins are
+``interval - max_late`` apart, and reach the referee in time). A refused call
+fails the test, which then says where the gap was lost (``refusals``).
 
 Without PySpark or Java the tests are skipped locally and fail under CI.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -44,38 +45,59 @@ except ImportError:  # pragma: no cover - CI installs it
     pyspark = None
 
 ROOT = Path(__file__).resolve().parent.parent
-API_SERVICE = ROOT / "examples" / "api_service.py"
 EXAMPLE = ROOT / "examples" / "spark_api_calls.py"
+#: the referee, imported here as the top-level module ``referee``, the name the workers import
+#: (the spark fixture ships the file to them with addPyFile)
+REFEREE = ROOT / "bench" / "referee.py"
+if str(REFEREE.parent) not in sys.path:
+    sys.path.insert(0, str(REFEREE.parent))
+
+from referee import Referee, RefereeClient, RefereeStats  # noqa: E402
 
 ROWS = 200
 #: one partition per task slot: both workers call at once from start to end, and Spark's own work
 #: between tasks (which delays calls on two cores) happens only at the start and the end
 PARTITIONS = 2
+#: the referee's limit (the service's true limit): it answers 429 to a call arriving sooner than
+#: INTERVAL - TOLERANCE after the last call it accepted
 INTERVAL = 0.02
-INTERVAL_US = 20_000
-#: how much sooner than INTERVAL the service accepts a call: the wake-up and connection jitter of
-#: two calls from different processes on a busy two-core host (measured, docs/spark.md)
-TOLERANCE = 0.005
+TOLERANCE = 0.0005
+#: the limiter's interval: the referee's plus a 0.5 ms margin. G7 spaces the moments acquire()
+#: returns at least LIMITER_INTERVAL - max_late (0.3 ms by default) apart, and each call reaches the
+#: referee a moment after that (the send, a little longer for one call than another): the margin
+#: covers max_late and that difference
+LIMITER_INTERVAL = INTERVAL + 0.0005
+LIMITER_INTERVAL_US = round(LIMITER_INTERVAL * 1_000_000)
+
+#: what a worker reports per call, see referee_call: (status, ticket, start_us, begin_ns, own_late_us, pid)
+Reply = tuple[int, int, int, int, int, int]
+#: a Reply's Spark fields, as mapInPandas' columns and as a UDF's struct
+REPLY_NAMES = ("status", "ticket", "start_us", "begin_ns", "own_late_us", "pid")
+REPLY_FIELDS = "status int, ticket long, start_us long, begin_ns long, own_late_us long, pid int"
+REPLY_STRUCT = "struct<status:int,ticket:long,start_us:long,begin_ns:long,own_late_us:long,pid:int>"
+
+
+class Call(NamedTuple):
+    """One call made: the referee's ``who`` tag, then the worker's Reply."""
+
+    who: str
+    status: int
+    ticket: int
+    #: the turn's start, on the state's clock (us)
+    start_us: int
+    #: ``time.time_ns()`` in the worker just before it sent the call
+    begin_ns: int
+    #: how late the call began after its turn's start by the worker's own clock (``time.monotonic()``
+    #: minus ``Turn.local_start``, us): what the limiter's lateness check sees
+    own_late_us: int
+    pid: int
+
 
 pytestmark = [
     # PySpark 4 warns, on the driver, that it does not fully support pandas >= 3
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
     pytest.mark.processes,
 ]
-
-
-def _load_api_service() -> Any:
-    """examples/api_service.py as the top-level module ``api_service``, the name the workers import."""
-    spec = importlib.util.spec_from_file_location("api_service", API_SERVICE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["api_service"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-api_service = _load_api_service()
 
 
 def require_spark(java: bool = True) -> None:
@@ -114,36 +136,15 @@ def test_example_runs_against_the_fixture_redis(redis_server: Server) -> None:
     line(r"^turns \(state clock\): smallest gap [\d.]+ ms, .*under the interval: 0$")
     line(r"^calls after their turn began \(this host's clock\): 0 before it, ")
     refused = int(line(r"^429s: (\d+)$")[1])
-    line(rf"^service saw 200 requests, {200 - refused} accepted, {refused} answered 429; ")
-    if refused:  # turns were exact and no call came early: the host ran some late (see check_calls)
-        pytest.skip(f"this host ran calls too late for the service-side check:\n{output}")
+    line(rf"^referee saw 200 calls, {200 - refused} accepted, {refused} answered 429; smallest gap ")
+    assert refused == 0, f"the referee refused {refused} calls:\n{output}"
     assert result.returncode == 0, f"exited {result.returncode}\n{output}\n{result.stderr[-3000:]}"
     assert output.rstrip().endswith("ok")
 
 
-def test_api_service_runs_as_a_script() -> None:
-    """examples/api_service.py on its own: a burst is refused, calls through a limiter are not."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(API_SERVICE)], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
-    output = result.stdout
-    burst = re.search(r"^8 calls back-to-back: +statuses \[(.*)\]$", output, re.MULTILINE)
-    paced = re.search(r"^8 calls through a limiter: statuses \[(.*)\]$", output, re.MULTILINE)
-    assert burst, output + result.stderr
-    assert paced, output + result.stderr
-    assert burst[1].startswith("200, 429")
-    if "429" in paced[1]:  # the script does not report delays: a loaded host's jitter is the only cause
-        pytest.skip(f"this host ran calls too late for the service-side check:\n{output}")
-    assert paced[1] == ", ".join(["200"] * 8)
-    assert re.search(r"^gaps between them at the service: smallest [\d.]+ ms", output, re.MULTILINE)
-    assert result.returncode == 0, output + result.stderr
-
-
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    """One SparkSession on ``local[2]`` for the module; the workers can import ``api_service``."""
+    """One SparkSession on ``local[2]`` for the module; the workers can import ``referee``."""
     require_spark()
     from pyspark.sql import SparkSession
 
@@ -158,7 +159,7 @@ def spark() -> Iterator[Any]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    session.sparkContext.addPyFile(str(API_SERVICE))
+    session.sparkContext.addPyFile(str(REFEREE))
     try:
         yield session
     finally:
@@ -172,139 +173,197 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture
 def limiter(redis_server: Server) -> Iterator[ratequeue.Limiter]:
-    """A limiter at 20 ms on the Redis fixture, under a key prefix of its own."""
+    """A limiter at LIMITER_INTERVAL on the Redis fixture, under a key prefix of its own."""
     url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=spark-{uuid.uuid4().hex[:8]}:"
-    made = ratequeue.Limiter(url, name="api", interval=INTERVAL)
+    made = ratequeue.Limiter(url, name="api", interval=LIMITER_INTERVAL)
     yield made
     made.close()
 
 
+@pytest.fixture(scope="module")
+def referee_process() -> Iterator[Referee]:
+    with Referee(INTERVAL, TOLERANCE) as started:
+        yield started
+
+
 @pytest.fixture
-def service() -> Iterator[Any]:
-    with api_service.ApiService(INTERVAL, tolerance=TOLERANCE) as running:
-        yield running
+def referee(referee_process: Referee) -> Referee:
+    """The module's referee, with no arrival recorded."""
+    referee_process.reset()
+    return referee_process
 
 
-def check_calls(calls: list[tuple[str, int, int, int]], service: Any, keys: list[str]) -> None:
-    """What ratequeue promises about the calls, then what the service saw.
+def referee_call(referee: Referee) -> Callable[..., Reply]:
+    """A function for the workers: call the referee as ``who`` at the current turn; return a Reply.
 
-    ``calls`` holds (key, status, ticket, start_us) per call made; ``keys`` the keys expected, once each.
-    Strict: each key called exactly once, one ticket per call, turns >= 20 ms apart on the state's
-    clock (G1), and no call reaching the service before its turn began (the Redis server's ``TIME``
-    and the service's ``time.time()`` read the same clock on this host). The service's gaps are then
-    the turns' gaps plus the difference between two calls' delays after their turns, so a call it
-    refuses came after one that the host ran more than the tolerance late: then the test skips,
-    naming the delays.
+    ``who`` is the turn's ticket unless given: the mapInPandas tests make the call before they read
+    their frame, since reading a column of Spark's frame takes 0.2-0.3 ms, which would delay the
+    call after its turn began (their rows are matched to the calls by ticket).
+
+    Its class is nested, so Spark's cloudpickle ships it by value. The RefereeClient in it keeps one
+    connection in each worker, opened when the worker unpickles its task, before any turn: so the
+    first call of a worker does not open a TCP connection after its turn began, and every call's
+    send is alike.
     """
-    arrivals = {arrival.key: arrival for arrival in service.arrivals()}
-    assert sorted(a.key for a in service.arrivals()) == sorted(keys), "each call reached the service once"
-    assert sorted(key for key, *_ in calls) == sorted(keys), "each call made once"
-    assert len({ticket for _, _, ticket, _ in calls}) == len(calls), "one ticket per call"
-    starts = sorted(start for *_, start in calls)
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert min(gaps) >= INTERVAL_US, f"two turns {min(gaps)} us apart on the state's clock"
-    delays = {key: arrivals[key].wall - start / 1e6 for key, _, _, start in calls}
-    assert min(delays.values()) >= 0, f"a call reached the service {-min(delays.values())} s before its turn"
-    summary = service.summary()
-    assert [status for _, status, _, _ in calls].count(429) == summary.rejected
-    if summary.rejected:
-        pytest.skip(
-            f"this host ran calls too late for the service-side check: {summary.line()}; the latest call "
-            f"reached the service {max(delays.values()) * 1000:.1f} ms after its turn began (tolerance "
-            f"{TOLERANCE * 1000:g} ms), while rows, tickets and turns on the state clock were all right"
+    from ratequeue.spark import current_turn
+
+    class Caller:
+        def __init__(self, url: str) -> None:
+            self.client = RefereeClient(url)
+
+        def __setstate__(self, state: dict[str, Any]) -> None:
+            self.__dict__.update(state)
+            self.client.connect()
+
+        def __call__(self, who: str | None = None) -> Reply:
+            turn = current_turn()
+            assert turn is not None
+            begin_ns, own = time.time_ns(), time.monotonic()
+            status = self.client.call(str(turn.ticket) if who is None else who)
+            own_late_us = round((own - turn.local_start) * 1e6)
+            return status, turn.ticket, turn.start_us, begin_ns, own_late_us, os.getpid()
+
+    return Caller(str(referee.url))
+
+
+def refusals(calls: list[Call], stats: RefereeStats) -> str:
+    """Where each refused call lost its gap, compared with the accepted call before it.
+
+    The turns' gap is on the state's clock; the begins' and the arrivals' on this host's
+    CLOCK_REALTIME (which Redis' ``TIME`` reads too). Per call: "late" is its begin minus its turn's
+    start, "own" the same by the worker's clock (what the limiter's lateness check sees; the
+    difference is the error of the worker's estimate of the state's clock), "send" arrival - begin.
+    """
+    made = {call.who: call for call in calls}
+    first = {}  # pid -> the worker's first call
+    for call in sorted(calls, key=lambda call: call.start_us):
+        first.setdefault(call.pid, call.who)
+
+    def detail(call: Call, arrived: int) -> str:
+        tag = ", its worker's first call" if first[call.pid] == call.who else ""
+        return (
+            f"{call.who} (pid {call.pid}{tag}) late {(call.begin_ns - call.start_us * 1000) / 1e6:.3f} ms "
+            f"(own {call.own_late_us / 1000:.3f} ms), send {(arrived - call.begin_ns) / 1e6:.3f} ms"
         )
 
+    lines = []
+    accepted = None
+    for arrival in stats.arrivals:
+        if arrival.accepted:
+            accepted = arrival
+        elif accepted is None or arrival.who not in made or accepted.who not in made:
+            lines.append(f"  {arrival.who} refused, after no call of this test")
+        else:
+            before, this = made[str(accepted.who)], made[str(arrival.who)]
+            lines.append(
+                f"  {this.who} refused: arrival gap {(arrival.t_ns - accepted.t_ns) / 1e6:.3f} ms, "
+                f"turn gap {(this.start_us - before.start_us) / 1000:.3f} ms, "
+                f"begin gap {(this.begin_ns - before.begin_ns) / 1e6:.3f} ms; "
+                f"{detail(before, accepted.t_ns)}; {detail(this, arrival.t_ns)}"
+            )
+    late = [(call.begin_ns - call.start_us * 1000) / 1e6 for call in calls]
+    sends = [(a.t_ns - made[a.who].begin_ns) / 1e6 for a in stats.arrivals if a.who in made]
+    return (
+        f"the referee refused {stats.rejected} of {len(stats.arrivals)} calls (late: median "
+        f"{statistics.median(late):.3f} ms, largest {max(late):.3f} ms; send: median "
+        f"{statistics.median(sends):.3f} ms, largest {max(sends):.3f} ms):\n" + "\n".join(lines)
+    )
 
-def test_partitions_call_each_row_once_at_its_turn(spark: Any, limiter: Any, service: Any) -> None:
-    from ratequeue.spark import current_turn, throttled_partitions
 
-    base = service.url
+def check_calls(calls: list[Call], stats: RefereeStats, keys: list[str]) -> None:
+    """What ratequeue promises about the calls, then what the referee saw.
 
-    def fetch(row: int) -> tuple[int, int, int, int]:
-        turn = current_turn()
-        assert turn is not None
-        return row, api_service.call(base, row), turn.ticket, turn.start_us
+    ``calls`` holds one Call per call made; ``keys`` the keys expected, once each. Strict: each key
+    called exactly once, one ticket per call, turns >= LIMITER_INTERVAL apart on the state's clock
+    (G1), no call reaching the referee before its turn began (the Redis server's ``TIME`` and the
+    referee's kernel timestamps read the same CLOCK_REALTIME on this host), and no call refused.
+    """
+    arrivals = {arrival.who: arrival for arrival in stats.arrivals}
+    assert sorted(str(a.who) for a in stats.arrivals) == sorted(keys), "each call reached the referee once"
+    assert sorted(call.who for call in calls) == sorted(keys), "each call made once"
+    assert len({call.ticket for call in calls}) == len(calls), "one ticket per call"
+    starts = sorted(call.start_us for call in calls)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= LIMITER_INTERVAL_US, f"two turns {min(gaps)} us apart on the state's clock"
+    early = {call.who: arrivals[call.who].t_ns - call.start_us * 1000 for call in calls}
+    assert min(early.values()) >= 0, f"a call reached the referee {-min(early.values())} ns before its turn"
+    assert [call.status for call in calls].count(429) == stats.rejected
+    if sys.platform.startswith("linux"):
+        assert stats.kernel_timestamps, stats.timestamps
+    assert stats.rejected == 0, refusals(calls, stats)
+
+
+def test_partitions_call_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: Referee) -> None:
+    from ratequeue.spark import throttled_partitions
+
+    call = referee_call(referee)
+
+    def fetch(row: int) -> tuple[int, Reply]:
+        return row, call(str(row))
 
     rdd = spark.sparkContext.parallelize(range(ROWS), PARTITIONS)
     out = rdd.mapPartitions(throttled_partitions(limiter, fetch)).collect()
-    assert sorted(row for row, *_ in out) == list(range(ROWS)), "every row processed exactly once"
-    calls = [(str(row), status, ticket, start) for row, status, ticket, start in out]
-    check_calls(calls, service, [str(row) for row in range(ROWS)])
+    assert sorted(row for row, _ in out) == list(range(ROWS)), "every row processed exactly once"
+    calls = [Call(str(row), *reply) for row, reply in out]
+    check_calls(calls, referee.stats(), [str(row) for row in range(ROWS)])
 
 
-def test_batches_call_each_row_once_at_its_turn(spark: Any, limiter: Any, service: Any) -> None:
-    from ratequeue.spark import current_turn, throttled_batches
+def test_batches_call_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: Referee) -> None:
+    from ratequeue.spark import throttled_batches
 
-    base = service.url
+    call = referee_call(referee)
 
     def fetch(frame: Any) -> Any:
-        turn = current_turn()
-        assert turn is not None
+        reply = call()  # first the call, at the turn; then the frame's work (see referee_call)
         assert len(frame) == 1
-        out = frame.copy()
-        out["status"] = api_service.call(base, int(frame["id"].iloc[0]))
-        out["ticket"] = turn.ticket
-        out["start_us"] = turn.start_us
-        return out
+        return frame.assign(**dict(zip(REPLY_NAMES, reply, strict=True)))
 
     frame = spark.range(0, ROWS, numPartitions=PARTITIONS)
-    schema = "id long, status int, ticket long, start_us long"
-    rows = frame.mapInPandas(throttled_batches(limiter, fetch, per="row"), schema).collect()
+    rows = frame.mapInPandas(
+        throttled_batches(limiter, fetch, per="row"), f"id long, {REPLY_FIELDS}"
+    ).collect()
     assert sorted(row["id"] for row in rows) == list(range(ROWS)), "every row processed exactly once"
-    calls = [(str(row["id"]), row["status"], row["ticket"], row["start_us"]) for row in rows]
-    check_calls(calls, service, [str(row) for row in range(ROWS)])
+    calls = [Call(str(row["ticket"]), *row[1:]) for row in rows]
+    check_calls(calls, referee.stats(), [call.who for call in calls])
 
 
-def test_batches_per_batch_take_one_turn_each(spark: Any, limiter: Any, service: Any) -> None:
+def test_batches_per_batch_take_one_turn_each(spark: Any, limiter: Any, referee: Referee) -> None:
     """per="batch": one turn and one call per Arrow batch (10 rows here), every row once."""
-    from ratequeue.spark import current_turn, throttled_batches
+    from ratequeue.spark import throttled_batches
 
-    base = service.url
+    call = referee_call(referee)
 
     def fetch(frame: Any) -> Any:
-        turn = current_turn()
-        assert turn is not None
-        out = frame.copy()
-        out["first"], out["last"] = frame["id"].min(), frame["id"].max()
-        out["status"] = api_service.call(base, f"{frame['id'].min()}-{frame['id'].max()}")
-        out["ticket"] = turn.ticket
-        out["start_us"] = turn.start_us
-        return out
+        reply = call()  # first the call, at the turn; then the frame's work (see referee_call)
+        ids = frame["id"].to_numpy()
+        return frame.assign(first=ids.min(), last=ids.max(), **dict(zip(REPLY_NAMES, reply, strict=True)))
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
     try:
         frame = spark.range(0, ROWS, numPartitions=PARTITIONS)
-        schema = "id long, first long, last long, status int, ticket long, start_us long"
+        schema = f"id long, first long, last long, {REPLY_FIELDS}"
         rows = frame.mapInPandas(throttled_batches(limiter, fetch, per="batch"), schema).collect()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert sorted(row["id"] for row in rows) == list(range(ROWS)), "every row processed exactly once"
-    per_call = {
-        row["ticket"]: (f"{row['first']}-{row['last']}", row["status"], row["ticket"], row["start_us"])
-        for row in rows
-    }
-    assert len(per_call) == ROWS // 10
-    keys = [f"{first}-{first + 9}" for first in range(0, ROWS, 10)]  # 100 rows per partition
-    check_calls(list(per_call.values()), service, keys)
+    batches = {row["ticket"]: (row["first"], row["last"]) for row in rows}
+    expected = [(first, first + 9) for first in range(0, ROWS, 10)]  # 100 rows per partition
+    assert sorted(batches.values()) == expected, "one call per batch of 10 rows"
+    per_call = {row["ticket"]: Call(str(row["ticket"]), *row[3:]) for row in rows}
+    check_calls(list(per_call.values()), referee.stats(), [str(ticket) for ticket in batches])
 
 
-def test_udf_calls_each_row_once_at_its_turn(spark: Any, limiter: Any, service: Any) -> None:
-    from ratequeue.spark import current_turn, throttled_udf
+def test_udf_calls_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: Referee) -> None:
+    from ratequeue.spark import throttled_udf
 
-    base = service.url
-
-    def fetch(row: int) -> tuple[int, int, int]:
-        turn = current_turn()
-        assert turn is not None
-        return api_service.call(base, row), turn.ticket, turn.start_us
-
-    api = throttled_udf(limiter, fetch, "struct<status:int,ticket:long,start_us:long>")
+    call = referee_call(referee)
+    api = throttled_udf(limiter, lambda row: call(str(row)), REPLY_STRUCT)
     assert api.deterministic is False
     frame = spark.range(0, ROWS, numPartitions=PARTITIONS).withColumn("r", api("id"))
-    rows = frame.select("id", "r.status", "r.ticket", "r.start_us").collect()
+    rows = frame.select("id", "r.*").collect()
     assert sorted(row["id"] for row in rows) == list(range(ROWS)), "every row processed exactly once"
-    calls = [(str(row["id"]), row["status"], row["ticket"], row["start_us"]) for row in rows]
-    check_calls(calls, service, [str(row) for row in range(ROWS)])
+    calls = [Call(str(row["id"]), *row[1:]) for row in rows]
+    check_calls(calls, referee.stats(), [str(row) for row in range(ROWS)])
 
 
 def test_docs_snippets_run_as_written(
