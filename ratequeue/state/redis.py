@@ -7,18 +7,34 @@ operation is one Lua script that reads the server's ``TIME`` itself, so hosts
 whose clocks disagree still share one rate. Scripts are
 sent by SHA and re-loaded when the server answers NOSCRIPT (after a restart
 or ``SCRIPT FLUSH``).
+
+A call is one ``EVALSHA``, packed by hand and sent over one of the client's
+connections (:class:`LeanScripts`): redis-py connects, authenticates,
+speaks TLS and parses the reply, while its per-command machinery, most of
+the CPU of a call, is skipped. Clients it does not suit (one connection,
+Sentinel, client-side caching, a connection class of the user's own) go
+through redis-py's own ``Script`` calls instead.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import time
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, NoReturn
 from urllib.parse import quote, urlencode
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+try:
+    from redis.credentials import StreamingCredentialProvider as _STREAMING
+except ImportError:  # pragma: no cover - redis-py before 5.3: no re-authentication on release
+    _STREAMING = None  # type: ignore[assignment, misc]
 
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
@@ -150,6 +166,19 @@ return {string.format("%.0f", now), fields[1], fields[2], fields[3], fields[4]}
 )
 
 
+#: every script by the operation it runs
+SCRIPTS: dict[str, str] = {
+    "take": TAKE_SCRIPT,
+    "try_start": TRY_START_SCRIPT,
+    "take_and_try": TAKE_AND_TRY_SCRIPT,
+    "retime": RETIME_SCRIPT,
+    "read": READ_SCRIPT,
+}
+
+#: the SHA1 Redis knows each script by (EVALSHA)
+SHAS: dict[str, str] = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in SCRIPTS.items()}
+
+
 def split_url(url: str) -> tuple[str, str]:
     """``url`` without ratequeue's own ``prefix`` option, and that prefix."""
     client_url, ours = split_options(url, "prefix")
@@ -158,12 +187,22 @@ def split_url(url: str) -> tuple[str, str]:
 
 #: connection settings of the clients ratequeue creates: a short bounded retry, then an error
 CLIENT_OPTIONS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 10}
+#: how often a failed call (connection error or timeout) is retried before its error is raised
 RETRIES = 8
+#: the backoff between retries, as redis-py's ``ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE)``
+BACKOFF_BASE = 0.02
+BACKOFF_CAP = 0.5
 
 
-def script_args(interval: int, clock: Clock | None, *rest: int) -> list[Any]:
-    """The ARGV of a script: the interval, the test clock's ``now`` (or ""), then ``rest``."""
-    return [interval, "" if clock is None else clock(), *rest]
+def retry_delay(failures: int) -> float:
+    """Seconds to wait before retrying a script call that has failed ``failures`` times.
+
+    The first retry goes at once: a connection that sat idle may simply have
+    been closed by the server (a restart, a timeout, ``CLIENT KILL``), and a
+    fresh one is all it takes. Later ones back off as the client's own retry
+    does (``ExponentialBackoff(cap=0.5, base=0.02)``: 0.04 s, 0.08 s, ... 0.5 s).
+    """
+    return 0.0 if failures <= 1 else min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
 
 
 def decode(reply: list[Any]) -> list[Any]:
@@ -171,26 +210,33 @@ def decode(reply: list[Any]) -> list[Any]:
     return [item.decode() if isinstance(item, bytes) else item for item in reply]
 
 
+#: the answers of the try_start, take_and_try and retime scripts, as bytes or as text
+#: (a client made with ``decode_responses=True``); the three take (ticket, value, now)
+_OUTCOMES: dict[Any, Callable[[int, int, int], Outcome]] = {
+    kind: cls
+    for name, cls in (("started", Started), ("wait", Wait), ("passed", Passed))
+    for kind in (name, name.encode())
+}
+
+
 def parse_taken(name: str, key: str, interval: int, reply: list[Any]) -> Taken:
-    """The answer of TAKE_SCRIPT."""
-    _raise_for(name, key, interval, reply)
+    """The answer of TAKE_SCRIPT: ``{"taken", ticket, pos, at, now}``."""
+    if reply[0] not in (b"taken", "taken"):
+        _raise_for(name, key, interval, reply)
     return Taken(ticket=int(reply[1]), pos=int(reply[2]), at=int(reply[3]), now=int(reply[4]))
 
 
 def parse_outcome(name: str, key: str, interval: int, reply: list[Any]) -> Outcome:
-    """The answer of TRY_START_SCRIPT or TAKE_AND_TRY_SCRIPT."""
-    _raise_for(name, key, interval, reply)
-    kind, ticket, value, now = reply[0], int(reply[1]), int(reply[2]), int(reply[3])
-    if kind == "started":
-        return Started(ticket=ticket, start=value, now=now)
-    if kind == "wait":
-        return Wait(ticket=ticket, slot=value, now=now)
-    return Passed(ticket=ticket, pos=value, now=now)
+    """The answer of TRY_START, TAKE_AND_TRY or RETIME_SCRIPT: ``{kind, ticket, value, now}``."""
+    make = _OUTCOMES.get(reply[0])
+    if make is None:
+        _raise_for(name, key, interval, reply)
+    return make(int(reply[1]), int(reply[2]), int(reply[3]))
 
 
 def parse_snapshot(key: str, reply: list[Any]) -> Snapshot:
     """The answer of READ_SCRIPT."""
-    now, *fields = reply
+    now, *fields = decode(reply)
     if all(field is None for field in fields):
         return Snapshot(record=None, now=int(now))
     try:
@@ -214,14 +260,7 @@ def unavailable(where: str, exc: Exception, key: str = "") -> StateUnavailable |
 
 def register_scripts(client: Any) -> dict[str, Any]:
     """The scripts, registered with ``client`` (sent by SHA, re-loaded on NOSCRIPT)."""
-    scripts = {
-        "take": TAKE_SCRIPT,
-        "try_start": TRY_START_SCRIPT,
-        "take_and_try": TAKE_AND_TRY_SCRIPT,
-        "retime": RETIME_SCRIPT,
-        "read": READ_SCRIPT,
-    }
-    return {name: client.register_script(text) for name, text in scripts.items()}
+    return {name: client.register_script(text) for name, text in SCRIPTS.items()}
 
 
 def url_of(client: Any, prefix: str) -> str:
@@ -244,7 +283,8 @@ def where_of(client: Any) -> str:
     return str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
 
 
-def _raise_for(name: str, key: str, interval: int, reply: list[Any]) -> None:
+def _raise_for(name: str, key: str, interval: int, reply: list[Any]) -> NoReturn:
+    reply = decode(reply)
     if reply[0] == "mismatch":
         try:
             stored = int(reply[1])
@@ -253,83 +293,203 @@ def _raise_for(name: str, key: str, interval: int, reply: list[Any]) -> None:
         check_interval_matches(name, stored, interval)
     if reply[0] == "corrupt":
         raise StateCorrupted(f"Redis hash {key} has {reply[1]}={reply[2]!r}; want a whole number", where=key)
+    raise StateCorrupted(f"a ratequeue script on Redis hash {key} answered {reply!r}", where=key)
 
 
-def pack_command(*parts: bytes | str | int) -> list[bytes]:
-    """One command in RESP, ready for ``Connection.send_packed_command``.
+# ------------------------------------------------------------------ the lean call path
 
-    redis-py's own packer handles every argument type and encoding option;
-    the scripts' arguments are only names, numbers and "", and packing them
-    here costs a fraction of the CPU.
+#: ARGV[2] when the script reads the server's clock: an empty bulk string
+_SERVER_CLOCK = b"$0\r\n\r\n"
+
+
+def _bulk(value: int) -> bytes:
+    """``value`` as a RESP bulk string."""
+    data = b"%d" % value
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+class ScriptCommands:
+    """``EVALSHA sha 1 key interval now ...`` in RESP, packed by hand.
+
+    redis-py's packer handles every argument type and encoding option; the
+    scripts' arguments are only a key and whole numbers, and the head of each
+    command (script, key, interval) is the same call after call, so it is
+    packed once and kept (for up to :attr:`MAX_HEADS` of them).
     """
-    chunks = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        data = part if isinstance(part, bytes) else str(part).encode()
-        chunks.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return [b"".join(chunks)]
+
+    #: heads kept before the cache starts over (names are few; this bounds a process that makes many)
+    MAX_HEADS = 1024
+
+    def __init__(self, connection_kwargs: dict[str, Any]) -> None:
+        """Encode keys as the client does (``encoding``, ``encoding_errors``)."""
+        self._encoding = connection_kwargs.get("encoding", "utf-8")
+        self._errors = connection_kwargs.get("encoding_errors", "strict")
+        self._heads: dict[tuple[str, str, int], bytes] = {}
+
+    def packed(self, script: str, key: str, interval: int, now: int | None, rest: tuple[int, ...]) -> bytes:
+        """The command running ``script`` on ``key``: ARGV is ``interval``, ``now`` ("" if None), ``rest``."""
+        head = self._heads.get((script, key, interval))
+        if head is None:
+            head = self._head(script, key, interval, len(rest))
+        head += _SERVER_CLOCK if now is None else _bulk(now)
+        for value in rest:
+            head += _bulk(value)
+        return head
+
+    def _head(self, script: str, key: str, interval: int, more: int) -> bytes:
+        encoded = key.encode(self._encoding, self._errors)
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n$1\r\n1\r\n$%d\r\n%b\r\n%b" % (
+            6 + more,
+            SHAS[script].encode(),
+            len(encoded),
+            encoded,
+            _bulk(interval),
+        )
+        if len(self._heads) >= self.MAX_HEADS:
+            self._heads.clear()
+        self._heads[(script, key, interval)] = head
+        return head
+
+
+#: the pools and connections the lean calls know; others (Sentinel, cluster, a subclass) use redis-py's calls
+_POOLS: tuple[type, ...] = (redis.ConnectionPool, redis.BlockingConnectionPool)
+_CONNECTIONS: tuple[type, ...] = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
+
+
+def lean_pool(client: Any, pools: tuple[type, ...], connections: tuple[type, ...]) -> tuple[Any, bool] | None:
+    """The pool lean calls may take ``client``'s connections from, and whether they may keep them.
+
+    ``None`` when they must go through redis-py's own calls: a client bound
+    to one connection, a pool or connection class other than redis-py's
+    plain ones (Sentinel, a user's subclass), client-side caching. The
+    connections may be kept between calls unless the pool must see each
+    release: a streaming credential provider re-authenticates connections
+    as they are released.
+    """
+    if getattr(client, "connection", None) is not None or getattr(client, "single_connection_client", False):
+        return None  # bound to one connection (asyncio clients bind it on their first command)
+    pool: Any = getattr(client, "connection_pool", None)
+    if type(pool) not in pools or getattr(pool, "connection_class", None) not in connections:
+        return None
+    if getattr(pool, "cache", None) is not None:
+        return None
+    provider = pool.connection_kwargs.get("credential_provider")
+    return pool, not (_STREAMING is not None and isinstance(provider, _STREAMING))
+
+
+def get_connection_args(pool: Any) -> tuple[str, ...]:
+    """What ``pool.get_connection`` needs: nothing, or a command name before redis-py 5.3."""
+    try:
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):  # pragma: no cover - a signature Python cannot read
+        return ()
+    return ("EVALSHA",) if parameter is not None and parameter.default is inspect.Parameter.empty else ()
+
+
+def _release_all(pool: Any, idle: list[Any]) -> None:
+    while idle:
+        pool.release(idle.pop())
 
 
 class LeanScripts:
-    """The scripts sent straight over a pooled connection: EVALSHA packed by hand, one reply read.
+    """The scripts sent straight over the client's connections: EVALSHA packed by hand, one reply read.
 
-    redis-py's ``Script`` call goes through the client's command machinery
-    (argument packing, retry wrapper, response callbacks), which was most of
-    the CPU of a start. This keeps redis-py's connections, handshake, TLS and
-    reply parser, and does the rest itself: a connection error or timeout is
-    retried with backoff on a fresh connection, as the client's own retry
-    does; NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script and
-    sends it again. Connections taken from the client's pool are kept in a
-    free list of its own between calls (taking one from redis-py's pool
-    costs as much as the call's own packing and parsing); after a fork the
-    child takes fresh ones, as redis-py's pool does.
+    redis-py's ``Script`` call runs through the client's command machinery
+    (argument packing, retry wrapper, observability hooks, the pool's
+    checks), most of the CPU a call costs. This keeps what redis-py does
+    well -- connecting, AUTH/HELLO, TLS, unix sockets, the reply parser for
+    the protocol the connection negotiated -- and does the rest itself:
+
+    * a connection error or timeout disconnects the connection and retries
+      (at once, then with backoff; :data:`RETRIES` times at most); a
+      reconnect that fails after the client's own retries ends the call;
+    * NOSCRIPT (after a restart or ``SCRIPT FLUSH``) loads the script on the
+      same connection and sends the call again;
+    * connections are kept in a free list of its own between calls (taking
+      one from redis-py's pool and releasing it costs as much as the call's
+      own packing and parsing): each call pops one, so no two threads share
+      one; after a fork the child takes fresh ones; :meth:`close`, or the
+      garbage collector, gives them back to the pool.
     """
 
-    def __init__(self, client: redis.Redis, scripts: dict[str, Any]) -> None:
-        self._client = client
-        self._pool = client.connection_pool
-        self._scripts = scripts
+    def __init__(self, pool: Any, *, keep: bool = True) -> None:
+        """Take connections from ``pool``; with ``keep``, keep them between calls."""
+        self._pool = pool
+        self._keep = keep
+        self._commands = ScriptCommands(pool.connection_kwargs)
+        self._get_args = get_connection_args(pool)
+        #: whether connections may be marked for a reconnect (RESP3 maintenance notifications, redis-py 7+)
+        self._reconnects = hasattr(pool.connection_class, "should_reconnect")
         self._idle: list[Any] = []
         self._pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _release_all, pool, self._idle)
+        self._finalizer.atexit = False
+
+    @classmethod
+    def of(cls, client: Any) -> LeanScripts | None:
+        """Lean calls on ``client``'s pool, or ``None`` if it must use redis-py's (see :func:`lean_pool`)."""
+        usable = lean_pool(client, _POOLS, _CONNECTIONS)
+        return None if usable is None else cls(usable[0], keep=usable[1])
+
+    def __call__(self, script: str, key: str, interval: int, now: int | None, rest: tuple[int, ...]) -> Any:
+        """Run ``script`` on ``key``; raise redis-py's error when it fails for good."""
+        packed = [self._commands.packed(script, key, interval, now, rest)]
+        connection = self._take()
+        failures = 0
+        try:
+            while True:
+                try:
+                    connection.send_packed_command(packed)
+                    try:
+                        reply = connection.read_response()
+                    except redis.exceptions.NoScriptError:
+                        reply = self._load_and_send(connection, script, packed)
+                    break
+                except (redis.ConnectionError, redis.TimeoutError):
+                    connection.disconnect()
+                    failures += 1
+                    if failures > RETRIES:
+                        raise
+                    time.sleep(retry_delay(failures))
+                    connection.connect()  # with the client's own retries; its failure ends the call
+        except redis.ResponseError:
+            self._give_back(connection)  # an error answer, read in full: the connection is fine
+            raise
+        except BaseException:
+            connection.disconnect()  # an answer may still be on its way: never reuse the socket
+            self._give_back(connection)
+            raise
+        self._give_back(connection)
+        return reply
+
+    def close(self) -> None:
+        """Give the connections kept between calls back to the pool."""
+        _release_all(self._pool, self._idle)
+
+    @staticmethod
+    def _load_and_send(connection: Any, script: str, packed: list[bytes]) -> Any:
+        """Load ``script`` (the server answered NOSCRIPT) and send ``packed`` again."""
+        connection.send_command("SCRIPT", "LOAD", SCRIPTS[script])
+        connection.read_response()
+        connection.send_packed_command(packed)
+        return connection.read_response()
 
     def _take(self) -> Any:
         if self._pid != os.getpid():  # forked: the parent's sockets are not ours
-            self._idle, self._pid = [], os.getpid()
+            self._idle.clear()
+            self._pid = os.getpid()
         try:
-            return self._idle.pop()  # atomic under the GIL: no two threads get one connection
+            return self._idle.pop()  # atomic: no two threads get one connection
         except IndexError:
-            return self._pool.get_connection()
+            return self._pool.get_connection(*self._get_args)
 
-    def __call__(self, script: str, key: str, args: list[Any]) -> Any:
-        """Run ``script`` on ``key`` with ``args``; raise redis-py's errors when it fails for good."""
-        registered = self._scripts[script]
-        packed = pack_command(b"EVALSHA", registered.sha, 1, key, *args)
-        delay = 0.02
-        for attempt in range(RETRIES + 1):
-            connection = self._take()
-            try:
-                connection.send_packed_command(packed)
-                reply = connection.read_response()
-            except redis.exceptions.NoScriptError:
-                self._idle.append(connection)
-                self._client.script_load(registered.script)
-            except (redis.ConnectionError, redis.TimeoutError):
-                connection.disconnect()
-                self._pool.release(connection)
-                if attempt == RETRIES:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-            except redis.ResponseError:
-                self._idle.append(connection)  # an error answer, read in full: the connection is fine
-                raise
-            except BaseException:
-                connection.disconnect()  # an answer may still be on its way: never reuse it
-                self._pool.release(connection)
-                raise
-            else:
-                self._idle.append(connection)
-                return reply
-        raise redis.ConnectionError(f"no answer after {RETRIES + 1} attempts")  # pragma: no cover
+    def _give_back(self, connection: Any) -> None:
+        if not self._keep:
+            self._pool.release(connection)
+            return
+        if self._reconnects and connection.should_reconnect():
+            connection.disconnect()  # as the pool's release does: a maintenance notification asked for it
+        self._idle.append(connection)
 
 
 class RedisState(State):
@@ -358,9 +518,9 @@ class RedisState(State):
         self._clock = clock
         self._where = where_of(client)
         self.url = url or url_of(client, prefix)
-        self._scripts = register_scripts(client)
-        # a single-connection client has no pool to take connections from
-        self._lean = LeanScripts(client, self._scripts) if client.connection is None else None
+        #: the lean calls, or None where redis-py's own script calls are needed
+        self._lean = LeanScripts.of(client)
+        self._scripts = register_scripts(client) if self._lean is None else {}
 
     @classmethod
     def from_url(cls, url: str) -> RedisState:
@@ -373,7 +533,7 @@ class RedisState(State):
         try:
             client = redis.Redis.from_url(
                 client_url,
-                retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=RETRIES),
+                retry=Retry(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), retries=RETRIES),
                 retry_on_error=[redis.ConnectionError, redis.TimeoutError],
                 **CLIENT_OPTIONS,
             )
@@ -391,34 +551,38 @@ class RedisState(State):
         return self._prefix + name
 
     def close(self) -> None:
-        self._client.close()  # also disconnects the connections the lean calls keep
+        if self._lean is not None:
+            self._lean.close()  # the kept connections go back to the pool first
+        self._client.close()
 
-    def _run(self, script: str, name: str, args: list[Any]) -> list[Any]:
+    def _run(self, script: str, key: str, interval: int, *rest: int) -> Any:
+        now = None if self._clock is None else self._clock()
         try:
             if self._lean is not None:
-                return decode(self._lean(script, self.key(name), args))
-            return decode(self._scripts[script](keys=[self.key(name)], args=args))
+                return self._lean(script, key, interval, now, rest)
+            return self._scripts[script](keys=[key], args=[interval, "" if now is None else now, *rest])
         except redis.RedisError as exc:
-            raise unavailable(self._where, exc, self.key(name)) from exc
+            raise unavailable(self._where, exc, key) from exc
 
     def _take(self, name: str, interval: int) -> Taken:
-        reply = self._run("take", name, script_args(interval, self._clock))
-        return parse_taken(name, self.key(name), interval, reply)
+        key = self._prefix + name
+        return parse_taken(name, key, interval, self._run("take", key, interval))
 
     def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        reply = self._run("try_start", name, script_args(interval, self._clock, ticket, lead))
-        return parse_outcome(name, self.key(name), interval, reply)
+        key = self._prefix + name
+        return parse_outcome(name, key, interval, self._run("try_start", key, interval, ticket, lead))
 
     def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        reply = self._run("take_and_try", name, script_args(interval, self._clock, lead))
-        return parse_outcome(name, self.key(name), interval, reply)
+        key = self._prefix + name
+        return parse_outcome(name, key, interval, self._run("take_and_try", key, interval, lead))
 
     def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        reply = self._run("retime", name, script_args(interval, self._clock, ticket, lead))
-        return parse_outcome(name, self.key(name), interval, reply)
+        key = self._prefix + name
+        return parse_outcome(name, key, interval, self._run("retime", key, interval, ticket, lead))
 
     def _read(self, name: str) -> Snapshot:
-        return parse_snapshot(self.key(name), self._run("read", name, script_args(0, self._clock)))
+        key = self._prefix + name
+        return parse_snapshot(key, self._run("read", key, 0))
 
     def _reset(self, name: str) -> bool:
         try:

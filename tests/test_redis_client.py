@@ -1,0 +1,381 @@
+"""The lean Redis call path (``LeanScripts``, ``AsyncLeanScripts``) against real redis-servers.
+
+EVALSHA is packed by hand and sent over the client's own connections; these
+tests hold it to what redis-py's script calls did: NOSCRIPT recovers, a
+killed connection is retried without losing or repeating an operation, the
+protocol the client negotiated (RESP2 or RESP3) is read, credentials work,
+threads never share a connection, a fork takes fresh ones, and clients the
+lean path does not suit fall back to redis-py's calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import multiprocessing
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from ratequeue.aio.redis import AsyncRedisState
+from ratequeue.errors import StateCorrupted, StateUnavailable
+from ratequeue.protocol import Passed, Started
+from ratequeue.state.redis import RedisState
+
+from . import servers
+from .servers import Server
+
+INTERVAL = 1000  # us: every test's queue, so that takes and starts never wait
+
+_names = itertools.count()
+
+
+def fresh_name() -> str:
+    """A queue name no other test uses."""
+    return f"lean{next(_names)}"
+
+
+@pytest.fixture
+def admin(redis_server: Server) -> Iterator[redis.Redis]:
+    """A plain client of the session's server, for SCRIPT FLUSH, CLIENT KILL and CLIENT LIST."""
+    with redis.Redis(port=redis_server.port, protocol=2) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def password_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A redis-server that wants the password ``s3cret`` (and, by ACL, user ``rq`` / ``pw``)."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        servers.unavailable("redis-server is not on PATH: apt-get install redis-server")
+    workdir: Path = tmp_path_factory.mktemp("redis-auth")
+    port = servers.free_port()
+    command = [
+        str(executable), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--requirepass", "s3cret", "--user", "rq", "on", ">pw", "~*", "+@all", "--dir", str(workdir),
+    ]  # fmt: skip
+    yield from servers.serve(Server("redis-auth", command, port, workdir), "redis-server")
+
+
+def clients_named(admin: redis.Redis, name: str) -> int:
+    """How many connections the server has open under client name ``name``."""
+    return sum(1 for client in admin.client_list() if client.get("name") == name)
+
+
+def until(condition: Any, timeout: float = 5.0) -> bool:
+    """Whether ``condition()`` holds within ``timeout`` seconds (the server sees a close a moment later)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def kill_named(admin: redis.Redis, name: str) -> int:
+    """Close every connection under client name ``name``; how many there were."""
+    killed = 0
+    for client in admin.client_list():
+        if client.get("name") == name:
+            killed += int(admin.execute_command("CLIENT", "KILL", "ID", client["id"]))  # type: ignore[no-untyped-call]
+    return killed
+
+
+def every_operation(state: RedisState, name: str) -> list[int]:
+    """Run each of the five scripts once; the tickets they named."""
+    taken = state.take(name, INTERVAL)
+    started = state.try_start(name, INTERVAL, taken.ticket, 10**9)
+    retimed = state.retime(name, INTERVAL, taken.ticket, 0)
+    outcome = state.take_and_try(name, INTERVAL, 10**9)
+    assert isinstance(started, Started)
+    assert isinstance(retimed, Started)
+    assert isinstance(outcome, Started)
+    record = state.read(name).record
+    assert record is not None
+    return [taken.ticket, outcome.ticket, record.ticket]
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_flushed_script_is_loaded_again(redis_server: Server, admin: redis.Redis, protocol: int) -> None:
+    """After SCRIPT FLUSH every script answers: NOSCRIPT loads it and sends the call again."""
+    state = RedisState(redis.Redis(port=redis_server.port, protocol=protocol), prefix="lean:")
+    try:
+        assert state._lean is not None, "a plain client takes the lean path"
+        name = fresh_name()
+        assert every_operation(state, name) == [1, 2, 3]
+        admin.script_flush()
+        assert every_operation(state, name) == [3, 4, 5]
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_killed_connection_is_retried_transparently(
+    redis_server: Server, admin: redis.Redis, protocol: int
+) -> None:
+    """CLIENT KILL closes the kept connection: the next call reconnects, runs once and loses nothing."""
+    client_name = f"killed{protocol}"
+    state = RedisState(redis.Redis(port=redis_server.port, protocol=protocol, client_name=client_name))
+    try:
+        name = fresh_name()
+        first = state.take_and_try(name, INTERVAL, 0)
+        assert kill_named(admin, client_name) == 1, "the state's connection was open and got killed"
+        second = state.take_and_try(name, INTERVAL, 0)
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # type: ignore[no-untyped-call]
+        third = state.take_and_try(name, INTERVAL, 0)
+        assert [first.ticket, second.ticket, third.ticket] == [1, 2, 3], "no operation ran twice or got lost"
+        record = state.read(name).record
+        assert record is not None
+        assert record.ticket == 4
+    finally:
+        state.close()
+
+
+def test_one_connection_is_kept_between_calls(redis_server: Server, admin: redis.Redis) -> None:
+    """Calls one after another reuse one connection; close() gives it back to the pool."""
+    client = redis.Redis(port=redis_server.port, client_name="kept")
+    state = RedisState(client)
+    name = fresh_name()
+    for _ in range(20):
+        state.take_and_try(name, INTERVAL, 0)
+    assert clients_named(admin, "kept") == 1
+    state.close()
+    assert until(lambda: clients_named(admin, "kept") == 0)
+
+
+def test_threads_never_share_a_connection(redis_server: Server, admin: redis.Redis) -> None:
+    """Threads calling one state at once each get a connection of their own; no answer is mixed up."""
+    state = RedisState(redis.Redis(port=redis_server.port, client_name="threads"))
+    name, threads, calls = fresh_name(), 8, 40
+    tickets: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def work() -> None:
+        try:
+            barrier.wait()
+            for _ in range(calls):
+                tickets.append(state.take(name, INTERVAL).ticket)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(60)
+    try:
+        assert not errors
+        assert sorted(tickets) == list(range(1, threads * calls + 1)), "each take answered once, in order"
+        assert 1 <= clients_named(admin, "threads") <= threads
+    finally:
+        state.close()
+
+
+def test_connections_go_back_to_a_users_pool(redis_server: Server) -> None:
+    """A state on a user's one-connection pool returns it on close(), and when it is collected."""
+    pool = redis.BlockingConnectionPool(port=redis_server.port, max_connections=1, timeout=1)  # type: ignore[no-untyped-call]
+    client = redis.Redis(connection_pool=pool)
+    try:
+        state = RedisState(client)
+        state.take_and_try(fresh_name(), INTERVAL, 0)
+        assert state._lean is not None
+        state._lean.close()
+        assert client.ping(), "the pool's only connection is free again"
+        state = RedisState(client)
+        state.take_and_try(fresh_name(), INTERVAL, 0)
+        del state
+        gc.collect()
+        assert client.ping(), "a state that is collected gives its connection back"
+    finally:
+        pool.disconnect()
+
+
+def test_a_client_that_decodes_replies(redis_server: Server) -> None:
+    """``decode_responses=True`` hands text, not bytes, to the reply parsing: the answers are the same."""
+    state = RedisState(redis.Redis(port=redis_server.port, decode_responses=True), prefix="lean:")
+    try:
+        assert every_operation(state, fresh_name()) == [1, 2, 3]
+        assert isinstance(state.retime(fresh_name(), INTERVAL, 1, 0), Passed)
+    finally:
+        state.close()
+
+
+class _OwnPool(redis.ConnectionPool):
+    """A pool class of the user's own: the lean path leaves it to redis-py."""
+
+
+@pytest.mark.parametrize("kind", ["single connection", "own pool class"])
+def test_clients_the_lean_path_does_not_suit_use_redis_py(redis_server: Server, kind: str) -> None:
+    """A single-connection client or an unknown pool class goes through redis-py's Script calls."""
+    if kind == "single connection":
+        client = redis.Redis(port=redis_server.port, single_connection_client=True)
+    else:
+        client = redis.Redis(connection_pool=_OwnPool(port=redis_server.port))
+    state = RedisState(client, prefix="lean:")
+    try:
+        assert state._lean is None
+        assert every_operation(state, fresh_name()) == [1, 2, 3]
+    finally:
+        state.close()
+
+
+def test_an_error_answer_keeps_the_connection(redis_server: Server, admin: redis.Redis) -> None:
+    """WRONGTYPE is an answer read in full: the same connection serves the next call."""
+    state = RedisState(redis.Redis(port=redis_server.port, client_name="wrongtype"), prefix="lean:")
+    try:
+        name = fresh_name()
+        admin.rpush(f"lean:{name}", "x")
+        with pytest.raises(StateCorrupted, match="not a hash"):
+            state.take(name, INTERVAL)
+        assert state.take(fresh_name(), INTERVAL).ticket == 1
+        assert clients_named(admin, "wrongtype") == 1
+    finally:
+        state.close()
+
+
+def test_passwords_and_acl_users(password_server: Server) -> None:
+    """The password, or an ACL user and password, authenticate the lean path's connections."""
+    port = password_server.port
+    for url in (f"redis://:s3cret@127.0.0.1:{port}/0", f"redis://rq:pw@127.0.0.1:{port}/0?protocol=2"):
+        with RedisState.from_url(url) as state:
+            assert state._lean is not None  # type: ignore[attr-defined]
+            assert every_operation(state, fresh_name()) == [1, 2, 3]  # type: ignore[arg-type]
+
+
+def test_a_wrong_password_is_refused(password_server: Server) -> None:
+    state = RedisState.from_url(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
+    with state, pytest.raises(StateUnavailable, match="refused the credentials"):
+        state.take(fresh_name(), INTERVAL)
+
+
+def test_a_server_that_goes_away_and_comes_back(tmp_path: Path) -> None:
+    """A stopped server: unreachable after the bounded retries; restarted: the kept connection reconnects."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        servers.unavailable("redis-server is not on PATH")
+    port = servers.free_port()
+    options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    command = [str(executable), "--port", str(port), *options]
+    server = Server("redis-gone", command, port, tmp_path)
+    server.start()
+    try:
+        state = RedisState.from_url(f"redis://127.0.0.1:{port}/0")
+        name = fresh_name()
+        assert state.take(name, INTERVAL).ticket == 1
+        server.stop()
+        began = time.monotonic()
+        with pytest.raises(StateUnavailable, match="unreachable"):
+            state.take(name, INTERVAL)
+        assert time.monotonic() - began < 10, "the retries are bounded"
+        server.start()
+        assert state.take(name, INTERVAL).ticket == 1, "a fresh server: a fresh record"
+        state.close()
+    finally:
+        server.stop()
+
+
+def _take_in_child(state: RedisState, name: str, answers: Any) -> None:
+    answers.put(state.take(name, INTERVAL).ticket)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_a_forked_child_takes_connections_of_its_own(redis_server: Server, admin: redis.Redis) -> None:
+    """A child forked after the state was used never writes to the parent's socket."""
+    state = RedisState(redis.Redis(port=redis_server.port, client_name="forked"))
+    name = fresh_name()
+    try:
+        assert state.take(name, INTERVAL).ticket == 1
+        context = multiprocessing.get_context("fork")
+        answers: Any = context.Queue()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (Python 3.12+)
+            child = context.Process(target=_take_in_child, args=(state, name, answers))
+            child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        assert answers.get(timeout=5) == 2
+        assert state.take(name, INTERVAL).ticket == 3, "the parent's connection still answers it alone"
+    finally:
+        state.close()
+
+
+# ------------------------------------------------------------------ asyncio
+
+
+async def every_async_operation(state: AsyncRedisState, name: str) -> list[int]:
+    """Run each of the five scripts once through the asyncio state; the tickets they named."""
+    taken = await state.take(name, INTERVAL)
+    assert isinstance(await state.try_start(name, INTERVAL, taken.ticket, 10**9), Started)
+    assert isinstance(await state.retime(name, INTERVAL, taken.ticket, 0), Started)
+    outcome = await state.take_and_try(name, INTERVAL, 10**9)
+    assert isinstance(outcome, Started)
+    record = (await state.read(name)).record
+    assert record is not None
+    return [taken.ticket, outcome.ticket, record.ticket]
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_async_flush_and_killed_connections(redis_server: Server, admin: redis.Redis, protocol: int) -> None:
+    """The asyncio lean path reloads flushed scripts and retries killed connections, losing nothing."""
+    client_name = f"async{protocol}"
+
+    async def run() -> None:
+        client = redis.asyncio.Redis(port=redis_server.port, protocol=protocol, client_name=client_name)
+        state = AsyncRedisState(client, prefix="lean:")
+        try:
+            assert state._lean is not None
+            name = fresh_name()
+            assert await every_async_operation(state, name) == [1, 2, 3]
+            admin.script_flush()
+            assert await every_async_operation(state, name) == [3, 4, 5]
+            assert kill_named(admin, client_name) == 1
+            assert (await state.take(name, INTERVAL)).ticket == 5
+            assert clients_named(admin, client_name) == 1
+        finally:
+            await state.close()
+        assert until(lambda: clients_named(admin, client_name) == 0)
+
+    asyncio.run(run())
+
+
+def test_async_tasks_never_share_a_connection(redis_server: Server, admin: redis.Redis) -> None:
+    """Tasks calling one asyncio state at once each get a connection of their own."""
+
+    async def run() -> None:
+        state = AsyncRedisState(redis.asyncio.Redis(port=redis_server.port, client_name="tasks"))
+        name = fresh_name()
+
+        async def takes() -> list[int]:
+            return [(await state.take(name, INTERVAL)).ticket for _ in range(20)]
+
+        try:
+            results = await asyncio.gather(*(takes() for _ in range(8)))
+            assert sorted(t for tickets in results for t in tickets) == list(range(1, 161))
+            assert 1 <= clients_named(admin, "tasks") <= 8
+        finally:
+            await state.close()
+
+    asyncio.run(run())
+
+
+def test_async_single_connection_client_uses_redis_py(redis_server: Server) -> None:
+    async def run() -> None:
+        client = redis.asyncio.Redis(port=redis_server.port, single_connection_client=True)
+        state = AsyncRedisState(client, prefix="lean:")
+        try:
+            assert state._lean is None
+            assert await every_async_operation(state, fresh_name()) == [1, 2, 3]
+        finally:
+            await state.close()
+
+    asyncio.run(run())
