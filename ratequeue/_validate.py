@@ -65,6 +65,11 @@ def max_late(value: object) -> float | None:
     return seconds
 
 
+def checked_lateness(max_late: float | None, clock_resolution: float) -> float | None:
+    """The ``max_late`` a shard checks: none when the state's clock is coarser than it."""
+    return None if max_late is None or clock_resolution > max_late else max_late
+
+
 def name(value: object) -> str:
     """``value`` as a queue name: a non-empty string of printable characters."""
     if not isinstance(value, str):

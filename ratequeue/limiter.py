@@ -116,7 +116,8 @@ class Limiter:
             its start is moved later, or its turn given up for a new one, so
             that begins stay ``interval - max_late`` apart as the called
             service sees them (G7). ``None`` turns the check off; so does an
-            interval under four times ``max_late``.
+            interval under four times ``max_late``, or a state whose clock is
+            coarser than ``max_late`` (MongoDB's has whole milliseconds).
         :param clock: this process's clock, ``time.monotonic`` by default; it
             must tick at the rate of real time (tests shift it).
         """
@@ -126,7 +127,8 @@ class Limiter:
         self._state: State = from_url(url)
         #: whether this limiter opened the state (and so closes it)
         self._owns_state = not isinstance(url, State)
-        self._shard = Shard(self.interval, lead=self._lead, max_late=self._max_late)
+        checked = _validate.checked_lateness(self._max_late, self._state.clock_resolution)
+        self._shard = Shard(self.interval, lead=self._lead, max_late=checked)
         self._cond = threading.Condition()
 
     @property

@@ -76,7 +76,8 @@ class Limiter:
         self._clock = clock or time.monotonic
         self._state: AsyncState = from_url(url)
         self._owns_state = not isinstance(url, AsyncState)
-        self._shard = Shard(self.interval, lead=self._lead, max_late=self._max_late)
+        checked = _validate.checked_lateness(self._max_late, self._state.clock_resolution)
+        self._shard = Shard(self.interval, lead=self._lead, max_late=checked)
         self._waiters: list[asyncio.Future[None]] = []
 
     @property

@@ -38,6 +38,9 @@ __all__ = ["AsyncMongoState"]
 class AsyncMongoState(AsyncState):
     """Records kept in a MongoDB collection, changed only by server-side update pipelines, from asyncio."""
 
+    #: ``$$NOW`` has whole milliseconds
+    clock_resolution = 0.001
+
     def __init__(
         self,
         client: AsyncMongoClient[Any],

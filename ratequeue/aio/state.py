@@ -32,6 +32,9 @@ class AsyncState(ABC):
     #: the URL this state was opened from; limiters pickle as this URL
     url: str
 
+    #: how finely the state's clock ticks, in seconds (see ``State.clock_resolution``)
+    clock_resolution: float = 1e-6
+
     async def take(self, name: str, interval_us: int) -> Taken:
         """Hand out the next ticket of queue ``name``."""
         return await self._take(*checked(name, interval_us))
@@ -98,6 +101,7 @@ class ThreadedState(AsyncState):
         #: the synchronous state doing the work
         self.state = state
         self.url = state.url
+        self.clock_resolution = state.clock_resolution
 
     def local_now(self) -> float | None:
         return self.state.local_now()

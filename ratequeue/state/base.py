@@ -50,6 +50,10 @@ class State(ABC):
     #: the URL this state was opened from; limiters pickle as this URL
     url: str
 
+    #: how finely the state's clock ticks, in seconds; a limiter does not check begins for
+    #: lateness (G7) more finely than this, since no start can be placed more finely
+    clock_resolution: float = 1e-6
+
     def take(self, name: str, interval_us: int) -> Taken:
         """Hand out the next ticket of queue ``name`` (see :func:`ratequeue.protocol.take`)."""
         return self._take(*checked(name, interval_us))

@@ -247,6 +247,9 @@ def datetime_us(moment: datetime.datetime) -> int:
 class MongoState(State):
     """Records kept in a MongoDB collection, changed only by server-side update pipelines."""
 
+    #: ``$$NOW`` has whole milliseconds
+    clock_resolution = 0.001
+
     def __init__(
         self,
         client: MongoClient[Any],
