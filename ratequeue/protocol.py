@@ -29,6 +29,7 @@ __all__ = [
     "Started",
     "Taken",
     "Wait",
+    "is_same_grant",
     "new_record",
     "retime",
     "take",
@@ -127,10 +128,20 @@ def try_start(record: Record, ticket: int, lead: int, now: int) -> tuple[Record,
     """Start ``ticket`` if its slot is at most ``lead`` microseconds away.
 
     A started ticket's job begins at ``max(slot, now)``, which may lie up to
-    ``lead`` in the future; the record's ``current`` moves to it. A ticket at
-    or below ``pos`` has been passed and can never start; so has a ticket the
-    record never handed out (it was reset since).
+    ``lead`` in the future; the record's ``pos`` moves to it. A ticket below
+    ``pos`` has been passed and can never start; so has a ticket the record
+    never handed out (it was reset since).
+
+    Asking again for the latest start (``pos == ticket``) is answered with
+    the same grant, unchanged, while its interval has not run out: a client
+    that re-sends the call after losing the answer (a timeout, a dropped
+    connection) keeps its turn instead of being told it was passed
+    (DESIGN.md §3). After that, or when ``take`` jumped ``pos`` to a ticket
+    that never started (its ``at`` is then at least two intervals old), the
+    answer is :class:`Passed`: a begin that late would shorten the next gap.
     """
+    if is_same_grant(record, ticket, now):
+        return record, Started(ticket=ticket, start=record.at, now=now)
     if record.pos >= ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
     slot = record.slot(ticket)
@@ -138,6 +149,11 @@ def try_start(record: Record, ticket: int, lead: int, now: int) -> tuple[Record,
         start = max(slot, now)
         return replace(record, pos=ticket, at=start), Started(ticket=ticket, start=start, now=now)
     return record, Wait(ticket=ticket, slot=slot, now=now)
+
+
+def is_same_grant(record: Record, ticket: int, now: int) -> bool:
+    """Whether ``try_start(ticket)`` at ``now`` repeats the grant already given (see :func:`try_start`)."""
+    return record.pos == ticket < record.ticket and now < record.at + record.interval
 
 
 def take_and_try(record: Record, lead: int, now: int) -> tuple[Record, Outcome]:

@@ -61,7 +61,12 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
 def check_outcome(
     before: Record, after: Record, outcome: object, ticket: int, lead: int, now: int, history: History
 ) -> None:
-    if isinstance(outcome, Started):
+    if isinstance(outcome, Started) and protocol.is_same_grant(before, ticket, now):
+        assert outcome.start == before.at, "asked again, the latest start is the same grant"
+        assert after == before, "a repeated grant changes nothing"
+        assert history.starts, "only a real start is granted again"
+        assert history.starts[-1][0] == ticket, "only the latest start is granted again"
+    elif isinstance(outcome, Started):
         assert outcome.ticket == ticket
         assert now <= outcome.start <= now + lead, "a start lies between now and now + lead"
         assert (after.pos, after.at) == (ticket, outcome.start)
@@ -72,6 +77,7 @@ def check_outcome(
     else:
         assert isinstance(outcome, Passed)
         assert outcome.pos >= ticket or ticket >= after.ticket
+        assert not protocol.is_same_grant(before, ticket, now)
 
 
 def check_retime(
@@ -81,8 +87,10 @@ def check_retime(
         assert before.pos == ticket, "only the latest start moves"
         assert outcome.start == max(before.at, now + lead), "forward only, to now + lead at the earliest"
         assert after == Record(before.ticket, before.pos, outcome.start, before.interval)
-        if history.starts and history.starts[-1][0] == ticket:  # else pos was jumped to, never started
+        if history.starts and history.starts[-1][0] == ticket:
             history.starts[-1] = (ticket, outcome.start)
+        else:  # pos was jumped to and never started: a retime starts it, at least 2 intervals on
+            history.starts.append((ticket, outcome.start))
     else:
         assert isinstance(outcome, Passed)
         assert before.pos != ticket or ticket >= before.ticket
@@ -155,3 +163,34 @@ def test_never_is_far_in_the_past() -> None:
     """NEVER + any realistic slot offset stays below any real clock and exact in a double."""
     assert float(NEVER + 10**15) == NEVER + 10**15
     assert NEVER + 10**15 < 0
+
+
+@given(intervals_us, epochs_us, leads_us, st.integers(0, 10_000_000))
+def test_a_repeated_try_start_gets_the_same_grant(interval: int, epoch: int, lead: int, later: int) -> None:
+    """A re-sent try_start (its answer was lost) keeps the turn while its interval runs, then is passed."""
+    record, _ = protocol.take_and_try(protocol.new_record(interval), 0, epoch)
+    record, taken = protocol.take(record, epoch)
+    record, first = protocol.try_start(record, taken.ticket, interval, epoch)
+    assert first == Started(ticket=2, start=epoch + interval, now=epoch)
+    now = epoch + later
+    again, second = protocol.try_start(record, taken.ticket, lead, now)
+    assert again == record, "asking again changes nothing"
+    if now < first.start + interval:
+        assert second == Started(ticket=2, start=first.start, now=now)
+    else:
+        assert second == Passed(ticket=2, pos=2, now=now)
+
+
+@given(intervals_us, epochs_us, leads_us, st.integers(1, 10), st.integers(0, 10_000_000))
+def test_a_ticket_jumped_to_is_never_granted(
+    interval: int, epoch: int, lead: int, abandoned: int, later: int
+) -> None:
+    """``take`` jumping ``pos`` to a stale ticket does not make that ticket a grant to repeat."""
+    record, _ = protocol.take_and_try(protocol.new_record(interval), 0, epoch)
+    for _ in range(abandoned):
+        record, _ = protocol.take(record, epoch)
+    now = epoch + (abandoned + 1) * interval + later  # every abandoned ticket is an interval late
+    record, _ = protocol.take(record, now)
+    assert record.pos == abandoned + 1, "pos jumped to the last abandoned ticket"
+    _, outcome = protocol.try_start(record, abandoned + 1, lead, now)
+    assert outcome == Passed(ticket=abandoned + 1, pos=abandoned + 1, now=now)
