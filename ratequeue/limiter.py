@@ -1,8 +1,9 @@
 """Limiter: wait for this caller's global turn, in a thread.
 
-Callers queue in this process's :class:`~ratequeue.shard.Shard`; the caller
-at its head talks to the state, the others sleep on a condition until the
-shard changes. No thread runs while nobody waits (guarantee G5).
+The thread driver of :class:`~ratequeue._limiting.LimiterBase`: callers
+queue in this process's :class:`~ratequeue.shard.Shard`; the caller at its
+head talks to the state, the others sleep on a condition until the shard
+changes. No thread runs while nobody waits (guarantee G5).
 """
 
 from __future__ import annotations
@@ -11,85 +12,29 @@ import asyncio
 import functools
 import inspect
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from . import _validate
+from ._flow import run
+from ._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
+from ._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from ._sleep import wait_until
-from .errors import AcquireTimeout
-from .protocol import NEVER, US, Outcome
-from .shard import (
-    DEFAULT_MAX_LATE,
-    Begin,
-    BeginAt,
-    Expired,
-    Job,
-    Retime,
-    Shard,
-    SleepUntil,
-    TakeAndTry,
-    TryStart,
-    Turn,
-    WaitForTurn,
-)
-from .state import Snapshot, State, StateLike, from_url
-from .state.base import redact
+from .shard import DEFAULT_MAX_LATE, Turn
+from .state import State, StateLike, from_url
 
-__all__ = ["Limiter", "Status"]
+__all__ = ["Limiter", "Reservation", "Status"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True)
-class Status:
-    """A queue's shared record and this shard's view of it, as read just now."""
-
-    #: the queue name
-    name: str
-    #: seconds between starts
-    interval: float
-    #: the next ticket the state will hand out
-    next_ticket: int
-    #: the highest ticket that has started (0: none)
-    current: int
-    #: state-clock time (s) of the latest start, or ``None`` if none
-    last_start: float | None
-    #: the state clock's time (s) when this was read
-    now: float
-    #: jobs waiting in this shard
-    waiting: int
-    #: whether this shard is paused
-    paused: bool
-    #: the ticket this shard holds, if any
-    held_ticket: int | None
-
-    @classmethod
-    def of(cls, name: str, interval: float, snapshot: Snapshot, shard: Shard) -> Status:
-        """The status of queue ``name`` from a snapshot of its record and this shard."""
-        record = snapshot.record
-        return cls(
-            name=name,
-            interval=record.interval / US if record else interval,
-            next_ticket=record.ticket if record else 1,
-            current=record.pos if record else 0,
-            last_start=record.at / US if record and record.at != NEVER else None,
-            now=snapshot.now / US,
-            waiting=shard.waiting,
-            paused=shard.paused,
-            held_ticket=shard.ticket,
-        )
-
-
-class Limiter:
+class Limiter(LimiterBase[State]):
     """Lets callers, across every process sharing the state, start one per ``interval``.
 
     ``acquire()`` blocks until the caller's global turn; so do ``with
     limiter:`` and every call of a function decorated with ``@limiter``.
     Many threads may share one limiter. Each limiter object is one shard: it
     can be paused on its own. It pickles as its configuration (state URL,
-    name, interval, lead) and reconnects lazily where it is unpickled.
+    name, interval, lead, max_late) and reconnects lazily where it is unpickled.
     """
 
     def __init__(
@@ -97,9 +42,9 @@ class Limiter:
         url: StateLike = None,
         *,
         name: str,
-        interval: float,
-        lead: float | None = None,
-        max_late: float | None = DEFAULT_MAX_LATE,
+        interval: Seconds,
+        lead: Seconds | None = None,
+        max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
     ) -> None:
         """
@@ -121,22 +66,10 @@ class Limiter:
         :param clock: this process's clock, ``time.monotonic`` by default; it
             must tick at the rate of real time (tests shift it).
         """
-        self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
-        self._max_late = _validate.max_late(max_late)
-        self._clock = clock or time.monotonic
-        self._state: State = from_url(url)
-        #: whether this limiter opened the state (and so closes it)
-        self._owns_state = not isinstance(url, State)
-        checked = _validate.checked_lateness(self._max_late, self._state.clock_resolution)
-        self._shard = Shard(self.interval, lead=self._lead, max_late=checked)
         self._cond = threading.Condition()
+        super().__init__(url, name=name, interval=interval, lead=lead, max_late=max_late, clock=clock)
 
-    @property
-    def state(self) -> State:
-        """The state this limiter uses."""
-        return self._state
-
-    def acquire(self, timeout: float | None = None) -> Turn:
+    def acquire(self, timeout: Seconds | None = None) -> Turn:
         """Block until this caller's global turn, and return it.
 
         :param timeout: seconds to wait at most; ``None`` waits for ever, ``0``
@@ -144,33 +77,19 @@ class Limiter:
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
         """
-        return self._acquire(_validate.timeout(timeout))
+        turn = Reservation(self).wait(timeout)
+        assert turn is not None, "only a cancelled reservation has no turn"
+        return turn
 
-    def _acquire(self, seconds: float | None, on_job: Callable[[Job], None] | None = None) -> Turn:
-        """:meth:`acquire`, telling ``on_job`` (under the lock) which job waits, so it can be withdrawn."""
-        now = self._clock()
-        with self._cond:
-            job = self._shard.add(None if seconds is None else now + seconds)
-            if on_job is not None:
-                on_job(job)
-            return self._drive(job, seconds)
+    def reserve(self) -> Reservation:
+        """Take a place in this shard's queue now, to :meth:`Reservation.wait` for its turn later.
 
-    def pause(self) -> None:
-        """Pause this shard: its callers keep waiting, and it stops calling the state."""
-        with self._cond:
-            self._shard.pause()
-            self._cond.notify_all()
-
-    def resume(self) -> None:
-        """Resume this shard after :meth:`pause`."""
-        with self._cond:
-            self._shard.resume()
-            self._cond.notify_all()
-
-    @property
-    def paused(self) -> bool:
-        """Whether this shard is paused."""
-        return self._shard.paused
+        Another thread may :meth:`Reservation.cancel` it. While a reservation
+        nobody waits for is at the head of the queue, the callers behind it
+        wait too: wait for it, or cancel it (``with limiter.reserve() as r:``
+        cancels on exit).
+        """
+        return Reservation(self)
 
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
@@ -182,14 +101,20 @@ class Limiter:
         """``fn`` changed so that every call first waits for its turn.
 
         Works on functions, methods and coroutine functions (their wait runs
-        in a worker thread, so the event loop is not blocked), and keeps the
-        wrapped function's name, docstring and signature.
+        in a worker thread, so the event loop is not blocked; a cancelled
+        task cancels its wait), and keeps the wrapped function's name,
+        docstring and signature.
         """
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
-                await asyncio.to_thread(self.acquire)
+                reservation = Reservation(self)
+                try:
+                    await asyncio.to_thread(reservation.wait)
+                except BaseException:
+                    reservation.cancel()  # the worker thread stops waiting, and no turn is used
+                    raise
                 return await fn(*args, **kwargs)
 
             return cast(F, wrapped_async)
@@ -219,85 +144,52 @@ class Limiter:
         if self._owns_state:
             self._state.close()
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead, self._max_late))
+    def _open(self, url: Any) -> State:
+        return from_url(url)
 
-    def __repr__(self) -> str:
-        url = redact(self._state.url)
-        return f"{type(self).__name__}({url!r}, name={self.name!r}, interval={self.interval!r})"
+    def _locked(self) -> threading.Condition:
+        return self._cond
 
-    def _withdraw(self, job: Job) -> None:
-        """Take a waiting ``job`` out from another thread; its ``_acquire`` raises :class:`Withdrawn`."""
-        with self._cond:
-            self._shard.cancel(job)
-            self._cond.notify_all()
+    def _changed(self) -> None:
+        self._cond.notify_all()
 
-    def _drive(self, job: Job, timeout: float | None) -> Turn:
-        """Run ``job``'s steps until its turn; called and returns holding ``self._cond``."""
+    def _wait_for_change(self, timeout: float | None) -> None:
+        self._cond.wait(timeout)
+
+    def _wait_until(self, until: float, now: float, spin: bool) -> None:
+        self._cond.release()  # a precise wait, not woken by the shard's changes
         try:
-            while True:
-                if job.turn is None and not job.queued:
-                    raise Withdrawn("the waiting job was withdrawn")
-                now = self._clock()
-                step = self._shard.step(job, now)
-                if isinstance(step, Begin):
-                    self._cond.notify_all()  # the next job is head now
-                    return step.turn
-                if isinstance(step, Expired):
-                    raise AcquireTimeout(
-                        f"no turn in queue {self.name!r} within {timeout} s", name=self.name, timeout=timeout
-                    )
-                if isinstance(step, WaitForTurn):
-                    self._cond.wait(None if step.deadline is None else step.deadline - now)
-                elif isinstance(step, SleepUntil):
-                    self._cond.wait(step.until - now)
-                elif isinstance(step, BeginAt):
-                    self._cond.release()  # a precise wait, not woken by the shard's changes
-                    try:
-                        wait_until(step.until, self._clock, spin=step.spin)
-                    finally:
-                        self._cond.acquire()
-                else:
-                    self._call(job, step)
-        except BaseException:
-            self._shard.abandon(job)
-            self._cond.notify_all()
-            raise
+            wait_until(until, self._clock, spin=spin)
+        finally:
+            self._cond.acquire()
 
-    def _call(self, job: Job, step: TakeAndTry | TryStart | Retime) -> None:
-        """Make the state call ``step`` asks for, without holding the condition."""
+    def _call_state(self, operation: Callable[..., Any], args: tuple[int, ...]) -> TimedAnswer:
         self._cond.release()
         try:
             sent = self._clock()
-            outcome: Outcome
-            if isinstance(step, TakeAndTry):
-                outcome = self._state.take_and_try(self.name, self._interval_us, step.lead_us)
-            elif isinstance(step, TryStart):
-                outcome = self._state.try_start(self.name, self._interval_us, step.ticket, step.lead_us)
-            else:
-                outcome = self._state.retime(self.name, self._interval_us, step.ticket, step.lead_us)
+            outcome = operation(self.name, *args)
             received = self._clock()
-            state_now = self._state.local_now()
-        except BaseException:
+            return outcome, sent, received, self._state.local_now()
+        finally:
             self._cond.acquire()
-            self._shard.failed(job)
-            raise
-        self._cond.acquire()
-        offset = None if state_now is None else received - state_now
-        self._shard.receive(job, outcome, sent, received, offset=offset)
-        self._cond.notify_all()
 
 
-class Withdrawn(Exception):
-    """Internal: a waiting job was withdrawn by another thread (see ``Limiter._withdraw``)."""
+class Reservation(ReservationBase[State]):
+    """A place in a :class:`Limiter`'s queue (see :meth:`Limiter.reserve`)."""
 
+    def wait(self, timeout: Seconds | None = None) -> Turn | None:
+        """Block until the turn of this place, and return it; ``None`` if it was cancelled.
 
-def _rebuild(
-    cls: type[Limiter],
-    url: str,
-    name: str,
-    interval: float,
-    lead: float | None,
-    max_late: float | None = DEFAULT_MAX_LATE,
-) -> Limiter:
-    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late)
+        :param timeout: seconds to wait at most, from now; on expiry the place is given up.
+        :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
+        :raises StateUnavailable: if the state cannot be reached (the place is given up).
+        """
+        with self._limiter._locked():
+            return run(self._limiter._acquire_flow(self._start_waiting(timeout)))
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.turn is None:
+            self.cancel()

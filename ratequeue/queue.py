@@ -2,71 +2,32 @@
 
 ``add`` returns a :class:`concurrent.futures.Future` at once. A pacing thread,
 started on demand and ended when the queue is empty (guarantee G5), takes
-each job's turn through a :class:`~ratequeue.limiter.Limiter` and starts the
-job in a thread of its own, so a slow job never delays the next start.
+each job's turn through a :class:`~ratequeue.Limiter` reservation and starts
+the job in a thread of its own, so a slow job never delays the next start.
+The pacer and the run of a job are written once for both queues
+(:mod:`ratequeue._queueing`); this module supplies threads and futures.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from . import _validate
-from .errors import QueueClosed
-from .limiter import Limiter, Status, Withdrawn
-from .shard import Job
+from ._flow import run
+from ._limiting import Seconds
+from ._queueing import Entry, QueueBase
+from .limiter import Limiter, Reservation, Status
 from .state import State, StateLike
-from .state.base import redact
 
 __all__ = ["Queue"]
 
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
-class _Entry:
-    future: Future[Any]
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-
-class _Pausable(Protocol):
-    @property
-    def paused(self) -> bool: ...
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-
-class PauseControls:
-    """Pause and resume, shared by the thread and asyncio queues: both delegate to their limiter."""
-
-    _limiter: _Pausable
-
-    def pause(self) -> None:
-        """Stop starting jobs from this queue object; they keep their places."""
-        self._limiter.pause()
-
-    def resume(self) -> None:
-        """Start jobs again after :meth:`pause`."""
-        self._limiter.resume()
-
-    @property
-    def paused(self) -> bool:
-        """Whether this queue object is paused."""
-        return self._limiter.paused
-
-
-class Queue(PauseControls):
-    _limiter: Limiter
-
+class Queue(QueueBase[Limiter, "Future[Any]"]):
     """Runs callables at one start per ``interval`` across every process sharing the state.
 
     Jobs of one queue object start in the order they were added. At most
@@ -79,8 +40,8 @@ class Queue(PauseControls):
         url: StateLike = None,
         *,
         name: str,
-        interval: float,
-        lead: float | None = None,
+        interval: Seconds,
+        lead: Seconds | None = None,
         max_running: int | None = None,
     ) -> None:
         """
@@ -91,19 +52,9 @@ class Queue(PauseControls):
         :param lead: as for :class:`~ratequeue.Limiter`.
         :param max_running: how many jobs may run at once; ``None`` for no limit.
         """
-        self._limiter = Limiter(url, name=name, interval=interval, lead=lead)
-        self.name = self._limiter.name
-        self.interval = self._limiter.interval
-        if max_running is not None:
-            _validate.positive_int("max_running", max_running)
-        self._slots = threading.BoundedSemaphore(max_running) if max_running else None
+        super().__init__(Limiter(url, name=name, interval=interval, lead=lead), max_running)
         self._lock = threading.Condition()
-        self._pending: deque[_Entry] = deque()
-        self._running = 0
-        self._pacer: threading.Thread | None = None
-        #: the pacer's job waiting in the limiter, withdrawn when no queued job is left to run
-        self._pacing: Job | None = None
-        self._closed = False
+        self._places = threading.BoundedSemaphore(self._max_running) if self._max_running else None
 
     @property
     def state(self) -> State:
@@ -117,58 +68,30 @@ class Queue(PauseControls):
 
         :raises QueueClosed: if the queue is closed.
         """
-        if not callable(fn):
-            raise TypeError(f"add() needs a callable, got {type(fn).__name__}")
         future: Future[T] = Future()
-        with self._lock:
-            if self._closed:
-                raise QueueClosed(f"queue {self.name!r} is closed")
-            entry = _Entry(future, fn, args, kwargs)
-            self._pending.append(entry)
-            future.add_done_callback(lambda _: self._forget_if_cancelled(entry))
-            if self._pacer is None:
-                self._pacer = threading.Thread(target=self._pace, name=f"ratequeue-pacer-{self.name}")
-                self._pacer.start()
+        self._add(future, fn, args, kwargs)
         return future
 
-    def join(self, timeout: float | None = None) -> bool:
+    def join(self, timeout: Seconds | None = None) -> bool:
         """Wait until every added job has finished; return ``False`` if ``timeout`` passed first."""
         seconds = _validate.timeout(timeout)
         with self._lock:
-            return self._lock.wait_for(lambda: not self._pending and not self._running, seconds)
-
-    @property
-    def pending(self) -> int:
-        """Jobs added and not started yet."""
-        with self._lock:
-            return len(self._pending)
+            return self._lock.wait_for(self._is_idle, seconds)
 
     def status(self) -> Status:
         """The shared record and this queue's view of it (see :meth:`Limiter.status`)."""
-        status = self._limiter.status()
-        with self._lock:
-            waiting = len(self._pending)
-        return dataclasses.replace(status, waiting=waiting)
+        return self._with_waiting(self._limiter.status())
 
     def close(self, wait: bool = True, *, cancel_pending: bool = False) -> None:
-        """Accept no more jobs.
+        """Accept no more jobs; the state (if the queue opened it) is closed once the last job ends.
 
         :param wait: block until the jobs still queued (unless cancelled) and
             the running ones have finished.
         :param cancel_pending: cancel the futures of the jobs not started yet.
         """
-        with self._lock:
-            self._closed = True
-            if cancel_pending:
-                while self._pending:
-                    self._pending.popleft().future.cancel()
-                self._lock.notify_all()
-        if cancel_pending:
-            self._withdraw_if_idle()
+        self._close_queue(cancel_pending)
         if wait:
             self.join()
-        if wait and not self._pending:
-            self._limiter.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -176,88 +99,31 @@ class Queue(PauseControls):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"Queue({redact(self._limiter.state.url)!r}, name={self.name!r}, interval={self.interval!r})"
+    def _locked(self) -> threading.Condition:
+        return self._lock
 
-    def _pace(self) -> None:
-        """The pacing thread: take turns for queued jobs until none is left."""
-        while True:
-            with self._lock:
-                if not self._pending:
-                    self._pacer = None
-                    self._lock.notify_all()
-                    return
-            if self._slots is not None:
-                self._slots.acquire()
-            try:
-                self._limiter._acquire(None, on_job=self._set_pacing)
-            except Withdrawn:  # every queued job was cancelled
-                self._pacing = None
-                if self._slots is not None:
-                    self._slots.release()
-                continue
-            except BaseException as exc:  # the state failed: fail the head job, go on
-                self._fail_head(exc)
-                if self._slots is not None:
-                    self._slots.release()
-                continue
-            self._pacing = None
-            entry = self._next_runnable()
-            if entry is None:  # every queued job was cancelled while we waited
-                if self._slots is not None:
-                    self._slots.release()
-                continue
-            threading.Thread(target=self._run, args=(entry,), name=f"ratequeue-job-{self.name}").start()
+    def _wake_joiners(self) -> None:
+        self._lock.notify_all()
 
-    def _next_runnable(self) -> _Entry | None:
-        """Pop the first queued job that was not cancelled, marking it running."""
-        with self._lock:
-            while self._pending:
-                entry = self._pending.popleft()
-                if entry.future.set_running_or_notify_cancel():
-                    self._running += 1
-                    return entry
-            self._lock.notify_all()
-            return None
+    def _close_state_soon(self) -> None:
+        self._limiter.close()
 
-    def _forget_if_cancelled(self, entry: _Entry) -> None:
-        """Drop a job whose future was cancelled before it started."""
-        if not entry.future.cancelled():
-            return
-        with self._lock:
-            if entry in self._pending:
-                self._pending.remove(entry)
-                self._lock.notify_all()
-        self._withdraw_if_idle()
+    def _start_pacer(self) -> None:
+        threading.Thread(target=run, args=(self._pace_flow(),), name=f"ratequeue-pacer-{self.name}").start()
 
-    def _set_pacing(self, job: Job) -> None:
-        self._pacing = job
+    def _start_job(self, entry: Entry[Future[Any]]) -> None:
+        threading.Thread(target=run, args=(self._job_flow(entry),), name=f"ratequeue-job-{self.name}").start()
 
-    def _withdraw_if_idle(self) -> None:
-        """Withdraw the pacer's wait for a turn when no queued job is left to use it."""
-        with self._lock:
-            job = self._pacing if not self._pending else None
-        if job is not None:
-            self._limiter._withdraw(job)
+    def _claim(self, future: Future[Any]) -> bool:
+        return future.set_running_or_notify_cancel()
 
-    def _fail_head(self, exc: BaseException) -> None:
-        with self._lock:
-            if self._pending:
-                entry = self._pending.popleft()
-                if entry.future.set_running_or_notify_cancel():
-                    entry.future.set_exception(exc)
-            self._lock.notify_all()
+    def _take_running_place(self) -> None:
+        if self._places is not None:
+            self._places.acquire()
 
-    def _run(self, entry: _Entry) -> None:
-        try:
-            result = entry.fn(*entry.args, **entry.kwargs)
-        except BaseException as exc:
-            entry.future.set_exception(exc)
-        else:
-            entry.future.set_result(result)
-        finally:
-            if self._slots is not None:
-                self._slots.release()
-            with self._lock:
-                self._running -= 1
-                self._lock.notify_all()
+    def _release_running_place(self) -> None:
+        if self._places is not None:
+            self._places.release()
+
+    def _reserve(self) -> Reservation:
+        return self._limiter.reserve()

@@ -106,6 +106,8 @@ class Job:
 
     #: local time by which the job must have begun, or ``None``
     deadline: float | None = None
+    #: the timeout (s) the deadline was set from, for messages
+    timeout: float | None = None
     #: set once the job's turn has been granted
     turn: Turn | None = field(default=None, init=False)
     #: whether the job is in its shard's queue
@@ -118,6 +120,8 @@ class Job:
     given_up: int = field(default=0, init=False)
     #: local time the job's driver was told to wake at before its start, while it sleeps
     wake: float | None = field(default=None, init=False)
+    #: set when the job was withdrawn (its reservation cancelled): its driver stops, turnless
+    withdrawn: bool = field(default=False, init=False)
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,19 @@ class Shard:
         self.cancel(job)
         if self._granted is job:
             self._granted = None
+
+    def withdraw(self, job: Job) -> None:
+        """Withdraw ``job`` for good, from any point (its reservation was cancelled).
+
+        A waiting job leaves the queue (the shard keeps its ticket for the
+        next one); a granted turn not yet begun is dropped, its slot unused.
+        Its driver, at its next step, stops and returns no turn (see
+        :attr:`Job.withdrawn`). A job that has begun is not affected.
+        """
+        if job.turn is not None and self._granted is not job:
+            return  # begun already
+        job.withdrawn = True
+        self.abandon(job)
 
     def pause(self) -> None:
         """Stop calling the state; waiting jobs keep their places."""

@@ -217,6 +217,6 @@ def test_queue_cancel_and_close_withdraw_the_pacer() -> None:
         await asyncio.sleep(0)
         await asyncio.wait_for(queue.close(cancel_pending=True), 5)  # not the 30 s interval
         assert all(f.cancelled() for f in waiting)
-        assert queue._pacer is None
+        assert not queue._pacing
 
     asyncio.run(run())

@@ -11,59 +11,62 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
-from typing import Union
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, Union
 
 from .. import _validate
 from ..errors import ConfigurationError
 from ..protocol import Outcome, Taken
 from ..state import State
 from ..state import from_url as sync_from_url
-from ..state.base import Snapshot, checked, redact
+from ..state.base import (
+    Snapshot,
+    StateBase,
+    interval_microseconds,
+    lead_microseconds,
+    ticket_number,
+)
 
 __all__ = ["AsyncState", "AsyncStateLike", "ThreadedState", "from_url"]
 
+R = TypeVar("R")
 
-class AsyncState(ABC):
+
+class AsyncState(StateBase, ABC):
     """Where the shards of a queue keep their shared record, used from asyncio.
 
-    The operations and their promises are those of :class:`ratequeue.state.State`.
+    The operations, their checks, errors and promises are those of
+    :class:`ratequeue.state.State`, as coroutines.
     """
-
-    #: the URL this state was opened from; limiters pickle as this URL
-    url: str
-
-    #: how finely the state's clock ticks, in seconds (see ``State.clock_resolution``)
-    clock_resolution: float = 1e-6
 
     async def take(self, name: str, interval_us: int) -> Taken:
         """Hand out the next ticket of queue ``name``."""
-        return await self._take(*checked(name, interval_us))
+        return await self._guarded(name, self._take, interval_microseconds(interval_us))
 
     async def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
         """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away."""
-        return await self._try_start(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
+        ticket, lead_us = ticket_number(ticket), lead_microseconds(lead_us)
+        return await self._guarded(name, self._try_start, interval_microseconds(interval_us), ticket, lead_us)
 
     async def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
         """Take a ticket and try to start it, in one atomic step."""
-        return await self._take_and_try(*checked(name, interval_us, lead_us=lead_us))
+        interval_us = interval_microseconds(interval_us)
+        return await self._guarded(name, self._take_and_try, interval_us, lead_microseconds(lead_us))
 
     async def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
         """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest."""
-        return await self._retime(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
+        ticket, lead_us = ticket_number(ticket), lead_microseconds(lead_us)
+        return await self._guarded(name, self._retime, interval_microseconds(interval_us), ticket, lead_us)
 
     async def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
-        return await self._read(_validate.name(name))
+        return await self._guarded(name, self._read)
 
     async def reset(self, name: str) -> bool:
         """Delete the record of queue ``name``; say whether there was one."""
-        return await self._reset(_validate.name(name))
+        return await self._guarded(name, self._reset)
 
-    def local_now(self) -> float | None:
-        """The state's clock in seconds, read on this host without a call; ``None`` for a server's clock."""
-        return None
-
-    async def close(self) -> None:  # noqa: B027 - a state may hold nothing to release
+    async def close(self) -> None:
         """Release connections; the state may not be used afterwards."""
 
     async def __aenter__(self) -> AsyncState:
@@ -72,20 +75,25 @@ class AsyncState(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({redact(self.url)!r})"
+    async def _guarded(self, name: str, operation: Callable[..., Awaitable[R]], *args: int) -> R:
+        """``await operation(name, *args)`` with ``name`` checked and the driver's errors mapped."""
+        name = _validate.name(name)
+        try:
+            return await operation(name, *args)
+        except self._driver_errors as exc:
+            raise self._error_for(exc, name) from exc
 
     @abstractmethod
-    async def _take(self, name: str, interval: int) -> Taken: ...
+    async def _take(self, name: str, interval_us: int) -> Taken: ...
 
     @abstractmethod
-    async def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+    async def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
-    async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome: ...
+    async def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
-    async def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+    async def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
     async def _read(self, name: str) -> Snapshot: ...

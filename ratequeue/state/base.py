@@ -13,18 +13,30 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .. import _validate
-from ..errors import ConfigurationError, StateCorrupted
+from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, US, Outcome, Record, Taken
 
 #: larger times and intervals (us) are refused: about 142 years, so that every
 #: slot stays exact in a double (Lua) and in an int64 (MongoDB)
 MAX_US = 2**52
 
-__all__ = ["Clock", "Snapshot", "State", "check_interval_matches", "check_record", "checked"]
+__all__ = [
+    "Clock",
+    "Snapshot",
+    "State",
+    "StateBase",
+    "check_interval_matches",
+    "check_record",
+    "interval_microseconds",
+    "lead_microseconds",
+    "ticket_number",
+]
+
+R = TypeVar("R")
 
 #: a function returning the current time in whole microseconds
 Clock = Callable[[], int]
@@ -38,14 +50,8 @@ class Snapshot:
     now: int
 
 
-class State(ABC):
-    """Where the shards of a queue keep their shared record.
-
-    Every operation names the queue and the interval its caller expects. The
-    first operation on a name creates its record with that interval; a later
-    one with a different interval raises :class:`ConfigurationError` and
-    changes nothing.
-    """
+class StateBase:
+    """What the synchronous and the asyncio state contracts share: identity, clock, error mapping."""
 
     #: the URL this state was opened from; limiters pickle as this URL
     url: str
@@ -54,41 +60,13 @@ class State(ABC):
     #: lateness (G7) more finely than this, since no start can be placed more finely
     clock_resolution: float = 1e-6
 
-    def take(self, name: str, interval_us: int) -> Taken:
-        """Hand out the next ticket of queue ``name`` (see :func:`ratequeue.protocol.take`)."""
-        return self._take(*checked(name, interval_us))
+    #: the exceptions of the backend's driver; an operation raising one raises
+    #: :meth:`_error_for` of it instead (chained), so callers see ratequeue's errors only
+    _driver_errors: tuple[type[Exception], ...] = ()
 
-    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away.
-
-        See :func:`ratequeue.protocol.try_start`. A ticket the record never
-        handed out (because it was reset) is answered as passed.
-        """
-        return self._try_start(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
-
-    def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
-        """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
-        return self._take_and_try(*checked(name, interval_us, lead_us=lead_us))
-
-    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest.
-
-        See :func:`ratequeue.protocol.retime`: :class:`Started` with the new
-        start, or :class:`Passed` once a later ticket has started.
-        """
-        return self._retime(*checked(name, interval_us, ticket=ticket, lead_us=lead_us))
-
-    def read(self, name: str) -> Snapshot:
-        """The record of queue ``name`` and the state clock's time; changes nothing."""
-        return self._read(_validate.name(name))
-
-    def reset(self, name: str) -> bool:
-        """Delete the record of queue ``name``; say whether there was one.
-
-        An administrative act: the next operation creates a fresh record, with
-        the interval it names. Shards holding old tickets take new ones.
-        """
-        return self._reset(_validate.name(name))
+    def _error_for(self, exc: Exception, name: str) -> RateQueueError:
+        """The ratequeue error to raise for the driver's ``exc`` in an operation on queue ``name``."""
+        return StateUnavailable(f"{self!r} failed: {exc}", where=redact(self.url))
 
     def local_now(self) -> float | None:
         """The state's clock in seconds, read on this host without a call; ``None`` for a server's clock.
@@ -99,7 +77,63 @@ class State(ABC):
         """
         return None
 
-    def close(self) -> None:  # noqa: B027 - most states hold nothing to release
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact(self.url)!r})"
+
+
+class State(StateBase, ABC):
+    """Where the shards of a queue keep their shared record.
+
+    Every operation names the queue and the interval its caller expects. The
+    first operation on a name creates its record with that interval; a later
+    one with a different interval raises :class:`ConfigurationError` and
+    changes nothing. Arguments are checked before anything is sent, and a
+    driver's error is raised as :class:`StateUnavailable` or
+    :class:`StateCorrupted`.
+    """
+
+    def take(self, name: str, interval_us: int) -> Taken:
+        """Hand out the next ticket of queue ``name`` (see :func:`ratequeue.protocol.take`)."""
+        return self._guarded(name, self._take, interval_microseconds(interval_us))
+
+    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away.
+
+        See :func:`ratequeue.protocol.try_start`. A ticket the record never
+        handed out (because it was reset) is answered as passed; the latest
+        start asked for again is the same grant.
+        """
+        args = interval_microseconds(interval_us), ticket_number(ticket), lead_microseconds(lead_us)
+        return self._guarded(name, self._try_start, *args)
+
+    def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+        """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
+        return self._guarded(
+            name, self._take_and_try, interval_microseconds(interval_us), lead_microseconds(lead_us)
+        )
+
+    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest.
+
+        See :func:`ratequeue.protocol.retime`: :class:`Started` with the new
+        start, or :class:`Passed` once a later ticket has started.
+        """
+        args = interval_microseconds(interval_us), ticket_number(ticket), lead_microseconds(lead_us)
+        return self._guarded(name, self._retime, *args)
+
+    def read(self, name: str) -> Snapshot:
+        """The record of queue ``name`` and the state clock's time; changes nothing."""
+        return self._guarded(name, self._read)
+
+    def reset(self, name: str) -> bool:
+        """Delete the record of queue ``name``; say whether there was one.
+
+        An administrative act: the next operation creates a fresh record, with
+        the interval it names. Shards holding old tickets take new ones.
+        """
+        return self._guarded(name, self._reset)
+
+    def close(self) -> None:
         """Release connections and files; the state may not be used afterwards."""
 
     def __enter__(self) -> State:
@@ -108,20 +142,25 @@ class State(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({redact(self.url)!r})"
+    def _guarded(self, name: str, operation: Callable[..., R], *args: int) -> R:
+        """``operation(name, *args)`` with ``name`` checked and the driver's errors mapped."""
+        name = _validate.name(name)
+        try:
+            return operation(name, *args)
+        except self._driver_errors as exc:
+            raise self._error_for(exc, name) from exc
 
     @abstractmethod
-    def _take(self, name: str, interval: int) -> Taken: ...
+    def _take(self, name: str, interval_us: int) -> Taken: ...
 
     @abstractmethod
-    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
-    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome: ...
+    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
-    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome: ...
+    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
     def _read(self, name: str) -> Snapshot: ...
@@ -130,20 +169,19 @@ class State(ABC):
     def _reset(self, name: str) -> bool: ...
 
 
-def checked(
-    name: str, interval_us: int, *, ticket: int | None = None, lead_us: int | None = None
-) -> tuple[Any, ...]:
-    """The arguments of a state operation, checked: ``(name, interval_us[, ticket][, lead_us])``.
+def interval_microseconds(value: int) -> int:
+    """An operation's ``interval_us``, checked: a whole number of microseconds, at least 1."""
+    return _check_us("interval_us", value, 1)
 
-    :raises ConfigurationError: for a bad name, or a value that is not a whole
-        number in range (interval >= 1, ticket >= 1, lead >= 0).
-    """
-    values: list[Any] = [_validate.name(name), _check_us("interval_us", interval_us, 1)]
-    if ticket is not None:
-        values.append(_check_us("ticket", ticket, 1))
-    if lead_us is not None:
-        values.append(_check_us("lead_us", lead_us, 0))
-    return tuple(values)
+
+def lead_microseconds(value: int) -> int:
+    """An operation's ``lead_us``, checked: a whole number of microseconds, at least 0."""
+    return _check_us("lead_us", value, 0)
+
+
+def ticket_number(value: int) -> int:
+    """An operation's ``ticket``, checked: a whole number, at least 1."""
+    return _check_us("ticket", value, 1)
 
 
 def split_options(url: str, *names: str) -> tuple[str, dict[str, str]]:

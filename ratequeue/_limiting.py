@@ -1,0 +1,300 @@
+"""What the thread and asyncio limiters share: settings, the acquire flow, reservations.
+
+Each limiter is one shard (:mod:`ratequeue.shard`) plus a driver. Everything
+a driver does not have to do differently lives here, written once: checking
+the settings, pickling, pause and resume, reading the status, and the loop
+that carries a waiting job through the shard's steps (:meth:`LimiterBase._acquire_flow`,
+a :mod:`ratequeue._flow` generator). A driver supplies its lock, its way of
+waiting for the shard to change, its precise wait before a begin, and its
+timed call to the state: :class:`ratequeue.Limiter` with a condition and
+threads, :class:`ratequeue.aio.Limiter` with futures on the event loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, Union
+
+from . import _validate
+from ._flow import Call, Flow
+from .errors import AcquireTimeout
+from .protocol import NEVER, US, Outcome
+from .shard import (
+    DEFAULT_MAX_LATE,
+    Begin,
+    BeginAt,
+    Expired,
+    Job,
+    Retime,
+    Shard,
+    SleepUntil,
+    TakeAndTry,
+    TryStart,
+    Turn,
+    WaitForTurn,
+)
+from .state.base import Snapshot, StateBase, redact
+
+__all__ = ["LimiterBase", "ReservationBase", "Seconds", "Status", "TimedAnswer"]
+
+#: a duration: seconds, or a ``timedelta``
+Seconds = Union[float, datetime.timedelta]
+
+#: a state's answer with the local times around its call: (answer, sent, received, the
+#: state's clock read on this host just after, if it can be)
+TimedAnswer = tuple[Outcome, float, float, Union[float, None]]
+
+S = TypeVar("S", bound=StateBase)
+
+
+@dataclass(frozen=True)
+class Status:
+    """A queue's shared record and this shard's view of it, as read just now."""
+
+    #: the queue name
+    name: str
+    #: seconds between starts
+    interval: float
+    #: the next ticket the state will hand out
+    next_ticket: int
+    #: the highest ticket that has started (0: none); the record's ``pos``
+    pos: int
+    #: state-clock time (s) of the latest start, or ``None`` if none
+    last_start: float | None
+    #: the state clock's time (s) when this was read
+    now: float
+    #: jobs waiting in this shard
+    waiting: int
+    #: whether this shard is paused
+    paused: bool
+    #: the ticket this shard holds, if any
+    held_ticket: int | None
+
+    @property
+    def current(self) -> int:
+        """The old name of :attr:`pos` (the highest ticket that has started)."""
+        return self.pos
+
+    @classmethod
+    def of(cls, name: str, interval: float, snapshot: Snapshot, shard: Shard) -> Status:
+        """The status of queue ``name`` from a snapshot of its record and this shard."""
+        record = snapshot.record
+        return cls(
+            name=name,
+            interval=record.interval / US if record else interval,
+            next_ticket=record.ticket if record else 1,
+            pos=record.pos if record else 0,
+            last_start=record.at / US if record and record.at != NEVER else None,
+            now=snapshot.now / US,
+            waiting=shard.waiting,
+            paused=shard.paused,
+            held_ticket=shard.ticket,
+        )
+
+
+class LimiterBase(ABC, Generic[S]):
+    """One shard of a queue and the settings it was made with; the drivers add the waiting."""
+
+    #: the queue name
+    name: str
+    #: seconds between two starts
+    interval: float
+
+    def __init__(
+        self,
+        url: Any,
+        *,
+        name: str,
+        interval: Seconds,
+        lead: Seconds | None = None,
+        max_late: Seconds | None = DEFAULT_MAX_LATE,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
+        self._max_late = _validate.max_late(max_late)
+        self._clock = clock or time.monotonic
+        self._state: S = self._open(url)
+        #: whether this limiter opened the state (and so closes it); a state object passed in stays open
+        self._owns_state = not isinstance(url, StateBase)
+        checked = _validate.checked_lateness(self._max_late, self._state.clock_resolution)
+        self._shard = Shard(self.interval, lead=self._lead, max_late=checked)
+
+    @property
+    def state(self) -> S:
+        """The state this limiter uses."""
+        return self._state
+
+    @property
+    def paused(self) -> bool:
+        """Whether this shard is paused."""
+        return self._shard.paused
+
+    def pause(self) -> None:
+        """Pause this shard: its callers keep their places, and it stops calling the state."""
+        with self._locked():
+            self._shard.pause()
+            self._changed()
+
+    def resume(self) -> None:
+        """Resume this shard after :meth:`pause`."""
+        with self._locked():
+            self._shard.resume()
+            self._changed()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead, self._max_late))
+
+    def __repr__(self) -> str:
+        url = redact(self._state.url)
+        return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r})"
+
+    #: the name ``repr`` shows
+    _display_name = "Limiter"
+
+    @abstractmethod
+    def _open(self, url: Any) -> S:
+        """Open the state named by ``url`` for this driver."""
+
+    @abstractmethod
+    def _locked(self) -> AbstractContextManager[Any]:
+        """A context holding the driver's lock over the shard (a no-op on the event loop)."""
+
+    @abstractmethod
+    def _changed(self) -> None:
+        """Wake the jobs waiting for the shard to change; called holding :meth:`_locked`."""
+
+    # The effects of the acquire flow, each a plain function or a coroutine function:
+    # waiting for a change (or ``timeout`` s), waiting precisely until local time
+    # ``until`` (released from the lock), and calling the state, timed, released from it.
+
+    @abstractmethod
+    def _wait_for_change(self, timeout: float | None) -> Any: ...
+
+    @abstractmethod
+    def _wait_until(self, until: float, now: float, spin: bool) -> Any: ...
+
+    @abstractmethod
+    def _call_state(self, operation: Callable[..., Any], args: tuple[int, ...]) -> Any: ...
+
+    def _operation(self, step: TakeAndTry | TryStart | Retime) -> tuple[Callable[..., Any], tuple[int, ...]]:
+        """The state method and arguments (after the name) that ``step`` calls for."""
+        state: Any = self._state
+        if isinstance(step, TakeAndTry):
+            return state.take_and_try, (self._interval_us, step.lead_us)
+        if isinstance(step, TryStart):
+            return state.try_start, (self._interval_us, step.ticket, step.lead_us)
+        return state.retime, (self._interval_us, step.ticket, step.lead_us)
+
+    def _timeout_error(self, job: Job) -> AcquireTimeout:
+        timeout = None if job.deadline is None else job.timeout
+        return AcquireTimeout(
+            f"no turn in queue {self.name!r} within {timeout} s", name=self.name, timeout=timeout
+        )
+
+    def _acquire_flow(self, job: Job) -> Flow[Turn | None]:
+        """Carry ``job`` through the shard's steps until its turn begins; ``None`` if it is withdrawn.
+
+        Runs holding the driver's lock (:meth:`_locked`), which the driver's
+        waits and calls release while they last.
+
+        :raises AcquireTimeout: as soon as the turn cannot come by the job's deadline.
+        """
+        try:
+            while True:
+                if job.withdrawn:
+                    return None
+                now = self._clock()
+                step = self._shard.step(job, now)
+                if isinstance(step, Begin):
+                    self._changed()  # the next job is head now
+                    return step.turn
+                if isinstance(step, Expired):
+                    raise self._timeout_error(job)
+                if isinstance(step, WaitForTurn):
+                    yield Call(
+                        self._wait_for_change, (None if step.deadline is None else step.deadline - now,)
+                    )
+                elif isinstance(step, SleepUntil):
+                    yield Call(self._wait_for_change, (step.until - now,))
+                elif isinstance(step, BeginAt):
+                    yield Call(self._wait_until, (step.until, now, step.spin))
+                else:
+                    operation, args = self._operation(step)
+                    try:
+                        outcome, sent, received, state_now = yield Call(self._call_state, (operation, args))
+                    except BaseException:
+                        self._shard.failed(job)
+                        raise
+                    offset = None if state_now is None else received - state_now
+                    self._shard.receive(job, outcome, sent, received, offset=offset)
+                    self._changed()
+        except BaseException:
+            self._shard.abandon(job)
+            self._changed()
+            raise
+
+    def _add_job(self) -> Job:
+        """A new job at the back of the shard's queue (holding the lock), for a reservation."""
+        return self._shard.add()
+
+
+class ReservationBase(Generic[S]):
+    """A place in a limiter's queue, taken when made; the drivers add ``wait``.
+
+    Cancel it from any thread (asyncio: from the event loop's thread) to give
+    the place up: a wait in progress then returns ``None``.
+    """
+
+    def __init__(self, limiter: LimiterBase[S]) -> None:
+        self._limiter = limiter
+        with limiter._locked():
+            self._job = limiter._add_job()
+
+    @property
+    def turn(self) -> Turn | None:
+        """The turn, once :meth:`wait` has returned it."""
+        job = self._job
+        return job.turn if job.turn is not None and not job.queued and not job.withdrawn else None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` took the place (before its turn began)."""
+        return self._job.withdrawn
+
+    def cancel(self) -> None:
+        """Give the place up, unless its turn has begun; a waiting :meth:`wait` returns ``None``.
+
+        A turn granted and not yet begun is dropped: its slot goes unused.
+        """
+        with self._limiter._locked():
+            self._limiter._shard.withdraw(self._job)
+            self._limiter._changed()
+
+    def _start_waiting(self, timeout: Seconds | None) -> Job:
+        """The job, its deadline set from ``timeout`` seconds (checked) from now."""
+        seconds = _validate.timeout(timeout)
+        job = self._job
+        if job.queued and seconds is not None:
+            job.deadline = self._limiter._clock() + seconds
+            job.timeout = seconds
+        return job
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled else "granted" if self.turn else "waiting"
+        return f"<{type(self).__name__} {state} in {self._limiter!r}>"
+
+
+def _rebuild(
+    cls: type[LimiterBase[Any]],
+    url: str,
+    name: str,
+    interval: float,
+    lead: float | None,
+    max_late: float | None = DEFAULT_MAX_LATE,
+) -> LimiterBase[Any]:
+    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late)
