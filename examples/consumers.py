@@ -131,7 +131,7 @@ def clear(client: redis.Redis, state_url: str, name: str) -> None:
     pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in key["processing"]) + "*"
     stale = list(client.scan_iter(match=pattern))
     client.delete(key["work"], key["results"], *stale)
-    with ratequeue.from_url(state_url) as state:
+    with ratequeue.open_state(state_url) as state:
         state.reset(LIMITER_NAME)
 
 

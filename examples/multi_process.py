@@ -41,7 +41,7 @@ def worker(url: str | None, index: int) -> list[tuple[int, int, int]]:
 
 
 def run(url: str | None) -> int:
-    with ratequeue.from_url(url) as state:  # None: the per-user default file
+    with ratequeue.open_state(url) as state:  # None: the per-user default file
         where = state.url
     if where.startswith("memory:"):
         print("a memory:// state lives inside one process; give a file:// URL", file=sys.stderr)

@@ -46,7 +46,7 @@ def worker(url: str, host: int) -> list[tuple[int, int, int]]:
 
 
 def run(url: str) -> int:
-    with ratequeue.from_url(url) as state:
+    with ratequeue.open_state(url) as state:
         if not isinstance(state, RedisState):
             print(f"not a Redis URL: {url}", file=sys.stderr)
             return 2
@@ -77,7 +77,7 @@ def run(url: str) -> int:
         f"rate {len(gaps) / span:.2f}/s of {1 / INTERVAL:.2f}/s, "
         f"gaps under the interval: {under}, tickets in start order: {'yes' if in_order else 'NO'}"
     )
-    with ratequeue.from_url(url) as state:
+    with ratequeue.open_state(url) as state:
         record = state.read(NAME).record
     print(f"record in Redis: {record}")
     return 0 if under == 0 and in_order else 1

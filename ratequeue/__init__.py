@@ -20,11 +20,18 @@ from .errors import (
     StateCorrupted,
     StateUnavailable,
 )
-from .limiter import Limiter, Status
+from .limiter import Limiter, Reservation, Status
 from .queue import Queue
 from .shard import Turn
-from .state import State, from_url
+from .state import Snapshot, State
+from .state import from_url as open_state
 
+#: the older name of :func:`open_state`, kept working
+from_url = open_state
+
+# What ``import ratequeue`` offers: the limiter and queue (thread API; ``ratequeue.aio``
+# has the asyncio ones), what they return (Turn, Reservation, Status), the errors, and
+# the state contract with its opener for tools that read or reset records directly.
 __all__ = [
     "AcquireTimeout",
     "ConfigurationError",
@@ -32,6 +39,8 @@ __all__ = [
     "Queue",
     "QueueClosed",
     "RateQueueError",
+    "Reservation",
+    "Snapshot",
     "State",
     "StateCorrupted",
     "StateUnavailable",
@@ -39,6 +48,7 @@ __all__ = [
     "Turn",
     "__version__",
     "from_url",
+    "open_state",
 ]
 
 __version__ = "0.1.0"

@@ -15,12 +15,16 @@ def take_many(url: str, name: str, interval_us: int, count: int, barrier: Any) -
         return [state.take(name, interval_us).ticket for _ in range(count)]
 
 
-def race_try_start(url: str, name: str, interval_us: int, ticket: int, lead_us: int, barrier: Any) -> str:
-    """Try to start ``ticket`` at the same moment as the other racers; return the answer's kind."""
+def race_try_start(
+    url: str, name: str, interval_us: int, ticket: int, lead_us: int, barrier: Any
+) -> tuple[str, int | None]:
+    """Try to start ``ticket`` at the same moment as the other racers; return the answer's kind and start."""
     with from_url(url) as state:
         barrier.wait(60)
         outcome = state.try_start(name, interval_us, ticket, lead_us)
-        return "started" if isinstance(outcome, Started) else type(outcome).__name__.lower()
+        if isinstance(outcome, Started):
+            return "started", outcome.start
+        return type(outcome).__name__.lower(), None
 
 
 def acquire_many(

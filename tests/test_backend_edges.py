@@ -97,7 +97,7 @@ def test_a_limiter_on_a_ready_client_pickles_to_the_same_key(client: redis.Redis
     limiter.acquire()
     again = pickle.loads(pickle.dumps(limiter))
     assert again.state.key("q") == "a&b+c:q"  # type: ignore[attr-defined]
-    assert again.status().current == 1
+    assert again.status().pos == 1
     again.close()
 
 

@@ -9,6 +9,7 @@ answers as :mod:`ratequeue.protocol` and end with the same record.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
@@ -17,7 +18,7 @@ from hypothesis import given
 
 from ratequeue import protocol
 from ratequeue.errors import ConfigurationError
-from ratequeue.protocol import Passed, Started
+from ratequeue.protocol import Started
 
 from . import _workers
 from .backends import Backend
@@ -127,20 +128,47 @@ def test_tickets_are_unique_across_processes(shared_backend: Backend) -> None:
 
 
 @pytest.mark.processes
-def test_exactly_one_racer_starts_a_ticket(shared_backend: Backend) -> None:
-    """8 processes try to start the same ticket at once: exactly one STARTED, the rest PASSED."""
+def test_racers_on_one_ticket_share_its_one_start(shared_backend: Backend) -> None:
+    """8 processes try to start the same ticket at once: one start is recorded, all are told it.
+
+    (Asking again for the latest start is the same grant, so that a client
+    re-sending a call whose answer it lost keeps its turn.)
+    """
+    interval = 10_000_000
+    name = shared_backend.fresh_name()
+    state = shared_backend.open()
+    assert isinstance(state.take_and_try(name, interval, 0), Started)
+    ticket = state.take(name, interval).ticket
+    answers = race(shared_backend, [(name, interval, ticket, interval)] * 8)
+    assert {kind for kind, _ in answers} == {"started"}
+    starts = {start for _, start in answers}
+    assert len(starts) == 1, "one start, the same for every racer"
+    record = state.read(name).record
+    assert record is not None
+    assert (record.pos, record.at) == (ticket, starts.pop())
+
+
+@pytest.mark.processes
+def test_racers_on_eight_tickets_start_an_interval_apart_in_order(shared_backend: Backend) -> None:
+    """8 processes try to start 8 tickets at once: the starts stay spaced and ordered (atomic CAS)."""
     name = shared_backend.fresh_name()
     state = shared_backend.open()
     assert isinstance(state.take_and_try(name, 1000, 0), Started)
-    ticket = state.take(name, 1000).ticket
+    tickets = [state.take(name, 1000).ticket for _ in range(8)]
+    answers = race(shared_backend, [(name, 1000, ticket, 10_000_000) for ticket in tickets])
+    started = sorted((ticket, start) for ticket, (kind, start) in zip(tickets, answers, strict=True) if start)
+    assert started, "the first racer to arrive starts"
+    for (_, s1), (_, s2) in itertools.pairwise(started):
+        assert s2 - s1 >= 1000, "starts one interval apart, in ticket order"
+    assert all(kind in ("started", "passed") for kind, _ in answers)
+
+
+def race(backend: Backend, calls: list[tuple[str, int, int, int]]) -> list[tuple[str, int | None]]:
+    """Run ``try_start(name, interval, ticket, lead)`` for each of ``calls`` in its own process, at once."""
     manager = multiprocessing.get_context("spawn").Manager()
-    barrier = manager.Barrier(8)
-    with spawn_pool(8) as pool:
-        futures = [
-            pool.submit(_workers.race_try_start, shared_backend.url, name, 1000, ticket, 10_000_000, barrier)
-            for _ in range(8)
-        ]
-        kinds = sorted(future.result(timeout=120) for future in futures)
+    barrier = manager.Barrier(len(calls))
+    with spawn_pool(len(calls)) as pool:
+        futures = [pool.submit(_workers.race_try_start, backend.url, *call, barrier) for call in calls]
+        answers = [future.result(timeout=120) for future in futures]
     manager.shutdown()
-    assert kinds == ["passed"] * 7 + ["started"]
-    assert isinstance(state.try_start(name, 1000, ticket, 10_000_000), Passed)
+    return answers

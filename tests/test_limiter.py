@@ -121,7 +121,7 @@ def test_decorator_keeps_metadata_and_waits_for_each_call() -> None:
     @limiter
     def fetch(url: str, *, retries: int = 3) -> str:
         """Fetch a URL."""
-        seen.append(limiter.status().current)
+        seen.append(limiter.status().pos)
         return url.upper()
 
     assert fetch.__name__ == "fetch"
@@ -155,7 +155,7 @@ def test_wrap_works_on_methods_and_coroutine_functions() -> None:
     assert inspect.iscoroutinefunction(wrapped)
     assert wrapped.__name__ == "fetch"
     assert asyncio.run(wrapped(21)) == 42
-    assert limiter.status().current == 2
+    assert limiter.status().pos == 2
 
 
 def test_context_manager_returns_the_turn() -> None:
@@ -179,10 +179,10 @@ def test_pickles_as_configuration(tmp_path: Path) -> None:
 def test_status_reports_record_and_shard() -> None:
     limiter = fresh(LONG)
     status = limiter.status()
-    assert (status.next_ticket, status.current, status.last_start, status.waiting) == (1, 0, None, 0)
+    assert (status.next_ticket, status.pos, status.last_start, status.waiting) == (1, 0, None, 0)
     turn = limiter.acquire()
     status = limiter.status()
-    assert (status.next_ticket, status.current, status.interval) == (2, 1, LONG)
+    assert (status.next_ticket, status.pos, status.interval) == (2, 1, LONG)
     assert status.last_start == turn.start
     assert status.now >= turn.start
 
@@ -192,12 +192,12 @@ def test_memory_urls_share_a_store_per_name() -> None:
     b = Limiter("memory://shared-test", name="q", interval=LONG)
     c = Limiter("memory://other-test", name="q", interval=LONG)
     a.acquire()
-    assert b.status().current == 1
-    assert c.status().current == 0
+    assert b.status().pos == 1
+    assert c.status().pos == 0
 
 
 def test_close_leaves_a_callers_state_open(tmp_path: Path) -> None:
-    state = ratequeue.from_url(f"file://{tmp_path}/state.json")
+    state = ratequeue.open_state(f"file://{tmp_path}/state.json")
     Limiter(state, name="q", interval=0.01).close()
     assert state.take("q", 10_000).ticket == 1
 

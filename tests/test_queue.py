@@ -25,7 +25,7 @@ def test_jobs_run_in_order_at_the_rate_with_their_results() -> None:
     starts: list[tuple[int, int]] = []
 
     def job(i: int) -> int:
-        starts.append((i, queue.status().current))
+        starts.append((i, queue.status().pos))
         return i * i
 
     futures = [queue.add(job, i) for i in range(10)]
@@ -73,7 +73,7 @@ def test_cancelled_job_is_removed_and_never_runs() -> None:
         if thread.name.startswith("ratequeue-"):
             thread.join(5.0)  # the pacer's wait is withdrawn: it ends now, not after the 30 s interval
             assert not thread.is_alive()
-    assert queue.status().current == 1
+    assert queue.status().pos == 1
     with pytest.raises(CancelledError):
         third.result()
 

@@ -14,8 +14,12 @@ states run in a thread.
 
 from __future__ import annotations
 
-from .limiter import Limiter
+from .limiter import Limiter, Reservation
 from .queue import Queue
-from .state import AsyncState, ThreadedState, from_url
+from .state import AsyncState, ThreadedState
+from .state import from_url as open_state
 
-__all__ = ["AsyncState", "Limiter", "Queue", "ThreadedState", "from_url"]
+#: the older name of :func:`open_state`, kept working
+from_url = open_state
+
+__all__ = ["AsyncState", "Limiter", "Queue", "Reservation", "ThreadedState", "from_url", "open_state"]

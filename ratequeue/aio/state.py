@@ -15,9 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar, Union
 
 from .. import _validate
-from ..errors import ConfigurationError
 from ..protocol import Outcome, Taken
-from ..state import State
+from ..state import State, backend_of, opener
 from ..state import from_url as sync_from_url
 from ..state.base import (
     Snapshot,
@@ -143,31 +142,16 @@ AsyncStateLike = Union[str, "os.PathLike[str]", State, AsyncState, None]
 def from_url(url: AsyncStateLike) -> AsyncState:
     """Open the state named by ``url`` for asyncio.
 
-    ``redis://`` and ``mongodb://`` use the drivers' asyncio clients; the
-    memory and file states (and any synchronous :class:`State` object) run in
-    a thread. Raises :class:`ConfigurationError` as :func:`ratequeue.state.from_url` does.
+    ``redis://`` and ``mongodb://`` use the drivers' asyncio clients (the
+    registry :data:`ratequeue.state.BACKENDS` names them); the memory and
+    file states, and any synchronous :class:`State` object, run in a
+    thread. Raises :class:`ConfigurationError` as :func:`ratequeue.state.from_url` does.
     """
     if isinstance(url, AsyncState):
         return url
     if isinstance(url, str):
-        scheme = url.split(":", 1)[0].lower()
-        if scheme in ("redis", "rediss", "unix"):
-            module = _import_backend("redis", "redis")
-            return module.AsyncRedisState.from_url(url)  # type: ignore[no-any-return]
-        if scheme in ("mongodb", "mongodb+srv"):
-            module = _import_backend("mongodb", "mongodb")
-            return module.AsyncMongoState.from_url(url)  # type: ignore[no-any-return]
+        backend = backend_of(url)
+        if backend.async_module is not None and backend.async_state is not None:
+            state: AsyncState = opener(url, backend.async_module, backend.async_state, backend.extra)(url)
+            return state
     return ThreadedState(sync_from_url(url))
-
-
-def _import_backend(module: str, extra: str):  # type: ignore[no-untyped-def]
-    import importlib
-
-    try:
-        return importlib.import_module(f"ratequeue.aio.{module}")
-    except ImportError as exc:
-        if exc.name and exc.name.startswith("ratequeue"):
-            raise
-        raise ConfigurationError(
-            f"{module} states need the {exc.name!r} package: pip install 'ratequeue[{extra}]'"
-        ) from exc

@@ -8,23 +8,45 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Union
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from .base import Snapshot, State
 
-__all__ = ["Snapshot", "State", "StateLike", "from_url", "schemes"]
+__all__ = ["BACKENDS", "Backend", "Snapshot", "State", "StateLike", "from_url", "schemes"]
 
-#: scheme -> (module, class, extra that provides its dependency or None)
-_BACKENDS: dict[str, tuple[str, str, str | None]] = {
-    "memory": ("ratequeue.state.memory", "MemoryState", None),
-    "file": ("ratequeue.state.file", "FileState", None),
-    "redis": ("ratequeue.state.redis", "RedisState", "redis"),
-    "rediss": ("ratequeue.state.redis", "RedisState", "redis"),
-    "unix": ("ratequeue.state.redis", "RedisState", "redis"),
-    "mongodb": ("ratequeue.state.mongodb", "MongoState", "mongodb"),
-    "mongodb+srv": ("ratequeue.state.mongodb", "MongoState", "mongodb"),
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a URL scheme's state classes live, and the extra that installs their dependency."""
+
+    #: the module and class of the synchronous state
+    module: str
+    state: str
+    #: the module and class of the asyncio state; ``None``: the sync state runs in a thread
+    async_module: str | None = None
+    async_state: str | None = None
+    #: the extra (``pip install 'ratequeue[extra]'``) providing the driver, or ``None``
+    extra: str | None = None
+
+
+_REDIS = Backend("ratequeue.state.redis", "RedisState", "ratequeue.aio.redis", "AsyncRedisState", "redis")
+_MONGODB = Backend(
+    "ratequeue.state.mongodb", "MongoState", "ratequeue.aio.mongodb", "AsyncMongoState", "mongodb"
+)
+
+#: every URL scheme :func:`from_url` and :func:`ratequeue.aio.from_url` know, sync and asyncio
+BACKENDS: dict[str, Backend] = {
+    "memory": Backend("ratequeue.state.memory", "MemoryState"),
+    "file": Backend("ratequeue.state.file", "FileState"),
+    "redis": _REDIS,
+    "rediss": _REDIS,
+    "unix": _REDIS,
+    "mongodb": _MONGODB,
+    "mongodb+srv": _MONGODB,
 }
 
 #: what the limiters and queues accept as their state
@@ -33,7 +55,35 @@ StateLike = Union[str, "os.PathLike[str]", State, None]
 
 def schemes() -> list[str]:
     """The URL schemes :func:`from_url` knows."""
-    return sorted(_BACKENDS)
+    return sorted(BACKENDS)
+
+
+def backend_of(url: str) -> Backend:
+    """The backend of a state URL; :class:`ConfigurationError` for an unknown scheme."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in BACKENDS:
+        hint = f"; for a state file write file://{url}" if url.startswith("/") else ""
+        raise ConfigurationError(
+            f"unknown state URL scheme in {url!r}: use one of {', '.join(schemes())}{hint}"
+        )
+    return BACKENDS[scheme]
+
+
+def opener(url: str, module_name: str, class_name: str, extra: str | None) -> Callable[[str], Any]:
+    """``module_name.class_name.from_url``, imported now; a clear error if its driver is missing."""
+    scheme = urlsplit(url).scheme.lower()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if exc.name == module_name:
+            raise ConfigurationError(f"{scheme}:// states are not available in this version") from exc
+        if extra is None or exc.name is None or exc.name.startswith("ratequeue"):
+            raise
+        raise ConfigurationError(
+            f"{scheme}:// states need the {exc.name!r} package: pip install 'ratequeue[{extra}]'"
+        ) from exc
+    opens: Callable[[str], Any] = getattr(module, class_name).from_url
+    return opens
 
 
 def from_url(url: StateLike) -> State:
@@ -56,22 +106,6 @@ def from_url(url: StateLike) -> State:
         return FileState(url)
     if not isinstance(url, str):
         raise ConfigurationError(f"a state is a URL, a path or a State object, got {type(url).__name__}")
-    scheme = urlsplit(url).scheme.lower()
-    if scheme not in _BACKENDS:
-        hint = f"; for a state file write file://{url}" if url.startswith("/") else ""
-        raise ConfigurationError(
-            f"unknown state URL scheme in {url!r}: use one of {', '.join(schemes())}{hint}"
-        )
-    module_name, class_name, extra = _BACKENDS[scheme]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        if exc.name == module_name:
-            raise ConfigurationError(f"{scheme}:// states are not available in this version") from exc
-        if extra is None or exc.name is None:
-            raise
-        raise ConfigurationError(
-            f"{scheme}:// states need the {exc.name!r} package: pip install 'ratequeue[{extra}]'"
-        ) from exc
-    backend: type[State] = getattr(module, class_name)
-    return backend.from_url(url)  # type: ignore[attr-defined, no-any-return]
+    backend = backend_of(url)
+    state: State = opener(url, backend.module, backend.state, backend.extra)(url)
+    return state
