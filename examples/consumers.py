@@ -108,6 +108,7 @@ def worker(
             item = client.lmove(key["work"], processing, "LEFT", "RIGHT")
             if item is None:
                 break  # the list ran dry: this turn goes unused and the worker stops
+            assert isinstance(item, str)  # decode_responses=True
             do_work(item, interval)
             record = json.dumps(
                 {"worker": index, "item": item, "ticket": turn.ticket, "start_us": turn.start_us}
@@ -289,7 +290,10 @@ def report(client: redis.Redis, name: str, filled: list[str], workers: int, inte
     twice = sorted(item for item, count in done.items() if count > 1)
     unknown = sorted(item for item in done if item not in wanted)
     left = client.lrange(key["work"], 0, -1)
-    stranded = {index: client.lrange(f"{key['processing']}{index}", 0, -1) for index in range(1, workers + 1)}
+    stranded = {
+        index: [str(item) for item in client.lrange(f"{key['processing']}{index}", 0, -1)]
+        for index in range(1, workers + 1)
+    }
     print(
         f"items: {len(done)}/{len(filled)} done, {len(lost)} lost, {len(twice)} done twice, "
         f"{len(unknown)} unknown, {len(left)} left in the work list, "
