@@ -23,6 +23,7 @@ from typing import Union
 __all__ = [
     "NEVER",
     "US",
+    "Micros",
     "Outcome",
     "Passed",
     "Record",
@@ -44,6 +45,10 @@ NEVER = -(2**52)
 #: microseconds per second
 US = 1_000_000
 
+#: a time or a duration in whole microseconds: every time, interval and lead in this
+#: module and in the states is one (a name ending in ``_us`` says so where seconds are near)
+Micros = int
+
 
 @dataclass(frozen=True)
 class Record:
@@ -54,16 +59,16 @@ class Record:
     #: the highest ticket that has started (0: none yet)
     pos: int
     #: state-clock time (us) at which ticket ``pos`` starts; ``NEVER`` if none has
-    at: int
+    at: Micros
     #: microseconds between two starts, fixed when the record is created
-    interval: int
+    interval: Micros
 
-    def slot(self, ticket: int) -> int:
+    def slot(self, ticket: int) -> Micros:
         """The earliest state-clock time at which ``ticket`` (> ``pos``) may start."""
         return self.at + (ticket - self.pos) * self.interval
 
 
-def new_record(interval: int) -> Record:
+def new_record(interval: Micros) -> Record:
     """The record of a queue that has handed out no ticket yet."""
     return Record(ticket=1, pos=0, at=NEVER, interval=interval)
 
@@ -74,8 +79,8 @@ class Taken:
 
     ticket: int
     pos: int
-    at: int
-    now: int
+    at: Micros
+    now: Micros
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,8 @@ class Started:
     """``ticket`` started; its job begins at state-clock time ``start`` (``>= now``)."""
 
     ticket: int
-    start: int
-    now: int
+    start: Micros
+    now: Micros
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,8 @@ class Wait:
     """``ticket`` may not start before state-clock time ``slot``; ask again then."""
 
     ticket: int
-    slot: int
-    now: int
+    slot: Micros
+    now: Micros
 
 
 @dataclass(frozen=True)
@@ -102,14 +107,14 @@ class Passed:
 
     ticket: int
     pos: int
-    now: int
+    now: Micros
 
 
 #: what :func:`try_start` and :func:`take_and_try` answer
 Outcome = Union[Started, Wait, Passed]
 
 
-def take(record: Record, now: int) -> tuple[Record, Taken]:
+def take(record: Record, now: Micros) -> tuple[Record, Taken]:
     """Hand out the next ticket.
 
     When every ticket already handed out is at least one interval past its
@@ -124,7 +129,7 @@ def take(record: Record, now: int) -> tuple[Record, Taken]:
     return replace(record, ticket=record.ticket + 1), taken
 
 
-def try_start(record: Record, ticket: int, lead: int, now: int) -> tuple[Record, Outcome]:
+def try_start(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
     """Start ``ticket`` if its slot is at most ``lead`` microseconds away.
 
     A started ticket's job begins at ``max(slot, now)``, which may lie up to
@@ -151,18 +156,18 @@ def try_start(record: Record, ticket: int, lead: int, now: int) -> tuple[Record,
     return record, Wait(ticket=ticket, slot=slot, now=now)
 
 
-def is_same_grant(record: Record, ticket: int, now: int) -> bool:
+def is_same_grant(record: Record, ticket: int, now: Micros) -> bool:
     """Whether ``try_start(ticket)`` at ``now`` repeats the grant already given (see :func:`try_start`)."""
     return record.pos == ticket < record.ticket and now < record.at + record.interval
 
 
-def take_and_try(record: Record, lead: int, now: int) -> tuple[Record, Outcome]:
+def take_and_try(record: Record, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
     """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
     record, taken = take(record, now)
     return try_start(record, taken.ticket, lead, now)
 
 
-def retime(record: Record, ticket: int, lead: int, now: int) -> tuple[Record, Outcome]:
+def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
     """Move the start of ``ticket``, the latest started, to ``now + lead`` at the earliest.
 
     A shard whose job could not begin on time (its wake-up came too late)
