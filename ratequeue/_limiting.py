@@ -238,12 +238,16 @@ class LimiterBase(ABC, Generic[S]):
             self._changed()
             raise
 
+    @abstractmethod
+    def reserve(self) -> ReservationBase[S]:
+        """Take a place in this shard's queue now, to wait for its turn later."""
+
     def _add_job(self) -> Job:
         """A new job at the back of the shard's queue (holding the lock), for a reservation."""
         return self._shard.add()
 
 
-class ReservationBase(Generic[S]):
+class ReservationBase(ABC, Generic[S]):
     """A place in a limiter's queue, taken when made; the drivers add ``wait``.
 
     Cancel it from any thread (asyncio: from the event loop's thread) to give
@@ -274,6 +278,10 @@ class ReservationBase(Generic[S]):
         with self._limiter._locked():
             self._limiter._shard.withdraw(self._job)
             self._limiter._changed()
+
+    @abstractmethod
+    def wait(self, timeout: Seconds | None = None) -> Any:
+        """Wait for the turn of this place (a coroutine on asyncio); ``None`` if cancelled."""
 
     def _start_waiting(self, timeout: Seconds | None) -> Job:
         """The job, its deadline set from ``timeout`` seconds (checked) from now."""

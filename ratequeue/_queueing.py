@@ -52,6 +52,12 @@ class JobFuture(Protocol):
     def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
 
 
+class Releasable(Protocol):
+    """A semaphore, threading or asyncio: what counts the running jobs."""
+
+    def release(self) -> None: ...
+
+
 class PlaceInQueue(Protocol):
     """A limiter's reservation, thread or asyncio: waited for (plain or coroutine), or cancelled."""
 
@@ -95,6 +101,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
         self._pacing = False
         #: the pacer's place in the limiter's queue, cancelled when no queued job is left to use it
         self._reservation: PlaceInQueue | None = None
+        #: counts the running jobs when their number is bounded (set by the driver)
+        self._places: Releasable | None = None
         self._closed = False
         #: whether the state has been closed (once the queue is closed and idle)
         self._state_closed = False
@@ -155,13 +163,14 @@ class QueueBase(ABC, Generic[L, FutureT]):
     def _take_running_place(self) -> Any:
         """Wait (plain or coroutine) until fewer than ``max_running`` jobs run, and count one more."""
 
-    @abstractmethod
     def _release_running_place(self) -> None:
         """Count one running job less (see :meth:`_take_running_place`)."""
+        if self._places is not None:
+            self._places.release()
 
-    @abstractmethod
     def _reserve(self) -> PlaceInQueue:
         """A new place in the limiter's queue."""
+        return self._limiter.reserve()
 
     # Written once.
 

@@ -19,7 +19,7 @@ from . import _validate
 from ._flow import run
 from ._limiting import Seconds
 from ._queueing import Entry, QueueBase
-from .limiter import Limiter, Reservation, Status
+from .limiter import Limiter, Status
 from .state import State, StateLike
 
 __all__ = ["Queue"]
@@ -54,7 +54,8 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
         """
         super().__init__(Limiter(url, name=name, interval=interval, lead=lead), max_running)
         self._lock = threading.Condition()
-        self._places = threading.BoundedSemaphore(self._max_running) if self._max_running else None
+        self._semaphore = threading.BoundedSemaphore(self._max_running) if self._max_running else None
+        self._places = self._semaphore
 
     @property
     def state(self) -> State:
@@ -118,12 +119,5 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
         return future.set_running_or_notify_cancel()
 
     def _take_running_place(self) -> None:
-        if self._places is not None:
-            self._places.acquire()
-
-    def _release_running_place(self) -> None:
-        if self._places is not None:
-            self._places.release()
-
-    def _reserve(self) -> Reservation:
-        return self._limiter.reserve()
+        if self._semaphore is not None:
+            self._semaphore.acquire()

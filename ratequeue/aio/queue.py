@@ -17,7 +17,7 @@ from .. import _validate
 from .._flow import arun
 from .._limiting import Seconds, Status
 from .._queueing import Entry, QueueBase
-from .limiter import Limiter, Reservation
+from .limiter import Limiter
 from .state import AsyncState, AsyncStateLike
 
 __all__ = ["Queue"]
@@ -42,7 +42,8 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
     ) -> None:
         """See :class:`ratequeue.Queue`."""
         super().__init__(Limiter(url, name=name, interval=interval, lead=lead), max_running)
-        self._places = asyncio.Semaphore(self._max_running) if self._max_running else None
+        self._semaphore = asyncio.Semaphore(self._max_running) if self._max_running else None
+        self._places = self._semaphore
         #: the pacer and job tasks, kept so that they are not collected while they run
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
@@ -124,12 +125,5 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
         return not future.cancelled()
 
     async def _take_running_place(self) -> None:
-        if self._places is not None:
-            await self._places.acquire()
-
-    def _release_running_place(self) -> None:
-        if self._places is not None:
-            self._places.release()
-
-    def _reserve(self) -> Reservation:
-        return self._limiter.reserve()
+        if self._semaphore is not None:
+            await self._semaphore.acquire()
