@@ -52,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - the tests run with PySpark
     raise ConfigurationError("ratequeue.spark needs PySpark: pip install 'ratequeue[spark]'") from exc
 
 if TYPE_CHECKING:
-    import pandas as pd  # type: ignore[import-untyped,unused-ignore]
+    import pandas as pd
     from pyspark.sql._typing import DataTypeOrString, UserDefinedFunctionLike
 
 __all__ = [
