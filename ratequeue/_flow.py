@@ -28,24 +28,21 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, NamedTuple, TypeVar, Union
 
 __all__ = ["Call", "Effect", "Flow", "Sleep", "arun", "run"]
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """Call ``fn(*args)`` and send its result back (awaited first under :func:`arun` if awaitable)."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True)
-class Sleep:
+class Sleep(NamedTuple):
     """Pause for ``seconds`` (``time.sleep`` or ``asyncio.sleep``), then go on."""
 
     seconds: float

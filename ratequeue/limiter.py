@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from . import _validate
 from ._flow import run
 from ._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
 from ._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
@@ -77,8 +78,11 @@ class Limiter(LimiterBase[State]):
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
         """
-        turn = Reservation(self).wait(timeout)
-        assert turn is not None, "only a cancelled reservation has no turn"
+        seconds = _validate.timeout(timeout)
+        with self._cond:
+            job = self._shard.add(None if seconds is None else self._clock() + seconds, seconds)
+            turn = run(self._acquire_flow(job))
+        assert turn is not None, "only a withdrawn job has no turn, and this one is nobody else's"
         return turn
 
     def reserve(self) -> Reservation:

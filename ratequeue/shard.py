@@ -277,9 +277,9 @@ class Shard:
         ordered = sorted(self._wake_lateness)
         return min(ordered[len(ordered) // 2], self.interval, _MAX_EARLY)
 
-    def add(self, deadline: float | None = None) -> Job:
-        """Queue a new job at the back; ``deadline`` is local time."""
-        job = Job(deadline=deadline)
+    def add(self, deadline: float | None = None, timeout: float | None = None) -> Job:
+        """Queue a new job at the back; ``deadline`` is local time (set from ``timeout`` s, for messages)."""
+        job = Job(deadline=deadline, timeout=timeout)
         job.queued = True
         self._jobs.append(job)
         return job

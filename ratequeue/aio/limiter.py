@@ -16,6 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from .. import _validate
 from .._flow import arun
 from .._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
@@ -70,8 +71,10 @@ class Limiter(LimiterBase[AsyncState]):
             only takes a turn that is free now.
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         """
-        turn = await Reservation(self).wait(timeout)
-        assert turn is not None, "only a cancelled reservation has no turn"
+        seconds = _validate.timeout(timeout)
+        job = self._shard.add(None if seconds is None else self._clock() + seconds, seconds)
+        turn = await arun(self._acquire_flow(job))
+        assert turn is not None, "only a withdrawn job has no turn, and this one is nobody else's"
         return turn
 
     def reserve(self) -> Reservation:
