@@ -478,3 +478,57 @@ def test_lock_file_deleted_in_use_is_opened_again(path: Path) -> None:
     finally:
         os.close(fd)
     assert state.take("q", INTERVAL).ticket == 2
+
+
+# --- writes: a failed write leaves the old file ---
+
+
+#: runs one operation on the state file at argv[1] with files limited to argv[2] bytes, and
+#: prints what it raised; a write past the limit comes up short, then fails with EFBIG
+WRITE_LIMITED = """
+import resource, signal, sys
+from ratequeue.errors import StateUnavailable
+from ratequeue.state.file import FileState
+state = FileState(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    state.take(sys.argv[3], 100_000)
+except StateUnavailable as exc:
+    print("StateUnavailable", exc.where, exc, sep="\\n")
+else:
+    print("returned")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE and SIGXFSZ")
+@pytest.mark.parametrize("name", ["q0", "new"], ids=["changed record", "new record"])
+def test_write_cut_short_raises_and_leaves_the_old_file(path: Path, name: str) -> None:
+    """A write that the disk cuts short (here: a file-size limit) raises StateUnavailable naming
+    the file, and leaves the old file complete, with every queue's record, and no temporary file."""
+    queues = {
+        f"q{i}": {"ticket": i + 2, "pos": i + 1, "at": T0_US + i, "interval": INTERVAL} for i in range(300)
+    }
+    path.write_text(json.dumps({"format": "ratequeue-state", "version": 1, "queues": queues}, indent=1))
+    os.chmod(path, 0o600)
+    before = path.read_bytes()
+    limit = 4096
+    assert len(before) > 4 * limit
+    ran = subprocess.run(
+        [sys.executable, "-c", WRITE_LIMITED, str(path), str(limit), name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[:2] == ["StateUnavailable", str(path)], ran.stdout
+    assert str(path) in lines[2]
+    assert path.read_bytes() == before
+    state = FileState(path)
+    for queue, fields in queues.items():
+        assert state.read(queue).record == protocol.Record(**fields)
+    assert state.read("new").record is None
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.lock"]
+    assert state.take(name, INTERVAL).ticket == queues.get(name, {"ticket": 1})["ticket"]

@@ -2,8 +2,10 @@
 
 The file holds the records of many queue names. Every operation reads,
 changes and rewrites it while holding an exclusive lock on ``PATH.lock``; the
-new content is written to a temporary file and moved into place, so a
-process killed mid-write never leaves a torn file. The clock is the host's
+new content is written whole to a temporary file, synced to disk and moved
+into place, so a process killed or a write failing mid-way never leaves a
+torn file, and a change survives an operating-system crash once its
+operation has returned (see docs/file-state.md). The clock is the host's
 wall clock, which every user of the file shares.
 
 Waiting for the lock costs no CPU while it stays held: the threads of a
@@ -179,12 +181,20 @@ class FileState(LocalState):
         return _decode(raw, where=str(self.path))
 
     def _store(self, data: dict[str, Any]) -> None:
+        """Replace the file with ``data``: written whole and flushed to disk, or not at all.
+
+        The new content goes to a temporary file, which is synced and then
+        renamed over the old file; the directory is synced after the rename
+        where the platform allows. A failed or short write leaves the old file
+        as it was and removes the temporary file.
+        """
         text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False).encode()
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{id(self)}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
-                os.write(fd, text)
+                _write_all(fd, text)
+                os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
@@ -192,8 +202,9 @@ class FileState(LocalState):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise StateUnavailable(
-                f"cannot write state file {self.path}: {exc}", where=str(self.path)
+                f"cannot write state file {self.path} (left as it was): {exc}", where=str(self.path)
             ) from exc
+        _sync_directory(self.path.parent)
 
 
 class LockTimeout(Exception):
@@ -486,6 +497,30 @@ def _open_lock_file(path: str) -> int:
             return os.open(path, flags)
         except FileNotFoundError:
             continue  # deleted since: create it
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``, looping on short writes; a write that makes no progress raises."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, f"write made no progress with {len(view)} bytes left")
+        view = view[written:]
+
+
+def _sync_directory(directory: Path) -> None:
+    """Flush ``directory``'s entries to disk, so that a rename in it survives a crash; best effort.
+
+    Where a directory cannot be opened or synced (Windows, some file
+    systems), this does nothing: the file's content is synced already.
+    """
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _host_clock() -> int:
