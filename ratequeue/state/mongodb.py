@@ -7,7 +7,20 @@ leaves its answer in ``answer``: no read-then-write from the client and no
 transaction. The filter names the expected interval, so an operation on a
 record with another interval matches nothing and changes nothing; only then
 (and for a queue's first operation) does the client insert the initial
-record or report the mismatch.
+record or report the mismatch. What is sent and how answers are read is in
+:mod:`ratequeue.state._mongodb_codec`.
+
+How an operation goes -- update, create the record, retry, read -- is
+written once, in :class:`MongoStateBase`, as :mod:`ratequeue._flow`
+generators: :class:`MongoState` carries them out with pymongo's client in
+the calling thread, :class:`ratequeue.aio.mongodb.AsyncMongoState` with its
+asyncio client.
+
+A connection failure is retried (:data:`RETRIES` times, with backoff), so an
+operation may reach the server twice when only its reply was lost: a
+repeated ``try_start`` of the latest start is answered with the same grant
+(:func:`ratequeue.protocol.is_same_grant`), so no turn is lost; a repeated
+``take`` leaks one ticket, which costs at most one interval (G4).
 
 ``$$NOW`` has millisecond resolution: on this backend every ``now`` is a
 whole millisecond (in microseconds), and intervals keep their microseconds.
@@ -15,251 +28,94 @@ whole millisecond (in microseconds), and intervals keep their microseconds.
 
 from __future__ import annotations
 
-import datetime
-import time
-from typing import Any
-from urllib.parse import parse_qsl
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from typing import Any, Generic, TypeVar
+from urllib.parse import unquote, urlsplit
 
-from pymongo import MongoClient, ReturnDocument
+from pymongo import AsyncMongoClient, MongoClient, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.collection import Collection
-from pymongo.errors import ConfigurationError as MongoConfigurationError
-from pymongo.errors import ConnectionFailure, DuplicateKeyError, InvalidURI, PyMongoError
+from pymongo.errors import ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
-from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
-from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
-from .base import MAX_US, Clock, Snapshot, State, check_interval_matches, check_record, split_options
+from .._flow import Call, Flow, Sleep, run
+from ..errors import ConfigurationError, RateQueueError, StateUnavailable
+from ..protocol import Outcome, Taken
+from ._mongodb_codec import (
+    BAD_URL_ERRORS,
+    DEFAULT_COLLECTION,
+    DEFAULT_DATABASE,
+    Document,
+    Op,
+    OutcomeOp,
+    Pipeline,
+    check_document,
+    check_well_formed,
+    client_options,
+    datetime_us,
+    initial_document,
+    parse_outcome,
+    parse_taken,
+    pipeline,
+    read_now,
+    read_pipeline,
+    split_url,
+    update_filter,
+    where_of,
+)
+from .base import Clock, Snapshot, State, StateBase, check_interval_matches, redact
 
-__all__ = ["MongoState"]
+__all__ = ["MongoState", "MongoStateBase", "split_url"]
 
-DEFAULT_DATABASE = "ratequeue"
-DEFAULT_COLLECTION = "queues"
-
-#: how often a transient connection failure is retried, and the first backoff
+#: how often a transient connection failure is retried, the first backoff and the longest (s)
 RETRIES = 5
 BACKOFF = 0.02
+BACKOFF_CAP = 0.5
+
+#: how often an update finding no document creates it and tries again
+CREATE_ATTEMPTS = 3
+
+#: the client a state drives: pymongo's synchronous or asyncio one
+ClientT = TypeVar("ClientT", MongoClient[Any], AsyncMongoClient[Any])
 
 
-def _now_expression(fixed: int | None) -> Any:
-    """The server clock in microseconds, or a fixed value (tests only)."""
-    if fixed is not None:
-        return {"$literal": fixed}
-    return {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
+def retrying(call: Call) -> Flow[Any]:
+    """``call`` carried out; after a connection failure, again (with backoff), :data:`RETRIES` times at most.
+
+    Any other error, and the last connection failure, is raised: the state
+    maps it (:meth:`MongoStateBase._error_for`).
+    """
+    delay = BACKOFF
+    for _ in range(RETRIES):
+        try:
+            return (yield call)
+        except ConnectionFailure:
+            yield Sleep(delay)
+            delay = min(delay * 2, BACKOFF_CAP)
+    return (yield call)
 
 
-def _slot(ticket: Any) -> Any:
-    """``at + (ticket - pos) * interval`` over the document's fields."""
-    return {"$add": ["$at", {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
-
-
-def _open_stages(interval: int, now: int | None) -> list[dict[str, Any]]:
-    """Fill a new document's fields and read the clock into ``_now``."""
-    return [
-        {
-            "$set": {
-                "_now": _now_expression(now),
-                "ticket": {"$ifNull": ["$ticket", 1]},
-                "pos": {"$ifNull": ["$pos", 0]},
-                "at": {"$ifNull": ["$at", {"$literal": NEVER}]},
-                "interval": {"$ifNull": ["$interval", {"$literal": interval}]},
-            }
-        }
-    ]
-
-
-def _take_stages() -> list[dict[str, Any]]:
-    """``take``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``."""
-    last = {"$subtract": ["$ticket", 1]}
-    stale = {
-        "$and": [
-            {"$gt": [last, "$pos"]},
-            {"$lte": [{"$add": [_slot(last), "$interval"]}, "$_now"]},
-        ]
-    }
-    return [
-        {"$set": {"pos": {"$cond": [stale, last, "$pos"]}}},
-        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", 1]}}},
-    ]
-
-
-def _try_stages(lead: int) -> list[dict[str, Any]]:
-    """``try_start`` of ticket ``_t``: set ``answer`` and, if started, ``pos`` and ``at``."""
-    passed = {"$or": [{"$gte": ["$pos", "$_t"]}, {"$gte": ["$_t", "$ticket"]}]}
-    can_start = {"$gte": [{"$add": ["$_now", {"$literal": lead}]}, _slot("$_t")]}
-    start = {"$max": [_slot("$_t"), "$_now"]}
-    return [
-        {
-            "$set": {
-                "answer": {
-                    "$switch": {
-                        "branches": [
-                            {"case": passed, "then": {"kind": "passed", "ticket": "$_t", "value": "$pos"}},
-                            {"case": can_start, "then": {"kind": "started", "ticket": "$_t", "value": start}},
-                        ],
-                        "default": {"kind": "wait", "ticket": "$_t", "value": _slot("$_t")},
-                    }
-                }
-            }
-        },
-        {
-            "$set": {
-                "answer.now": "$_now",
-                "pos": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$_t", "$pos"]},
-                "at": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$answer.value", "$at"]},
-            }
-        },
-    ]
-
-
-def _retime_stages(ticket: int, lead: int) -> list[dict[str, Any]]:
-    """``retime`` of ``ticket``: while it is the latest start, move ``at`` to ``_now + lead`` or later."""
-    latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
-    start = {"$max": ["$at", {"$add": ["$_now", {"$literal": lead}]}]}
-    return [
-        {
-            "$set": {
-                "answer": {
-                    "$cond": [
-                        latest,
-                        {"kind": "started", "ticket": {"$literal": ticket}, "value": start},
-                        {"kind": "passed", "ticket": {"$literal": ticket}, "value": "$pos"},
-                    ]
-                }
-            }
-        },
-        {
-            "$set": {
-                "answer.now": "$_now",
-                "at": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$answer.value", "$at"]},
-            }
-        },
-    ]
-
-
-def pipeline(
-    op: str, interval: int, now: int | None, *, ticket: int = 0, lead: int = 0
-) -> list[dict[str, Any]]:
-    """The update pipeline of ``op`` (``take``, ``try_start``, ``take_and_try``, ``retime``)."""
-    if op == "take":
-        answer = {"kind": "taken", "ticket": "$_t", "value": "$pos", "now": "$_now"}
-        stages = [*_take_stages(), {"$set": {"answer": answer}}]
-    elif op == "retime":
-        stages = _retime_stages(ticket, lead)
-    elif op == "try_start":
-        stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead)]
-    else:
-        stages = [*_take_stages(), *_try_stages(lead)]
-    return [*_open_stages(interval, now), *stages, {"$unset": ["_now", "_t"]}]
-
-
-def read_pipeline(name: str, now: int | None) -> list[dict[str, Any]]:
-    """An aggregation returning ``name``'s document with the server clock in ``_now``; changes nothing."""
-    return [{"$match": {"_id": name}}, {"$set": {"_now": _now_expression(now)}}]
-
-
-def initial_document(name: str, interval: int) -> dict[str, Any]:
-    """The record of a queue that has handed out no ticket yet."""
-    return {"_id": name, "ticket": 1, "pos": 0, "at": NEVER, "interval": interval}
-
-
-def check_document(collection: str, name: str, document: Any) -> Record:
-    """The record in ``document``, or :class:`StateCorrupted` naming where it is."""
-    fields = {key: document.get(key) for key in ("ticket", "pos", "at", "interval") if key in document}
-    return check_record(fields, where=f"{collection}/{name}")
-
-
-def check_well_formed(collection: str, name: str, document: Any) -> None:
-    """Raise :class:`StateCorrupted` if ``document`` would not match :data:`WELL_FORMED`."""
-    where = f"{collection}/{name}"
-    for field in ("ticket", "pos", "at"):
-        value = document.get(field)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise StateCorrupted(f"record at {where} has {field}={value!r}; want a whole number", where=where)
-    check_record(document, where=where)  # the ranges
-
-
-def parse(op: str, document: dict[str, Any]) -> Taken | Outcome:
-    """The answer an operation left in its document."""
-    answer = document["answer"]
-    kind, ticket, value, now = answer["kind"], answer["ticket"], answer["value"], answer["now"]
-    if op == "take":
-        return Taken(ticket=ticket, pos=value, at=document["at"], now=now)
-    if kind == "started":
-        return Started(ticket=ticket, start=value, now=now)
-    if kind == "wait":
-        return Wait(ticket=ticket, slot=value, now=now)
-    return Passed(ticket=ticket, pos=value, now=now)
-
-
-def split_url(url: str) -> tuple[str, str, str]:
-    """``url`` without ratequeue's options, and the database and collection they name."""
-    client_url, ours = split_options(url, "database", "collection")
-    return client_url, ours.get("database", DEFAULT_DATABASE), ours.get("collection", DEFAULT_COLLECTION)
-
-
-#: settings of the clients ratequeue creates, unless the URL sets them
-CLIENT_OPTIONS: dict[str, Any] = {"serverSelectionTimeoutMS": 5000, "connectTimeoutMS": 5000}
-
-
-def client_options(client_url: str) -> dict[str, Any]:
-    """:data:`CLIENT_OPTIONS` less those the URL gives itself (URL options win)."""
-    given = {key.lower() for key, _ in parse_qsl(client_url.partition("?")[2])}
-    return {key: value for key, value in CLIENT_OPTIONS.items() if key.lower() not in given}
-
-
-#: the filter every update adds: a record whose fields are not whole numbers in range matches
-#: nothing, so it is reported as corrupted (by the creation path) and never changed
-WELL_FORMED: dict[str, Any] = {
-    **{field: {"$type": ["int", "long"]} for field in ("ticket", "pos", "at")},
-    "$expr": {
-        "$and": [
-            {"$lte": [0, "$pos"]},
-            {"$lt": ["$pos", "$ticket"]},
-            {"$lt": ["$ticket", MAX_US]},
-            {"$lte": [NEVER, "$at"]},
-            {"$lt": ["$at", MAX_US]},
-        ]
-    },
-}
-
-#: errors in creating a client that mean the URL is wrong
-BAD_URL_ERRORS = (InvalidURI, MongoConfigurationError, ValueError, TypeError)
-
-
-def unavailable(where: str, exc: Exception) -> StateUnavailable:
-    """The error raised when MongoDB at ``where`` fails with ``exc``."""
-    if isinstance(exc, ConnectionFailure):
-        return StateUnavailable(f"MongoDB at {where} is unreachable: {exc}", where=where)
-    return StateUnavailable(f"MongoDB at {where} failed: {exc}", where=where)
-
-
-def where_of(client: Any) -> str:
-    """The seed list of a client, ``host:port,...``."""
-    return ",".join(f"{h}:{p}" for h, p in client.topology_description.server_descriptions())
-
-
-def datetime_us(moment: datetime.datetime) -> int:
-    """A server ``Date`` (milliseconds) in whole microseconds."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return round(moment.timestamp() * 1000) * 1000
-
-
-class MongoState(State):
-    """Records kept in a MongoDB collection, changed only by server-side update pipelines."""
+class MongoStateBase(StateBase, ABC, Generic[ClientT]):
+    """What the synchronous and the asyncio MongoDB states share: every operation's flow, errors, setup."""
 
     #: ``$$NOW`` has whole milliseconds
     clock_resolution = 0.001
 
+    _driver_errors = (PyMongoError,)
+
+    _collection: Collection[Any] | AsyncCollection[Any]
+
     def __init__(
         self,
-        client: MongoClient[Any],
+        client: ClientT,
         *,
         database: str = DEFAULT_DATABASE,
         collection: str = DEFAULT_COLLECTION,
         url: str | None = None,
         clock: Clock | None = None,
     ) -> None:
-        """Use a ready ``pymongo.MongoClient``.
+        """Use a ready client: ``pymongo.MongoClient``, or ``pymongo.AsyncMongoClient`` for asyncio.
 
         :param database: the database holding the queues' collection.
         :param collection: the collection, one document per queue name.
@@ -267,11 +123,117 @@ class MongoState(State):
         :param clock: **for tests only**: a function returning ``now`` in whole
             microseconds, used in place of the server's ``$$NOW``.
         """
-        self._client = client
-        self._collection: Collection[Any] = client[database][collection]
+        self._client: ClientT = client
+        self._collection = client[database][collection]
         self._clock = clock
         self._where = where_of(client)
         self.url = url or f"mongodb://{self._where}/?database={database}&collection={collection}"
+
+    def _error_for(self, exc: Exception, name: str) -> RateQueueError:
+        """:class:`StateUnavailable` naming the server (and the queue); never a password."""
+        if isinstance(exc, ConnectionFailure):
+            reason = "is unreachable"
+        elif isinstance(exc, OperationFailure) and exc.code == 18:  # AuthenticationFailed
+            reason = "refused the credentials"
+        else:
+            reason = f"failed on queue {name!r}"
+        message = f"MongoDB at {self._where} {reason}: {exc}"
+        password = urlsplit(self.url).password
+        if password:
+            message = message.replace(password, "***").replace(unquote(password), "***")
+        return StateUnavailable(message, where=self._where)
+
+    @abstractmethod
+    def _aggregate_list(self, steps: Pipeline) -> list[Document] | Awaitable[list[Document]]:
+        """The documents the aggregation ``steps`` returns, as a list."""
+
+    def _fixed_now(self) -> int | None:
+        """The test clock's ``now`` (us), or ``None`` for the server's."""
+        return None if self._clock is None else self._clock()
+
+    def _record_where(self, name: str) -> str:
+        return f"{self._collection.full_name}/{name}"
+
+    def _take_flow(self, name: str, interval_us: int) -> Flow[Taken]:
+        document = yield from self._update_flow("take", name, interval_us)
+        return parse_taken(document, self._record_where(name))
+
+    def _outcome_flow(
+        self, op: OutcomeOp, name: str, interval_us: int, ticket: int = 0, lead_us: int = 0
+    ) -> Flow[Outcome]:
+        document = yield from self._update_flow(op, name, interval_us, ticket, lead_us)
+        return parse_outcome(document, self._record_where(name))
+
+    def _update_flow(
+        self, op: Op, name: str, interval_us: int, ticket: int = 0, lead_us: int = 0
+    ) -> Flow[Document]:
+        """Run ``op`` on ``name``'s document and return the document after it (with the answer).
+
+        When the update matches nothing, the record is missing (it is then
+        inserted), or has another interval or is malformed (:meth:`_create_flow`
+        raises), and the update is sent again.
+        """
+        steps = pipeline(op, interval_us, self._fixed_now(), ticket=ticket, lead_us=lead_us)
+        update = functools.partial(self._collection.find_one_and_update, return_document=ReturnDocument.AFTER)
+        for _ in range(CREATE_ATTEMPTS):
+            document: Document | None = yield from retrying(
+                Call(update, (update_filter(name, interval_us), steps))
+            )
+            if document is not None:
+                return document
+            yield from self._create_flow(name, interval_us)
+        raise StateUnavailable(  # pragma: no cover - only if the document vanishes again and again
+            f"MongoDB at {self._where}: queue {name!r} disappeared while being created", where=self._where
+        )
+
+    def _create_flow(self, name: str, interval_us: int) -> Flow[None]:
+        """Create the record of ``name`` if it is missing; raise if it has another interval or is malformed.
+
+        Not an upsert: under concurrent creation some MongoDB-compatible servers apply an
+        upserting ``find_one_and_update`` yet return no document, and retrying it would apply
+        the operation twice. Inserting the initial record first is correct everywhere.
+        """
+        try:
+            yield from retrying(Call(self._collection.insert_one, (initial_document(name, interval_us),)))
+        except DuplicateKeyError:  # another shard created it (or our insert's reply was lost)
+            stored: Document | None = yield from retrying(Call(self._collection.find_one, ({"_id": name},)))
+            if stored is not None:
+                record = check_document(stored, self._record_where(name))
+                check_interval_matches(name, record.interval, interval_us)
+                check_well_formed(stored, self._record_where(name))
+
+    def _read_flow(self, name: str) -> Flow[Snapshot]:
+        fixed_us = self._fixed_now()
+        rows: list[Document] = yield from retrying(
+            Call(self._aggregate_list, (read_pipeline(name, fixed_us),))
+        )
+        if rows:
+            where = self._record_where(name)
+            return Snapshot(record=check_document(rows[0], where), now=read_now(rows[0], where))
+        if fixed_us is not None:
+            return Snapshot(record=None, now=fixed_us)
+        hello: Document = yield from retrying(Call(self._client.admin.command, ("hello",)))
+        return Snapshot(record=None, now=datetime_us(hello["localTime"]))
+
+    def _reset_flow(self, name: str) -> Flow[bool]:
+        result = yield from retrying(Call(self._collection.delete_one, ({"_id": name},)))
+        return bool(result.deleted_count)
+
+
+def open_client(url: str, client_class: type[ClientT]) -> tuple[ClientT, str, str]:
+    """A ``client_class`` for ``url`` less ratequeue's options, and the database and collection they name."""
+    client_url, database, collection = split_url(url)
+    try:
+        client = client_class(client_url, **client_options(client_url))
+    except BAD_URL_ERRORS as exc:
+        raise ConfigurationError(f"bad MongoDB URL {redact(url)!r}: {exc}") from exc
+    return client, database, collection
+
+
+class MongoState(MongoStateBase[MongoClient[Any]], State):
+    """Records kept in a MongoDB collection, changed only by server-side update pipelines."""
+
+    _collection: Collection[Any]
 
     @classmethod
     def from_url(cls, url: str) -> MongoState:
@@ -281,11 +243,7 @@ class MongoState(State):
         ``queues``) choose where the documents live; other options go to
         ``MongoClient``. ``mongodb+srv://`` needs the ``dnspython`` package.
         """
-        client_url, database, collection = split_url(url)
-        try:
-            client: MongoClient[Any] = MongoClient(client_url, **client_options(client_url))
-        except BAD_URL_ERRORS as exc:
-            raise ConfigurationError(f"bad MongoDB URL {url!r}: {exc}") from exc
+        client, database, collection = open_client(url, MongoClient)
         return cls(client, database=database, collection=collection, url=url)
 
     @property
@@ -296,79 +254,23 @@ class MongoState(State):
     def close(self) -> None:
         self._client.close()
 
-    def _update(self, op: str, name: str, interval: int, **args: int) -> Taken | Outcome:
-        steps = pipeline(op, interval, None if self._clock is None else self._clock(), **args)
-        for _ in range(3):
-            document = self._retrying(
-                lambda: self._collection.find_one_and_update(
-                    {"_id": name, "interval": interval, **WELL_FORMED},
-                    steps,
-                    return_document=ReturnDocument.AFTER,
-                )
-            )
-            if document is not None:
-                check_document(self._collection.full_name, name, document)
-                return parse(op, document)
-            self._create(name, interval)
-        raise StateUnavailable(  # pragma: no cover - only if the document vanishes again and again
-            f"MongoDB at {self._where}: queue {name!r} disappeared while being created", where=self._where
-        )
+    def _aggregate_list(self, steps: Pipeline) -> list[Document]:
+        return list(self._collection.aggregate(steps))
 
-    def _create(self, name: str, interval: int) -> None:
-        """Create the record of ``name`` if it is missing; raise if it has another interval.
+    def _take(self, name: str, interval_us: int) -> Taken:
+        return run(self._take_flow(name, interval_us))
 
-        Not an upsert: under concurrent creation some MongoDB-compatible servers apply an
-        upserting ``find_one_and_update`` yet return no document, and retrying it would apply
-        the operation twice. Inserting the initial record first is correct everywhere.
-        """
-        try:
-            self._retrying(lambda: self._collection.insert_one(initial_document(name, interval)))
-        except DuplicateKeyError:
-            stored = self._retrying(lambda: self._collection.find_one({"_id": name}))
-            if stored is not None:
-                record = check_document(self._collection.full_name, name, stored)
-                check_interval_matches(name, record.interval, interval)
-                check_well_formed(self._collection.full_name, name, stored)
+    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        return run(self._outcome_flow("try_start", name, interval_us, ticket, lead_us))
 
-    def _retrying(self, call: Any) -> Any:
-        delay = BACKOFF
-        for attempt in range(RETRIES + 1):
-            try:
-                return call()
-            except DuplicateKeyError:
-                raise
-            except ConnectionFailure as exc:
-                if attempt == RETRIES:
-                    raise unavailable(self._where, exc) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-            except PyMongoError as exc:
-                raise unavailable(self._where, exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+        return run(self._outcome_flow("take_and_try", name, interval_us, lead_us=lead_us))
 
-    def _take(self, name: str, interval: int) -> Taken:
-        return self._update("take", name, interval)  # type: ignore[return-value]
-
-    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self._update("try_start", name, interval, ticket=ticket, lead=lead)  # type: ignore[return-value]
-
-    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        return self._update("take_and_try", name, interval, lead=lead)  # type: ignore[return-value]
-
-    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self._update("retime", name, interval, ticket=ticket, lead=lead)  # type: ignore[return-value]
+    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        return run(self._outcome_flow("retime", name, interval_us, ticket, lead_us))
 
     def _read(self, name: str) -> Snapshot:
-        fixed = None if self._clock is None else self._clock()
-        rows = self._retrying(lambda: list(self._collection.aggregate(read_pipeline(name, fixed))))
-        if rows:
-            record = check_document(self._collection.full_name, name, rows[0])
-            return Snapshot(record=record, now=int(rows[0]["_now"]))
-        if fixed is not None:
-            return Snapshot(record=None, now=fixed)
-        hello = self._retrying(lambda: self._client.admin.command("hello"))
-        return Snapshot(record=None, now=datetime_us(hello["localTime"]))
+        return run(self._read_flow(name))
 
     def _reset(self, name: str) -> bool:
-        result = self._retrying(lambda: self._collection.delete_one({"_id": name}))
-        return bool(result.deleted_count)
+        return run(self._reset_flow(name))
