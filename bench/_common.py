@@ -1,10 +1,14 @@
 """Shared helpers of the benchmarks in ``bench/``.
 
-Not a benchmark itself. It holds what ``overhead.py``, ``rate_sweep.py`` and
-``peers.py`` share:
+Not a benchmark itself. It holds what ``overhead.py``, ``rate_sweep.py``,
+``peers.py`` and ``begin_gaps.py`` share:
 
 * servers of their own on free loopback ports (``redis-server`` from PATH,
-  ``secantusd-py`` beside this Python), or a URL the user gives;
+  ``secantusd-py``), started by the tests' code (``tests/servers.py``), or a
+  URL the user gives;
+* the options they all have (``--redis-url``, ``--quick``, ``--plot``, ...),
+  the parsing of comma-separated lists, and the first lines of their output:
+  the machine and its load;
 * a counting proxy around a real ratequeue state, and a count of the Redis
   round-trips redis-py makes, so that calls are counted where they are made;
 * ``INFO commandstats`` / ``INFO cpu`` of a Redis server;
@@ -13,11 +17,13 @@ Not a benchmark itself. It holds what ``overhead.py``, ``rate_sweep.py`` and
   a note of the machine and its load.
 
 Run the benchmarks as scripts (``python bench/overhead.py``): each imports
-this module from its own directory.
+this module from its own directory, and this module imports ``tests`` from
+the checkout it is in.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import math
@@ -25,14 +31,12 @@ import multiprocessing
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,46 +46,29 @@ from ratequeue.state import Snapshot, State
 
 # --------------------------------------------------------------------------- servers
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"server did not listen on port {port} within {timeout} s: {log.read_text()[-2000:]}")
+#: the checkout this file is in, whose ``tests/servers.py`` starts the servers
+ROOT = Path(__file__).resolve().parent.parent
+# First on sys.path only for this import: ``begin_gaps.py --rq-path`` puts another checkout (with a
+# ``tests`` of its own) first, and ratequeue must still come from where it came from before.
+sys.path.insert(0, str(ROOT))
+try:
+    from tests import servers
+finally:
+    sys.path.remove(str(ROOT))
 
 
 @contextlib.contextmanager
-def _server(name: str, command: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+def _server(name: str, command: Callable[[int, Path], list[str]]) -> Iterator[int]:
+    """Run ``command(port, workdir)`` as a :class:`tests.servers.Server` on a free port; yield the port.
+
+    Its working directory (and log) is a temporary directory, removed after.
+    """
     workdir = Path(tempfile.mkdtemp(prefix=f"ratequeue-bench-{name}-"))
-    log = workdir / f"{name}.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    port = servers.free_port()
     try:
-        _wait_for_port(port, process, log)
-        yield process
+        with servers.running(servers.Server(name, command(port, workdir), port, workdir), timeout=60.0):
+            yield port
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(15)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -95,21 +82,15 @@ def redis_server(url: str | None = None) -> Iterator[str]:
     if url:
         yield url
         return
-    executable = shutil.which("redis-server")
+    executable = servers.redis_executable()
     if executable is None:
         raise SystemExit(
             "redis-server is not on PATH (Debian: apt-get install redis-server), or give --redis-url"
         )
-    port = free_port()
-    command = [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    with _server("redis", command, port):
+    with _server(
+        "redis", lambda port, workdir: servers.redis_command(executable, port, workdir, append_only=False)
+    ) as port:
         yield f"redis://127.0.0.1:{port}/0"
-
-
-def secantusd() -> str | None:
-    """The ``secantusd-py`` executable (a MongoDB-compatible server written in Python), if installed."""
-    candidates = [str(Path(sys.executable).parent / "secantusd-py"), shutil.which("secantusd-py")]
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
 @contextlib.contextmanager
@@ -118,22 +99,114 @@ def mongodb_server(url: str | None = None) -> Iterator[str]:
     if url:
         yield url
         return
-    executable = secantusd()
+    executable = servers.mongodb_executable()  # a MongoDB-compatible server written in Python
     if executable is None:
         raise SystemExit("secantusd-py is missing (pip install 'secantusdb==0.7.0b3'), or give --mongodb-url")
-    port = free_port()
-    command = [executable, "--host", "127.0.0.1", "--port", str(port), "--storage-path", ":memory:"]
-    with _server("mongodb", command, port):
+    with _server("mongodb", lambda port, _: servers.mongodb_command(executable, port)) as port:
         yield f"mongodb://127.0.0.1:{port}/?database=bench"
+
+
+@contextlib.contextmanager
+def state_url(backend: str, args: argparse.Namespace, file_url: str) -> Iterator[str]:
+    """A state URL for ``backend``: a server of our own (or ``args.redis_url`` / ``args.mongodb_url``),
+    ``file_url`` for the file state, or ``memory://bench``."""
+    if backend == "redis":
+        with redis_server(getattr(args, "redis_url", None)) as url:
+            yield url
+    elif backend == "mongodb":
+        with mongodb_server(getattr(args, "mongodb_url", None)) as url:
+            yield url
+    elif backend == "file":
+        yield file_url
+    elif backend == "memory":
+        yield "memory://bench"
+    else:
+        raise ValueError(f"unknown state {backend!r}")
 
 
 def redis_version() -> str:
     """``redis-server --version``, shortened."""
-    executable = shutil.which("redis-server")
+    executable = servers.redis_executable()
     if executable is None:
         return "redis-server not found"
     out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=False).stdout
     return " ".join(out.split()[:3])
+
+
+# --------------------------------------------------------------------------- arguments and output
+
+
+def new_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's argument parser: ``doc`` (its docstring) is the help text, as written."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_backends(parser: argparse.ArgumentParser, known: Sequence[str], help: str) -> None:
+    """``--backends``: a comma-separated choice among ``known`` (all by default); see :func:`chosen`."""
+    parser.add_argument("--backends", default=",".join(known), help=help)
+
+
+def add_common(
+    parser: argparse.ArgumentParser,
+    *,
+    quick: str,
+    plot: str,
+    redis_url: str = "use this Redis instead of starting one",
+    mongodb_url: bool = False,
+    seed: bool = False,
+    json: str | None = None,
+) -> None:
+    """The options every benchmark has, after its own: the servers to use, ``--quick`` and the outputs.
+
+    ``--redis-url`` (help ``redis_url``), ``--mongodb-url`` if ``mongodb_url``,
+    ``--seed`` (of the divide peer's phases) if ``seed``, ``--quick`` (help
+    ``quick``), ``--plot DIR`` (help ``plot``) and ``--json FILE`` if ``json``
+    (its help).
+    """
+    parser.add_argument("--redis-url", help=redis_url)
+    if mongodb_url:
+        parser.add_argument("--mongodb-url", help="use this MongoDB instead of starting secantusd-py")
+    if seed:
+        parser.add_argument("--seed", type=int, default=1, help="seed of the divide peer's random phases")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--plot", type=Path, metavar="DIR", help=plot)
+    if json is not None:
+        parser.add_argument("--json", type=Path, metavar="FILE", help=json)
+
+
+def names(text: str) -> list[str]:
+    """The comma-separated names in ``text``, stripped; empty ones dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def numbers(text: str, kind: Callable[[str], Any] = float) -> list[Any]:
+    """The comma-separated numbers in ``text``, each read by ``kind``."""
+    return [kind(x) for x in text.split(",")]
+
+
+def refuse_unknown(parser: argparse.ArgumentParser, what: str, unknown: Iterable[str]) -> None:
+    """Exit with a usage error naming the ``unknown`` ``what`` (backends, peers, ...), if there are any."""
+    unknown = set(unknown)
+    if unknown:
+        parser.error(f"unknown {what}: {', '.join(sorted(unknown))}")
+
+
+def chosen(parser: argparse.ArgumentParser, text: str, known: Sequence[str], what: str) -> list[str]:
+    """The names in ``text``, each one of ``known``; else a usage error."""
+    picked = names(text)
+    refuse_unknown(parser, what, set(picked) - set(known))
+    return picked
+
+
+def print_machine() -> None:
+    """The first lines of every benchmark's output: the machine and its load (see :func:`machine`)."""
+    print(f"Machine: {machine()}\n")
+
+
+def print_written(paths: Iterable[Path], before: str = "") -> None:
+    """Say on stderr which files (plots, JSON) were written."""
+    for path in paths:
+        print(f"{before}wrote {path}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- Redis statistics

@@ -91,16 +91,23 @@ import peers  # noqa: E402
 from _common import (  # noqa: E402
     Gate,
     Progress,
+    add_common,
     busy_loops,
     checkout,
     gaps,
     machine,
     ms,
+    names,
+    new_parser,
     num,
+    numbers,
     percentile,
     prepare_queue,
+    print_machine,
+    print_written,
     pyplot,
     redis_server,
+    refuse_unknown,
     run_processes,
     table,
     unique_name,
@@ -721,9 +728,7 @@ def dump(rows: list[Row], args: argparse.Namespace, header: dict[str, Any], path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = new_parser(__doc__)
     parser.add_argument(
         "--rates", default="20,100", help="global starts per second, comma-separated (20,100)"
     )
@@ -740,30 +745,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hog", type=int, default=0, help="busy-loop processes running throughout (0)")
     parser.add_argument("--states", default=",".join(STATES), help="ratequeue's states (redis,file)")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"which peers ({','.join(PEERS)}; '' none)")
-    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the divide peer's random phases")
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 4 processes, 15 turns each, at 100/s"
+    add_common(
+        parser,
+        seed=True,
+        quick="a smoke run: 4 processes, 15 turns each, at 100/s",
+        plot="write lateness CDF PNGs into DIR",
+        json="write the rows as JSON to FILE",
     )
-    parser.add_argument("--plot", type=Path, metavar="DIR", help="write lateness CDF PNGs into DIR")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="write the rows as JSON to FILE")
     parser.add_argument(
         "--rq-path", metavar="DIR", help="import ratequeue from DIR (first on sys.path / PYTHONPATH)"
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.rates, args.requests, args.procs = "100", "15", 4
-    rates = [float(x) for x in args.rates.split(",")]
-    counts = [int(x) for x in args.requests.split(",")]
+    rates = numbers(args.rates)
+    counts = numbers(args.requests, int)
     if len(counts) == 1:
         counts *= len(rates)
     if len(counts) != len(rates):
         parser.error("--requests needs one value per rate, or one for all")
-    states = [s.strip() for s in args.states.split(",") if s.strip()]
-    chosen_peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = (set(states) - set(STATES)) | (set(chosen_peers) - set(PEERS))
-    if unknown:
-        parser.error(f"unknown states or peers: {', '.join(sorted(unknown))}")
+    states, chosen_peers = names(args.states), names(args.peers)
+    refuse_unknown(parser, "states or peers", (set(states) - set(STATES)) | (set(chosen_peers) - set(PEERS)))
     if args.rq_path and not (Path(args.rq_path) / "ratequeue" / "__init__.py").is_file():
         parser.error(f"--rq-path {args.rq_path}: no ratequeue/__init__.py there")
 
@@ -771,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = checkout(ratequeue.__file__)
     started = time.monotonic()
-    print(f"Machine: {machine()}\n")
+    print_machine()
     print(
         f"ratequeue measured: {Path(ratequeue.__file__).parent} ({source}). "
         f"Load: {args.hog} busy-loop processes (`--hog`); {args.procs} worker processes per row.\n"
@@ -828,10 +830,9 @@ def main(argv: list[str] | None = None) -> int:
             "hog": args.hog,
         }
         dump(rows, args, header, args.json)
-        print(f"\nwrote {args.json}", file=sys.stderr)
+        print_written([args.json], before="\n")
     if args.plot:
-        for path in plot(rows, args.plot):
-            print(f"wrote {path}", file=sys.stderr)
+        print_written(plot(rows, args.plot))
     return 0
 
 

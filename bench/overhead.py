@@ -39,10 +39,8 @@ latencies say more about secantusd-py than about ratequeue.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -57,16 +55,20 @@ from _common import (
     Progress,
     RedisRoundTrips,
     RedisStats,
-    machine,
-    mongodb_server,
+    add_backends,
+    add_common,
+    chosen,
+    new_parser,
     num,
     open_state,
     percentile,
     prepare_queue,
+    print_machine,
+    print_written,
     pyplot,
     redis_client,
-    redis_server,
     run_processes,
+    state_url,
     table,
     unique_name,
     us,
@@ -507,26 +509,9 @@ def plot(floor: list[Floor], idles: list[Measured], directory: Path) -> list[Pat
     return [path]
 
 
-@contextlib.contextmanager
-def backend_url(backend: str, args: argparse.Namespace, tmp: Path) -> Iterator[str]:
-    """A state URL for ``backend``: a server of our own (or the one given), a file, or memory."""
-    if backend == "redis":
-        with redis_server(args.redis_url) as url:
-            yield url
-    elif backend == "mongodb":
-        with mongodb_server(args.mongodb_url) as url:
-            yield url
-    elif backend == "file":
-        yield f"file://{tmp}/overhead.json"
-    else:
-        yield "memory://bench"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="states (memory,file,redis,mongodb)")
+    parser = new_parser(__doc__)
+    add_backends(parser, BACKENDS, "states (memory,file,redis,mongodb)")
     parser.add_argument("--acquires", type=int, help="idle acquires per state (default: 20000 memory, "
                         "3000 file and Redis, 500 MongoDB)")  # fmt: skip
     parser.add_argument("--procs", type=int, default=4, help="processes of the contended run (4)")
@@ -534,18 +519,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interval-ms", type=float, help="interval of the contended run (default: 5 file, Redis; 20 MongoDB)"
     )
-    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
-    parser.add_argument("--mongodb-url", help="use this MongoDB instead of starting secantusd-py")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: a tenth of the acquires, 0.5 s")
-    parser.add_argument("--plot", type=Path, metavar="DIR", help="write a PNG plot into DIR")
+    add_common(
+        parser,
+        mongodb_url=True,
+        quick="a smoke run: a tenth of the acquires, 0.5 s",
+        plot="write a PNG plot into DIR",
+    )
     args = parser.parse_args(argv)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = set(backends) - set(BACKENDS)
-    if unknown:
-        parser.error(f"unknown backends: {', '.join(sorted(unknown))}")
+    backends = chosen(parser, args.backends, BACKENDS, "backends")
     seconds = 0.5 if args.quick else args.seconds
     RedisRoundTrips.install()
-    print(f"Machine: {machine()}\n")
+    print_machine()
     floor: list[Floor] = []
     idles: list[Measured] = []
     busy: list[Measured] = []
@@ -556,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             n = args.acquires or ACQUIRES[backend]
             if args.quick:
                 n = max(50, n // 10)
-            with backend_url(backend, args, Path(tmp)) as url:
+            with state_url(backend, args, f"file://{tmp}/overhead.json") as url:
                 progress.note(f"{backend}: {n} idle acquires and floor calls")
                 interval = (args.interval_ms or CONTENDED_MS.get(backend, 5.0)) / 1e3
                 floors, measured = idle_and_floor(backend, url, n, interval)
@@ -570,8 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     progress.close()
     print(report(floor, idles, busy))
     if args.plot:
-        for path in plot(floor, idles, args.plot):
-            print(f"wrote {path}", file=sys.stderr)
+        print_written(plot(floor, idles, args.plot))
     return 0
 
 

@@ -43,11 +43,9 @@ It starts its own ``redis-server`` on a free port unless given ``--redis-url``.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import math
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,11 +59,17 @@ from _common import (
     RedisRoundTrips,
     RedisStats,
     Spacing,
+    add_common,
+    chosen,
     gaps,
-    machine,
     ms,
+    new_parser,
     num,
+    numbers,
     percentile,
+    prepare_queue,
+    print_machine,
+    print_written,
     pyplot,
     redis_client,
     redis_server,
@@ -296,8 +300,6 @@ def run_one(
     client = redis_client(url)
     before: list[RedisStats] = []
     if peer == "ratequeue":  # create the record and load the scripts outside the measurement
-        from _common import prepare_queue
-
         prepare_queue(url, key, 1 / rate)
     results = run_processes(worker, jobs, before_start=lambda _: before.append(RedisStats.read(client)))
     server = RedisStats.read(client).minus(before[0])
@@ -451,30 +453,26 @@ def plot(results: list[Result], directory: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = new_parser(__doc__)
     parser.add_argument("--rates", default="100,1000", help="global starts per second, comma-separated")
     parser.add_argument("--procs", type=int, default=8, help="worker processes sharing the rate (8)")
     parser.add_argument(
         "--seconds", type=float, default=6.0, help="starts worth this many seconds at the rate (6)"
     )
     parser.add_argument("--peers", default=",".join(PEERS), help=f"which limiters ({','.join(PEERS)})")
-    parser.add_argument("--redis-url", help="use this Redis instead of starting one (its counts may mix)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the divide peer's random phases")
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 2 processes, 100/s, 0.5 s per limiter"
+    add_common(
+        parser,
+        redis_url="use this Redis instead of starting one (its counts may mix)",
+        seed=True,
+        quick="a smoke run: 2 processes, 100/s, 0.5 s per limiter",
+        plot="write PNG plots into DIR",
     )
-    parser.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots into DIR")
     args = parser.parse_args(argv)
     seconds = 0.5 if args.quick else args.seconds
-    rates = [100.0] if args.quick else [float(x) for x in args.rates.split(",")]
+    rates = [100.0] if args.quick else numbers(args.rates)
     procs = 2 if args.quick else args.procs
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = set(peers) - set(PEERS)
-    if unknown:
-        parser.error(f"unknown peers: {', '.join(sorted(unknown))}")
-    print(f"Machine: {machine()}\n")
+    peers = chosen(parser, args.peers, PEERS, "peers")
+    print_machine()
     results: list[Result] = []
     with redis_server(args.redis_url) as url:
         progress = Progress(len(rates) * len(peers), "peers")
@@ -488,8 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.close()
     print(report(results, procs))
     if args.plot:
-        for path in plot(results, args.plot):
-            print(f"\nwrote {path}", file=sys.stderr)
+        print_written(plot(results, args.plot), before="\n")
     return 0
 
 

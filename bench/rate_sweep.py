@@ -40,10 +40,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,16 +51,21 @@ from _common import (
     Gate,
     Progress,
     Spacing,
-    machine,
-    mongodb_server,
+    add_backends,
+    add_common,
+    chosen,
     ms,
+    new_parser,
     num,
+    numbers,
     open_state,
     percentile,
     prepare_queue,
+    print_machine,
+    print_written,
     pyplot,
-    redis_server,
     run_processes,
+    state_url,
     table,
     unique_name,
     us,
@@ -225,19 +228,11 @@ def combine(
     )
 
 
-@contextlib.contextmanager
-def backend_url(backend: str, args: argparse.Namespace, tmp: Path) -> Iterator[str]:
+def backend_url(backend: str, args: argparse.Namespace, tmp: Path) -> contextlib.AbstractContextManager[str]:
     """A state URL for ``backend``: a server of our own (or the one given), or a directory for files."""
     if backend == FLOOR:
-        yield FLOOR
-    elif backend == "redis":
-        with redis_server(args.redis_url) as url:
-            yield url
-    elif backend == "mongodb":
-        with mongodb_server(args.mongodb_url) as url:
-            yield url
-    else:
-        yield f"file://{tmp}"
+        return contextlib.nullcontext(FLOOR)
+    return state_url(backend, args, f"file://{tmp}")
 
 
 def sweep(
@@ -381,12 +376,8 @@ def plot(results: list[Result], directory: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--backends", default=",".join(BACKENDS), help="states to sweep (floor,file,redis,mongodb)"
-    )
+    parser = new_parser(__doc__)
+    add_backends(parser, BACKENDS, "states to sweep (floor,file,redis,mongodb)")
     parser.add_argument(
         "--intervals", default=",".join(f"{i:g}" for i in INTERVALS_MS), help="intervals in ms (10,...,0.2)"
     )
@@ -395,19 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lead-ms", type=float, help="give every limiter this fixed lead (default: the adaptive lead)"
     )
-    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
-    parser.add_argument("--mongodb-url", help="use this MongoDB instead of starting secantusd-py")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: intervals 10 and 1 ms, 0.3 s each")
-    parser.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots into DIR")
+    add_common(
+        parser,
+        mongodb_url=True,
+        quick="a smoke run: intervals 10 and 1 ms, 0.3 s each",
+        plot="write PNG plots into DIR",
+    )
     args = parser.parse_args(argv)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = set(backends) - set(BACKENDS)
-    if unknown:
-        parser.error(f"unknown backends: {', '.join(sorted(unknown))}")
-    intervals = [float(x) / 1e3 for x in ("10,1" if args.quick else args.intervals).split(",")]
-    procs_list = [int(x) for x in args.procs.split(",")]
+    backends = chosen(parser, args.backends, BACKENDS, "backends")
+    intervals = [x / 1e3 for x in numbers("10,1" if args.quick else args.intervals)]
+    procs_list = numbers(args.procs, int)
     seconds = 0.3 if args.quick else args.seconds
-    print(f"Machine: {machine()}\n")
+    print_machine()
     results: list[Result] = []
     progress = Progress(len(backends) * len(procs_list), "rate sweep")
     with tempfile.TemporaryDirectory(prefix="ratequeue-sweep-") as tmp:
@@ -423,8 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     progress.close()
     print(report(results))
     if args.plot:
-        for path in plot(results, args.plot):
-            print(f"wrote {path}", file=sys.stderr)
+        print_written(plot(results, args.plot))
     return 0
 
 
