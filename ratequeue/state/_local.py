@@ -12,8 +12,8 @@ from .base import Clock, Snapshot, State, check_interval_matches
 
 R = TypeVar("R")
 
-#: one protocol step: the record and ``now`` in, the new record and an answer out
-Step = Callable[[Record, int], "tuple[Record, R]"]
+#: one protocol operation as a transition: the record and ``now`` in, the new record and an answer out
+Transition = Callable[[Record, int], "tuple[Record, R]"]
 
 
 class LocalState(State):
@@ -31,7 +31,7 @@ class LocalState(State):
 
     @abstractmethod
     def _transact(
-        self, name: str, interval: int | None, step: Step[R] | None
+        self, name: str, interval: int | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
         """Atomically read ``name``'s record, apply ``step`` and store the result.
 
@@ -40,22 +40,22 @@ class LocalState(State):
         record as read, the clock's time, and the step's answer.
         """
 
-    def _run(self, name: str, interval: int, step: Step[R]) -> R:
+    def _run(self, name: str, interval: int, step: Transition[R]) -> R:
         _, _, answer = self._transact(name, interval, step)
         assert answer is not None
         return answer
 
-    def _take(self, name: str, interval: int) -> Taken:
-        return self._run(name, interval, protocol.take)
+    def _take(self, name: str, interval_us: int) -> Taken:
+        return self._run(name, interval_us, protocol.take)
 
-    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self._run(name, interval, lambda r, now: protocol.try_start(r, ticket, lead, now))
+    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        return self._run(name, interval_us, lambda r, now: protocol.try_start(r, ticket, lead_us, now))
 
-    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        return self._run(name, interval, lambda r, now: protocol.take_and_try(r, lead, now))
+    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+        return self._run(name, interval_us, lambda r, now: protocol.take_and_try(r, lead_us, now))
 
-    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self._run(name, interval, lambda r, now: protocol.retime(r, ticket, lead, now))
+    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+        return self._run(name, interval_us, lambda r, now: protocol.retime(r, ticket, lead_us, now))
 
     def _read(self, name: str) -> Snapshot:
         record, now, _ = self._transact(name, None, None)

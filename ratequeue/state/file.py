@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - Windows
 
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, Record
-from ._local import LocalState, R, Step, open_record
+from ._local import LocalState, R, Transition, open_record
 from .base import Clock, check_record
 
 __all__ = ["FileState", "LockFile", "LockTimeout", "default_path"]
@@ -122,7 +122,7 @@ class FileState(LocalState):
         return cls(default_path(), create_parents=True)
 
     def _transact(
-        self, name: str, interval: int | None, step: Step[R] | None
+        self, name: str, interval: int | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
         with self._locked():
             data = self._load()

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ..protocol import Record
-from ._local import LocalState, R, Step, open_record
+from ._local import LocalState, R, Transition, open_record
 from .base import Clock
 
 __all__ = ["MemoryState"]
@@ -56,7 +56,7 @@ class MemoryState(LocalState):
         return cls(parts.netloc)
 
     def _transact(
-        self, name: str, interval: int | None, step: Step[R] | None
+        self, name: str, interval: int | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
         with self._lock:
             now = self._clock() if self._clock else time.monotonic_ns() // 1000
