@@ -1,11 +1,13 @@
-"""The lean Redis call path (``LeanScripts``, ``AsyncLeanScripts``) against real redis-servers.
+"""The Redis backend's codec and lean call path (``LeanScripts``, ``AsyncLeanScripts``).
 
 EVALSHA is packed by hand and sent over the client's own connections; these
-tests hold it to what redis-py's script calls did: NOSCRIPT recovers, a
-killed connection is retried without losing or repeating an operation, the
-protocol the client negotiated (RESP2 or RESP3) is read, credentials work,
-threads never share a connection, a fork takes fresh ones, and clients the
-lean path does not suit fall back to redis-py's calls.
+tests hold it, against real redis-servers, to what redis-py's script calls
+did: NOSCRIPT recovers, a killed connection is retried without losing or
+repeating an operation, the protocol the client negotiated (RESP2 or RESP3)
+is read, credentials work, threads never share a connection, a fork takes
+fresh ones, and clients the lean path does not suit fall back to redis-py's
+calls. The codec's own tests (the script's constants, the packing, replies
+it must refuse) need no server.
 """
 
 from __future__ import annotations
@@ -14,21 +16,25 @@ import asyncio
 import gc
 import itertools
 import multiprocessing
+import re
 import shutil
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import redis
 import redis.asyncio
 
+from ratequeue import protocol
 from ratequeue.aio.redis import AsyncRedisState
-from ratequeue.errors import StateCorrupted, StateUnavailable
-from ratequeue.protocol import Passed, Started
+from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
+from ratequeue.protocol import Passed, Record, Started, Taken, Wait
+from ratequeue.state import _redis_codec as codec
+from ratequeue.state.base import MAX_US, Snapshot
 from ratequeue.state.redis import RedisState
 
 from . import servers
@@ -247,15 +253,29 @@ def test_passwords_and_acl_users(password_server: Server) -> None:
     """The password, or an ACL user and password, authenticate the lean path's connections."""
     port = password_server.port
     for url in (f"redis://:s3cret@127.0.0.1:{port}/0", f"redis://rq:pw@127.0.0.1:{port}/0?protocol=2"):
-        with RedisState.from_url(url) as state:
-            assert state._lean is not None  # type: ignore[attr-defined]
-            assert every_operation(state, fresh_name()) == [1, 2, 3]  # type: ignore[arg-type]
+        state = RedisState.from_url(url)
+        with state:
+            assert state._lean is not None
+            assert every_operation(state, fresh_name()) == [1, 2, 3]
 
 
 def test_a_wrong_password_is_refused(password_server: Server) -> None:
-    state = RedisState.from_url(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
-    with state, pytest.raises(StateUnavailable, match="refused the credentials"):
+    state = RedisState.from_url(f"redis://:wr0ng-pw@127.0.0.1:{password_server.port}/0")
+    with state, pytest.raises(StateUnavailable, match="refused the credentials") as raised:
         state.take(fresh_name(), INTERVAL)
+    assert "wr0ng-pw" not in str(raised.value)
+
+
+def test_an_unreachable_server_is_reported_without_the_password() -> None:
+    port = servers.free_port()  # nobody listens there
+    client = redis.Redis(
+        host="127.0.0.1", port=port, username="u", password="s3cret", socket_connect_timeout=1
+    )
+    with RedisState(client) as state, pytest.raises(StateUnavailable, match="unreachable") as raised:
+        state.read(fresh_name())
+    assert raised.value.where == f"127.0.0.1:{port}"
+    assert "s3cret" not in str(raised.value)
+    assert "s3cret" not in repr(state)
 
 
 def test_a_server_that_goes_away_and_comes_back(tmp_path: Path) -> None:
@@ -379,3 +399,104 @@ def test_async_single_connection_client_uses_redis_py(redis_server: Server) -> N
             await state.close()
 
     asyncio.run(run())
+
+
+# ------------------------------------------------------------------ the codec (no server)
+
+
+def lua_constant(name: str) -> int:
+    """The value of ``local NAME = ...`` in the script."""
+    found = re.search(rf"^local {name} = (-?\d+)$", codec.SCRIPT, re.MULTILINE)
+    assert found is not None, f"the script defines {name} literally"
+    return int(found.group(1))
+
+
+def test_the_scripts_constants_are_the_protocols() -> None:
+    assert lua_constant("NEVER") == protocol.NEVER
+    assert lua_constant("LIMIT") == MAX_US
+
+
+def test_the_script_serves_every_operation() -> None:
+    """Each operation the codec can ask for is one the script's dispatch knows, and its header names."""
+    header = codec.SCRIPT.split("]]", 1)[0]
+    for op in get_args(codec.Operation):
+        assert re.search(rf'op == "{op}"', codec.SCRIPT), op
+        assert op in header, op
+
+
+@pytest.mark.parametrize("now_us", [None, 0, 1_700_000_000_000_000])
+@pytest.mark.parametrize(
+    ("op", "args"), [("take", ()), ("try_start", (7, 0)), ("take_and_try", (250,)), ("read", ())]
+)
+def test_the_packing_is_redis_pys(op: codec.Operation, args: tuple[int, ...], now_us: int | None) -> None:
+    """The hand-packed EVALSHA is byte for byte what redis-py's packer makes of the same call."""
+    connection = redis.Connection()  # type: ignore[no-untyped-call]
+    commands = codec.Commands()
+    key = "ratequeue:q\u00e9"
+    expected = connection.pack_command(  # type: ignore[no-untyped-call]
+        "EVALSHA", codec.SHA, 1, key, *codec.script_args(op, 10_000, now_us, args)
+    )
+    for _ in range(2):  # packed afresh, then from the kept head
+        assert b"".join(commands.packed(op, key, 10_000, now_us, args)) == b"".join(expected)
+
+
+def test_replies_parse_as_bytes_and_as_text() -> None:
+    for reply in (b"started 3 -5 7", "started 3 -5 7"):
+        assert codec.parse_outcome(reply, "q", "k", 10) == Started(ticket=3, start=-5, now=7)
+    assert codec.parse_outcome(b"wait 3 20 7", "q", "k", 10) == Wait(ticket=3, slot=20, now=7)
+    assert codec.parse_outcome(b"passed 3 4 7", "q", "k", 10) == Passed(ticket=3, pos=4, now=7)
+    never = protocol.NEVER
+    assert codec.parse_taken(f"taken 1 0 {never} 9", "q", "k", 10) == Taken(ticket=1, pos=0, at=never, now=9)
+    assert codec.parse_snapshot(b"none 5", "q", "k", 0) == Snapshot(record=None, now=5)
+    assert codec.parse_snapshot(b"record 5 3 2 1 10", "q", "k", 0) == Snapshot(
+        record=Record(ticket=3, pos=2, at=1, interval=10), now=5
+    )
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"granted 3 4 7",  # an unknown kind is never taken for an answer
+        b"taken 3 4 7 8",  # a take's answer to a try_start
+        b"Started 3 4 7",
+        b"started 3 4",
+        b"started 3 4 7 8",
+        b"started 3 4.5 7",
+        b"started three 4 7",
+        b"",
+        [b"started", 3, 4, 7],  # an array: not what the script answers
+        7,
+        None,
+        b"corrupt at 1e20",
+        b"mismatch",
+        b"mismatch 10",  # the interval it was asked for: nonsense, not a mismatch
+    ],
+)
+def test_an_unexpected_outcome_is_corrupted(reply: Any) -> None:
+    with pytest.raises(StateCorrupted, match="ratequeue:q") as raised:
+        codec.parse_outcome(reply, "q", "ratequeue:q", 10)
+    assert raised.value.where == "ratequeue:q"
+
+
+@pytest.mark.parametrize("reply", [b"started 1 2 3", b"taken 1 2 3", b"taken 1 2 3 4 5", b"none 5"])
+def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
+    with pytest.raises(StateCorrupted):
+        codec.parse_taken(reply, "q", "ratequeue:q", 10)
+
+
+@pytest.mark.parametrize("reply", [b"taken 1 0 1 5", b"none", b"record 5 3 2 1", b"record 5 3 2 1 x", b"?"])
+def test_an_unexpected_snapshot_is_corrupted(reply: bytes) -> None:
+    with pytest.raises(StateCorrupted):
+        codec.parse_snapshot(reply, "q", "ratequeue:q", 0)
+
+
+def test_a_mismatch_names_both_intervals() -> None:
+    for parse in (codec.parse_taken, codec.parse_outcome):
+        with pytest.raises(ConfigurationError, match=r"interval 0\.02 s .* not 0\.01 s"):
+            parse(b"mismatch 20000", "q", "ratequeue:q", 10_000)
+
+
+def test_a_bad_url_is_reported_without_the_password() -> None:
+    with pytest.raises(ConfigurationError, match="Redis URL") as raised:
+        RedisState.from_url("redis://user:s3cret@localhost:notaport/0")
+    assert "s3cret" not in str(raised.value)

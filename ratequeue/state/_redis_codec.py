@@ -1,0 +1,178 @@
+"""The Redis backend's codec: the script, the requests that run it, and the parsing of its replies.
+
+Pure functions and data, no I/O: the synchronous and the asyncio Redis
+states (:mod:`ratequeue.state.redis`, :mod:`ratequeue.aio.redis`) both
+build their calls and read their answers here. The script itself is
+``redis.lua`` beside this module; its header states KEYS, ARGV and the
+reply of every operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from importlib import resources
+from typing import Literal, NoReturn, TypeVar, Union
+
+from ..errors import StateCorrupted
+from ..protocol import Outcome, Passed, Record, Started, Taken, Wait
+from .base import Snapshot, check_interval_matches
+
+__all__ = [
+    "SCRIPT",
+    "SHA",
+    "Commands",
+    "Operation",
+    "Parser",
+    "Reply",
+    "parse_outcome",
+    "parse_snapshot",
+    "parse_taken",
+    "script_args",
+]
+
+#: what the script can be asked to do (its ARGV[1])
+Operation = Literal["take", "try_start", "take_and_try", "retime", "read"]
+
+#: the Lua script serving every operation
+SCRIPT: str = resources.files(__name__.rpartition(".")[0]).joinpath("redis.lua").read_text(encoding="utf-8")
+
+#: the SHA1 Redis knows the script by (``EVALSHA``)
+SHA: str = hashlib.sha1(SCRIPT.encode()).hexdigest()
+
+#: a reply of the script: one bulk string, as text if the client decodes replies
+Reply = Union[bytes, str]
+
+R = TypeVar("R")
+
+#: what every parser takes: the reply, and the call's queue name, key and interval (us)
+Parser = Callable[[Reply, str, str, int], R]
+
+
+def script_args(
+    op: Operation, interval_us: int, now_us: int | None, args: tuple[int, ...]
+) -> list[str | int]:
+    """The script's ARGV for ``op`` (``now_us``: ``None`` to read the server's clock)."""
+    return [op, interval_us, "" if now_us is None else now_us, *args]
+
+
+class Commands:
+    """``EVALSHA SHA 1 key op interval now ...`` in RESP, packed by hand.
+
+    redis-py's packer handles every argument type and encoding option; the
+    script's arguments are only a key, an operation and whole numbers, and
+    the head of each command (operation, key, interval) is the same call
+    after call, so it is packed once and kept (for up to :attr:`MAX_HEADS`
+    of them).
+    """
+
+    #: heads kept before the cache starts over (names are few; this bounds a process that makes many)
+    MAX_HEADS = 1024
+
+    def __init__(self, encoding: str = "utf-8", errors: str = "strict") -> None:
+        """Encode keys as the client does (its ``encoding`` and ``encoding_errors``)."""
+        self._encoding = encoding
+        self._errors = errors
+        self._heads: dict[tuple[Operation, str, int], bytes] = {}
+
+    def packed(
+        self, op: Operation, key: str, interval_us: int, now_us: int | None, args: tuple[int, ...]
+    ) -> list[bytes]:
+        """The command running ``op`` on ``key``, as ``send_packed_command`` takes it."""
+        head = self._heads.get((op, key, interval_us))
+        if head is None:
+            head = self._head(op, key, interval_us, len(args))
+        head += _SERVER_CLOCK if now_us is None else _bulk(b"%d" % now_us)
+        for value in args:
+            head += _bulk(b"%d" % value)
+        return [head]
+
+    def _head(self, op: Operation, key: str, interval_us: int, more: int) -> bytes:
+        parts = (b"EVALSHA", SHA.encode(), b"1", key.encode(self._encoding, self._errors), op.encode())
+        head = b"*%d\r\n%b%b" % (7 + more, b"".join(map(_bulk, parts)), _bulk(b"%d" % interval_us))
+        if len(self._heads) >= self.MAX_HEADS:
+            self._heads.clear()
+        self._heads[(op, key, interval_us)] = head
+        return head
+
+
+#: ARGV[3] when the script reads the server's clock: an empty bulk string
+_SERVER_CLOCK = b"$0\r\n\r\n"
+
+
+def _bulk(data: bytes) -> bytes:
+    """``data`` as a RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+#: the outcomes of try_start, take_and_try and retime by their reply's first word, as bytes or as
+#: text (a client made with ``decode_responses=True``)
+_OUTCOMES: dict[bytes | str, Callable[[int, int, int], Outcome]] = {
+    kind: cls
+    for word, cls in (("started", Started), ("wait", Wait), ("passed", Passed))
+    for kind in (word, word.encode())
+}
+_TAKEN = ("taken", b"taken")
+_RECORD = ("record", b"record")
+_NONE = ("none", b"none")
+
+# Each parser reads the answer it expects in one try, the common case kept cheap (a call's CPU
+# matters); anything else -- another kind, a wrong count, a word that is not a whole number, a
+# reply that is not one string -- falls through to _refuse, which always raises.
+
+
+def parse_taken(reply: Reply, name: str, key: str, interval_us: int) -> Taken:
+    """The answer of ``take``: ``taken TICKET POS AT NOW``."""
+    try:
+        kind, ticket, pos, at, now = reply.split()
+        if kind in _TAKEN:
+            return Taken(ticket=int(ticket), pos=int(pos), at=int(at), now=int(now))
+    except (AttributeError, TypeError, ValueError):
+        pass
+    _refuse(reply, name, key, interval_us)
+
+
+def parse_outcome(reply: Reply, name: str, key: str, interval_us: int) -> Outcome:
+    """The answer of ``try_start``, ``take_and_try`` or ``retime``: ``KIND TICKET VALUE NOW``.
+
+    A kind other than ``started``, ``wait`` or ``passed`` raises: ``mismatch``
+    :class:`~ratequeue.errors.ConfigurationError`, anything else
+    :class:`~ratequeue.errors.StateCorrupted`.
+    """
+    try:
+        kind, ticket, value, now = reply.split()
+        return _OUTCOMES[kind](int(ticket), int(value), int(now))
+    except (AttributeError, TypeError, ValueError, KeyError):
+        pass
+    _refuse(reply, name, key, interval_us)
+
+
+def parse_snapshot(reply: Reply, name: str, key: str, interval_us: int) -> Snapshot:
+    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL``, or ``none NOW``.
+
+    (``name`` and ``interval_us`` are not needed: a read checks no interval.)
+    """
+    try:
+        kind, *numbers = reply.split()
+        if kind in _NONE and len(numbers) == 1:
+            return Snapshot(record=None, now=int(numbers[0]))
+        if kind in _RECORD and len(numbers) == 5:
+            now, ticket, pos, at, interval = (int(number) for number in numbers)
+            return Snapshot(record=Record(ticket=ticket, pos=pos, at=at, interval=interval), now=now)
+    except (AttributeError, TypeError, ValueError):
+        pass
+    _refuse(reply, name, key, interval_us)
+
+
+def _refuse(reply: object, name: str, key: str, interval_us: int) -> NoReturn:
+    """Raise the error a reply other than the answer expected stands for."""
+    text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+    words = text.split(" ") if isinstance(text, str) else [""]
+    if words[0] == "mismatch" and len(words) == 2 and words[1].isdigit():
+        check_interval_matches(name, int(words[1]), interval_us)
+    if words[0] == "corrupt" and len(words) >= 3:
+        field, value = words[1], " ".join(words[2:])
+        raise StateCorrupted(
+            f"Redis hash {key} has {field}={value!r}, not a record ratequeue wrote", where=key
+        )
+    raise StateCorrupted(f"the ratequeue script on Redis hash {key} answered {reply!r}", where=key)

@@ -1,0 +1,183 @@
+"""Redis with replies lost on purpose: a re-sent ``try_start`` keeps its turn (DESIGN.md §3).
+
+The states talk to the test's redis-server through :class:`ReplyDropper`, a
+real TCP proxy: armed with the bytes of one operation's name as the script
+call carries it (an ARGV of ``EVALSHA``), it lets the next such call reach
+the server but swallows its reply and closes the connection. The lean call
+path sees the connection fail, reconnects and sends the call again, so the
+server runs the same operation twice. Before the protocol answered a
+repeated try_start of the latest start with the same grant, the second run
+answered *passed* and the turn was lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+import ratequeue
+from ratequeue import aio
+from ratequeue.aio.redis import AsyncRedisState
+from ratequeue.protocol import Outcome, Record, Started, Wait
+from ratequeue.shard import Turn
+from ratequeue.state.redis import RedisState
+
+from ._proxy import ReplyDropper
+from .servers import Server
+
+#: what only a try_start call sends: its operation name, a bulk string of the EVALSHA
+#: (the script's own text holds the name too, but never in this form)
+TRY_START = b"$9\r\ntry_start\r\n"
+#: what only a take_and_try call sends
+TAKE_AND_TRY = b"$12\r\ntake_and_try\r\n"
+
+#: the limiters' interval: long enough that a turn after the first waits for its slot and then
+#: calls try_start (the lead, about one round-trip, is far shorter), short enough for a quick test
+INTERVAL = 0.2
+INTERVAL_US = 200_000
+
+#: the limiters' turns: the second one's try_start loses its reply, the third follows it
+TURNS = 3
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def proxy(redis_server: Server) -> Iterator[ReplyDropper]:
+    with ReplyDropper(redis_server.port) as dropper:
+        yield dropper
+
+
+def fresh_name() -> str:
+    return f"lost{next(_names)}"
+
+
+def sync_state(proxy: ReplyDropper) -> RedisState:
+    """A state on the lean call path, through the proxy."""
+    state = RedisState(redis.Redis(host="127.0.0.1", port=proxy.port), prefix="lost:")
+    assert state._lean is not None
+    return state
+
+
+def async_state(proxy: ReplyDropper) -> AsyncRedisState:
+    state = AsyncRedisState(redis.asyncio.Redis(host="127.0.0.1", port=proxy.port), prefix="lost:")
+    assert state._lean is not None
+    return state
+
+
+def test_a_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper) -> None:
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        ticket = state.take(name, INTERVAL_US).ticket
+        proxy.drop_reply_to(TRY_START)
+        outcome = state.try_start(name, INTERVAL_US, ticket, 0)
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        assert_started_once(outcome, ticket, state.read(name).record)
+
+
+def test_an_async_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper) -> None:
+    async def main() -> None:
+        async with async_state(proxy) as state:
+            name = fresh_name()
+            ticket = (await state.take(name, INTERVAL_US)).ticket
+            proxy.drop_reply_to(TRY_START)
+            outcome = await state.try_start(name, INTERVAL_US, ticket, 0)
+            assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+            assert_started_once(outcome, ticket, (await state.read(name)).record)
+
+    asyncio.run(main())
+
+
+def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) -> None:
+    """``ticket`` started, once: the answer is its start, and the record moved to it and no further."""
+    assert isinstance(outcome, Started), f"the turn was lost: {outcome}"
+    assert outcome.ticket == ticket
+    assert record is not None
+    assert (record.ticket, record.pos, record.at) == (ticket + 1, ticket, outcome.start)
+
+
+def test_a_lost_take_and_try_reply_costs_one_ticket_at_most(proxy: ReplyDropper) -> None:
+    """A re-sent take_and_try takes a second ticket: the first, started unseen, is leaked (one interval).
+
+    DESIGN.md §3 allows this much: a ticket has no owner the server could
+    recognise. The call still answers, for the second ticket, which waits
+    one interval behind the leaked start.
+    """
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        proxy.drop_reply_to(TAKE_AND_TRY)
+        outcome = state.take_and_try(name, INTERVAL_US, 0)
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        record = state.read(name).record
+        assert record is not None
+        assert isinstance(outcome, Wait), "ticket 1 started unseen: ticket 2 waits for its slot"
+        assert (outcome.ticket, record.ticket, record.pos) == (2, 3, 1)
+        assert outcome.slot == record.at + INTERVAL_US
+
+
+def test_a_limiter_loses_no_turn_to_a_lost_reply(proxy: ReplyDropper) -> None:
+    """Three turns, one try_start's reply lost: tickets 1-3 start, each once, and no ticket is taken in vain.
+
+    A lost turn would show as a ticket started but never returned: the
+    limiter, told *passed*, takes another ticket, so its turns would skip one
+    and the record would have handed out more tickets than turns.
+    """
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        limiter = ratequeue.Limiter(state, name=name, interval=INTERVAL)
+        proxy.drop_reply_to(TRY_START)  # the second turn's try_start (the first one needs none)
+        turns = [limiter.acquire(timeout=30) for _ in range(TURNS)]
+        limiter.close()
+        assert proxy.dropped.is_set(), "no reply was dropped: the test proves nothing"
+        assert_no_turn_lost(turns, state.read(name).record)
+
+
+def test_an_async_limiter_loses_no_turn_to_a_lost_reply(proxy: ReplyDropper) -> None:
+    async def main() -> None:
+        async with async_state(proxy) as state:
+            name = fresh_name()
+            limiter = aio.Limiter(state, name=name, interval=INTERVAL)
+            proxy.drop_reply_to(TRY_START)
+            turns = [await limiter.acquire(timeout=30) for _ in range(TURNS)]
+            await limiter.close()
+            assert proxy.dropped.is_set(), "no reply was dropped: the test proves nothing"
+            assert_no_turn_lost(turns, (await state.read(name)).record)
+
+    asyncio.run(main())
+
+
+def test_a_limiter_whose_take_and_try_reply_is_lost_leaks_one_ticket(proxy: ReplyDropper) -> None:
+    """A lost take_and_try reply: the limiter still gets its turns, one interval apart; one ticket leaks.
+
+    The leaked ticket started unseen, so the next turn comes one interval
+    after it: a slot lost, as DESIGN.md §3 allows for a re-sent take.
+    """
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        limiter = ratequeue.Limiter(state, name=name, interval=INTERVAL)
+        proxy.drop_reply_to(TAKE_AND_TRY)  # the first turn's
+        turns = [limiter.acquire(timeout=30) for _ in range(TURNS)]
+        limiter.close()
+        assert proxy.dropped.is_set(), "no reply was dropped: the test proves nothing"
+        record = state.read(name).record
+        assert [turn.ticket for turn in turns] == list(range(2, TURNS + 2)), "ticket 1 leaked, no other"
+        assert record is not None
+        assert (record.ticket, record.pos, record.at) == (TURNS + 2, TURNS + 1, turns[-1].start_us)
+        for earlier, later in itertools.pairwise(turns):
+            assert later.start_us - earlier.start_us >= INTERVAL_US
+
+
+def assert_no_turn_lost(turns: list[Turn], record: Record | None) -> None:
+    """Every ticket handed out was returned as a turn, in order, one interval apart."""
+    assert [turn.ticket for turn in turns] == list(range(1, TURNS + 1)), (
+        "a ticket started but was not returned"
+    )
+    assert record is not None
+    assert (record.ticket, record.pos, record.at) == (TURNS + 1, TURNS, turns[-1].start_us)
+    for earlier, later in itertools.pairwise(turns):
+        assert later.start_us - earlier.start_us >= INTERVAL_US
