@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar, Union
 
 from . import _validate
 from ._flow import Call, Flow
+from ._redact import redact
 from .errors import AcquireTimeout
 from .protocol import NEVER, US, Outcome
 from .shard import (
@@ -38,7 +39,7 @@ from .shard import (
     Turn,
     WaitForTurn,
 )
-from .state.base import Snapshot, StateBase, redact
+from .state.base import Snapshot, StateBase
 
 __all__ = ["LimiterBase", "ReservationBase", "Seconds", "Status", "TimedAnswer"]
 

@@ -25,9 +25,9 @@ from typing import Any, Generic, Protocol, TypeVar
 from . import _validate
 from ._flow import Call, Flow, Sleep
 from ._limiting import LimiterBase, Status
+from ._redact import redact
 from .errors import QueueClosed
 from .shard import Turn
-from .state.base import redact
 
 __all__ = ["Entry", "QueueBase"]
 

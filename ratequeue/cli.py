@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from . import __version__, _validate
+from ._redact import redact
 from .errors import ConfigurationError, RateQueueError
 from .limiter import Limiter
 from .protocol import NEVER, US
 from .state import State, from_url
-from .state.base import redact
 from .state.memory import MemoryState
 
 __all__ = ["main"]

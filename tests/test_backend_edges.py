@@ -11,10 +11,11 @@ import redis
 from pymongo import MongoClient
 
 import ratequeue
+from ratequeue._redact import redact
 from ratequeue.errors import StateCorrupted
 from ratequeue.protocol import NEVER, Wait
 from ratequeue.shard import Expired, Shard, TakeAndTry, TryStart
-from ratequeue.state.base import redact, split_options
+from ratequeue.state.base import split_options
 from ratequeue.state.mongodb import MongoState
 from ratequeue.state.redis import RedisState, split_url
 

@@ -14,9 +14,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
 from .. import _validate
+from .._redact import redact
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, US, Outcome, Record, Taken
 
@@ -195,16 +196,6 @@ def split_options(url: str, *names: str) -> tuple[str, dict[str, str]]:
     ours = {key: value for key, value in pairs if key in names}
     rest = urlencode([(key, value) for key, value in pairs if key not in names])
     return (f"{base}?{rest}" if rest else base), ours
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages and ``repr``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def check_interval_matches(name: str, stored: int, wanted: int) -> None:

@@ -40,6 +40,7 @@ from pymongo.collection import Collection
 from pymongo.errors import ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
 from .._flow import Call, Flow, Sleep, run
+from .._redact import redact
 from ..errors import ConfigurationError, RateQueueError, StateUnavailable
 from ..protocol import Outcome, Taken
 from ._mongodb_codec import (
@@ -64,7 +65,7 @@ from ._mongodb_codec import (
     update_filter,
     where_of,
 )
-from .base import Clock, Snapshot, State, StateBase, check_interval_matches, redact
+from .base import Clock, Snapshot, State, StateBase, check_interval_matches
 
 __all__ = ["MongoState", "MongoStateBase", "split_url"]
 

@@ -41,6 +41,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .._flow import Call, Flow, Sleep, run
+from .._redact import redact
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
 from ..protocol import Outcome, Taken
 from ._redis_codec import (
@@ -53,7 +54,7 @@ from ._redis_codec import (
     parse_taken,
     script_args,
 )
-from .base import Clock, Snapshot, State, StateBase, redact, split_options
+from .base import Clock, Snapshot, State, StateBase, split_options
 
 try:
     from redis.credentials import StreamingCredentialProvider
