@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Union
 
 __all__ = [
+    "MAX_LEAD_US",
     "NEVER",
     "US",
     "Micros",
@@ -44,6 +45,11 @@ NEVER = -(2**52)
 
 #: microseconds per second
 US = 1_000_000
+
+#: the largest lead a shard asks for (an hour): every start the protocol grants lies at most
+#: this far ahead of the state clock, so a record whose ``at`` lies further ahead was not
+#: written by it (a poisoned record, or a clock that stepped back by more than this)
+MAX_LEAD_US = 3600 * US
 
 #: a time or a duration in whole microseconds: every time, interval and lead in this
 #: module and in the states is one (a name ending in ``_us`` says so where seconds are near)
