@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import signal
 import stat
@@ -20,7 +21,7 @@ from freezegun import freeze_time
 
 from ratequeue import protocol
 from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
-from ratequeue.protocol import Passed, Started, Wait
+from ratequeue.protocol import NEVER, Passed, Started, Wait
 from ratequeue.state import file as file_state
 from ratequeue.state import from_url
 from ratequeue.state.file import FileState, LockFile, LockTimeout
@@ -80,36 +81,66 @@ def test_clock_stepping_back_only_delays(path: Path) -> None:
         )
 
 
-def test_many_queues_in_one_file_and_a_readable_format(path: Path) -> None:
+def test_many_queues_one_small_file_each_in_a_readable_format(path: Path) -> None:
+    """PATH is a header; each queue's record is a file of its own in PATH.d, named by a hash of the name."""
     state = FileState(path)
     with freeze_time(T0):
         state.take_and_try("a", INTERVAL, 0)
         state.take("b", 2 * INTERVAL)
-    data = json.loads(path.read_text())
-    assert data == {
+    assert json.loads(path.read_text()) == {
         "format": "ratequeue-state",
-        "version": 1,
-        "queues": {
-            "a": {"ticket": 2, "pos": 1, "at": T0_US, "interval": INTERVAL},
-            "b": {"ticket": 2, "pos": 0, "at": None, "interval": 2 * INTERVAL},
-        },
+        "version": 2,
+        "records": "state.json.d",
     }
+    records = path.parent / "state.json.d"
+    assert state.records == records
+    for name, fields in {
+        "a": {"ticket": 2, "pos": 1, "at": T0_US, "interval": INTERVAL},
+        "b": {"ticket": 2, "pos": 0, "at": None, "interval": 2 * INTERVAL},
+    }.items():
+        file, lock = state.record_files(name)
+        assert file.parent == lock.parent == records
+        assert json.loads(file.read_text()) == {"name": name, "record": fields}
+    assert len(list(records.glob("*.json"))) == 2
 
 
 def test_file_and_lock_are_private_to_the_user(path: Path) -> None:
-    FileState(path).take("q", INTERVAL)
+    """Every file is 0600 and the record directory 0700, whatever the umask."""
+    old = os.umask(0)
+    try:
+        FileState(path).take("q", INTERVAL)
+    finally:
+        os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(Path(f"{path}.lock").stat().st_mode) == 0o600
-    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.lock"]
+    records = path.parent / "state.json.d"
+    assert stat.S_IMODE(records.stat().st_mode) == 0o700
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.d", "state.json.lock"]
+    file, lock = FileState(path).record_files("q")
+    assert sorted(records.iterdir()) == sorted([file, lock])
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (file, lock)} == {0o600}
+
+
+def test_names_that_differ_only_in_case_or_script_are_distinct(path: Path) -> None:
+    state = FileState(path)
+    names = ["api", "API", "Api", "ä/../x", "名前", "a" * 200]
+    for i, name in enumerate(names):
+        for _ in range(i + 1):
+            state.take(name, INTERVAL)
+    for i, name in enumerate(names):
+        record = state.read(name).record
+        assert record is not None
+        assert record.ticket == i + 2
 
 
 def test_interval_mismatch_changes_nothing(path: Path) -> None:
     state = FileState(path)
     state.take("q", INTERVAL)
-    before = path.read_bytes()
+    file, _ = state.record_files("q")
+    before = path.read_bytes(), file.read_bytes()
     with pytest.raises(ConfigurationError, match=r"interval 0\.1 s .* not 0\.2 s"):
         state.take_and_try("q", 2 * INTERVAL, 0)
-    assert path.read_bytes() == before
+    assert (path.read_bytes(), file.read_bytes()) == before
 
 
 def test_reset_removes_one_queue(path: Path) -> None:
@@ -122,66 +153,113 @@ def test_reset_removes_one_queue(path: Path) -> None:
     assert state.read("b").record is not None
 
 
+def _v1(queues: object) -> bytes:
+    """A state file of the earlier layout (version 1), every record in it."""
+    return json.dumps({"format": "ratequeue-state", "version": 1, "queues": queues}).encode()
+
+
+#: content at PATH that is no state: every operation, reset included, raises and leaves it as it is
 CORRUPT = {
     "not json": b"{not json",
     "empty": b"",
     "a list": b"[]",
+    "nested too deeply": b"[" * 100_000,
     "another format": json.dumps({"format": "other", "version": 1, "queues": {}}).encode(),
     "a future version": json.dumps({"format": "ratequeue-state", "version": 99, "queues": {}}).encode(),
-    "queues not an object": json.dumps({"format": "ratequeue-state", "version": 1, "queues": []}).encode(),
-    "record not an object": json.dumps(
-        {"format": "ratequeue-state", "version": 1, "queues": {"q": 3}}
+    "version true": json.dumps({"format": "ratequeue-state", "version": True, "queues": {}}).encode(),
+    "queues not an object": _v1([]),
+}
+
+#: a bad record in a version-1 file: only its queue raises; a write moves it, as it is, into its record file
+BAD_RECORDS = {
+    "record not an object": 3,
+    "record missing a field": {"ticket": 2, "pos": 1, "at": 5},
+    "pos not below ticket": {"ticket": 2, "pos": 2, "at": 5, "interval": 1},
+    "ticket a float": {"ticket": 2.5, "pos": 1, "at": 5, "interval": 1},
+    "interval zero": {"ticket": 2, "pos": 1, "at": 5, "interval": 0},
+    "at a string": {"ticket": 2, "pos": 1, "at": "x", "interval": 1},
+}
+
+#: a record file of the new layout that is not a record of its queue
+BAD_RECORD_FILES = {
+    "not json": b"{not json",
+    "empty": b"",
+    "nested too deeply": b"[" * 100_000,
+    "not an object": b"[1, 2]",
+    "another queue's": json.dumps(
+        {"name": "other", "record": {"ticket": 1, "pos": 0, "at": None, "interval": 1}}
     ).encode(),
-    "record missing a field": json.dumps(
-        {"format": "ratequeue-state", "version": 1, "queues": {"q": {"ticket": 2, "pos": 1, "at": 5}}}
+    "no record": json.dumps({"name": "q"}).encode(),
+    "a bad record": json.dumps(
+        {"name": "q", "record": {"ticket": 1, "pos": 5, "at": None, "interval": 1}}
     ).encode(),
-    "pos not below ticket": json.dumps(
-        {
-            "format": "ratequeue-state",
-            "version": 1,
-            "queues": {"q": {"ticket": 2, "pos": 2, "at": 5, "interval": 1}},
-        }
-    ).encode(),
-    "ticket a float": json.dumps(
-        {
-            "format": "ratequeue-state",
-            "version": 1,
-            "queues": {"q": {"ticket": 2.5, "pos": 1, "at": 5, "interval": 1}},
-        }
-    ).encode(),
-    "interval zero": json.dumps(
-        {
-            "format": "ratequeue-state",
-            "version": 1,
-            "queues": {"q": {"ticket": 2, "pos": 1, "at": 5, "interval": 0}},
-        }
-    ).encode(),
-    "at a string": json.dumps(
-        {
-            "format": "ratequeue-state",
-            "version": 1,
-            "queues": {"q": {"ticket": 2, "pos": 1, "at": "x", "interval": 1}},
-        }
-    ).encode(),
+}
+
+OPERATIONS: dict[str, Callable[[FileState], object]] = {
+    "take": lambda state: state.take("q", 1),
+    "take_and_try": lambda state: state.take_and_try("q", 1, 0),
+    "try_start": lambda state: state.try_start("q", 1, 1, 0),
+    "retime": lambda state: state.retime("q", 1, 1, 0),
+    "read": lambda state: state.read("q"),
 }
 
 
 @pytest.mark.parametrize("content", CORRUPT.values(), ids=CORRUPT.keys())
-@pytest.mark.parametrize("operation", ["take", "take_and_try", "try_start", "read"])
+@pytest.mark.parametrize("operation", [*OPERATIONS, "reset"])
 def test_corrupted_file_raises_and_is_left_untouched(path: Path, content: bytes, operation: str) -> None:
     path.write_bytes(content)
     os.chmod(path, 0o600)
     state = FileState(path)
-    calls = {
-        "take": lambda: state.take("q", 1),
-        "take_and_try": lambda: state.take_and_try("q", 1, 0),
-        "try_start": lambda: state.try_start("q", 1, 1, 0),
-        "read": lambda: state.read("q"),
-    }
     with pytest.raises(StateCorrupted) as raised:
-        calls[operation]()
-    assert str(path) in raised.value.where
+        state.reset("q") if operation == "reset" else OPERATIONS[operation](state)
+    assert raised.value.where == str(path)
+    assert str(path) in str(raised.value)
     assert path.read_bytes() == content
+    assert not state.records.exists()
+
+
+@pytest.mark.parametrize("fields", BAD_RECORDS.values(), ids=BAD_RECORDS.keys())
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_bad_record_in_an_old_file_raises_for_its_queue_only(
+    path: Path, fields: object, operation: str
+) -> None:
+    """Read, the old file is left as it is; written, the bad record moves as it is into its record
+    file, which the failing operation leaves as it is. The other queue works, and reset clears it."""
+    content = _v1({"q": fields, "good": {"ticket": 4, "pos": 3, "at": T0_US, "interval": INTERVAL}})
+    path.write_bytes(content)
+    os.chmod(path, 0o600)
+    state = FileState(path)
+    with pytest.raises(StateCorrupted) as raised:
+        OPERATIONS[operation](state)
+    assert raised.value.where == f"{path}#q"
+    file, _ = state.record_files("q")
+    if operation == "read":
+        assert path.read_bytes() == content
+        assert not file.exists()
+    else:
+        assert json.loads(path.read_bytes())["version"] == 2
+        assert json.loads(file.read_bytes()) == {"name": "q", "record": fields}
+    assert state.read("good").record == protocol.Record(ticket=4, pos=3, at=T0_US, interval=INTERVAL)
+    assert state.reset("q") is True
+    assert state.take("q", 1).ticket == 1
+    assert state.take("good", INTERVAL).ticket == 4
+
+
+@pytest.mark.parametrize("content", BAD_RECORD_FILES.values(), ids=BAD_RECORD_FILES.keys())
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_bad_record_file_raises_for_its_queue_only(path: Path, content: bytes, operation: str) -> None:
+    state = FileState(path)
+    state.take("good", INTERVAL)
+    state.take("q", 1)
+    file, _ = state.record_files("q")
+    file.write_bytes(content)
+    with pytest.raises(StateCorrupted) as raised:
+        OPERATIONS[operation](state)
+    assert raised.value.where == f"{path}#q"
+    assert file.read_bytes() == content
+    assert state.take("good", INTERVAL).ticket == 2
+    assert state.reset("q") is True
+    assert state.take("q", 1).ticket == 1
 
 
 def test_symlink_and_directory_are_refused(tmp_path: Path) -> None:
@@ -228,14 +306,45 @@ def test_default_state_is_the_per_user_file(tmp_path: Path, monkeypatch: pytest.
     assert stat.S_IMODE(state.path.parent.stat().st_mode) == 0o700
 
 
+#: opens the default state with umask 000 and takes a ticket
+DEFAULT_UNDER_UMASK_0 = """
+import os
+os.umask(0)
+from ratequeue.state.file import FileState
+FileState.default().take("q", 100_000)
+"""
+
+
+def test_directories_ratequeue_creates_are_0700_whatever_the_umask(tmp_path: Path) -> None:
+    """The default path's missing parents (``.cache`` too) and PATH.d are made 0700; a directory
+    that exists already is left as it is."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("RATEQUEUE_STATE_FILE")
+    env.pop("XDG_CACHE_HOME", None)
+    subprocess.run([sys.executable, "-c", DEFAULT_UNDER_UMASK_0], env=env, check=True, timeout=60)
+    made = [home / ".cache", home / ".cache" / "ratequeue", home / ".cache" / "ratequeue" / "state.json.d"]
+    assert {str(p): stat.S_IMODE(p.stat().st_mode) for p in made} == {str(p): 0o700 for p in made}
+    assert stat.S_IMODE(home.stat().st_mode) == 0o755
+
+
 # --- the lock: timeouts, threads, processes, fork, and no busy waiting ---
+
+
+def _lock_of(path: Path, name: str = "q") -> str:
+    """The lock file of queue ``name`` in the state at ``path``, whose layout is made if missing."""
+    state = FileState(path)
+    state.take("other", INTERVAL)  # makes the header and PATH.d
+    return str(state.record_files(name)[1])
 
 
 @pytest.fixture
 def hold_lock(path: Path) -> Iterator[Callable[[], None]]:
-    """Take ``PATH.lock`` now through a descriptor of its own, as another process would; call to release."""
+    """Take queue q's lock now through a descriptor of its own, as another process would; call to release."""
     fcntl = pytest.importorskip("fcntl")
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(_lock_of(path), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     released = False
 
@@ -252,26 +361,39 @@ def hold_lock(path: Path) -> Iterator[Callable[[], None]]:
 
 
 def test_lock_held_elsewhere_times_out_naming_the_path(path: Path, hold_lock: Callable[[], None]) -> None:
-    """A lock held past ``lock_timeout`` raises StateUnavailable; once it is free, operations work again."""
+    """A lock held past ``lock_timeout`` raises StateUnavailable; once it is free, operations work again.
+
+    Meanwhile the other queue names, their reads, and reads of the held one, go on.
+    """
     state = FileState(path, lock_timeout=0.3)
     began = time.monotonic()
-    with pytest.raises(StateUnavailable, match=r"could not lock .*state\.json\.lock within 0\.3 s") as raised:
+    with pytest.raises(
+        StateUnavailable, match=r"could not lock .*state\.json\.d/[0-9a-f]{32}\.lock within 0\.3 s"
+    ) as raised:
         state.take("q", INTERVAL)
     assert time.monotonic() - began >= 0.3
     assert raised.value.where == str(path)
+    assert state.take("other", INTERVAL).ticket == 2
+    assert state.read("q").record is None
     hold_lock()
     assert state.take("q", INTERVAL).ticket == 1
     assert state.take("q", INTERVAL).ticket == 2
 
 
-def test_lock_held_by_another_process_times_out(path: Path) -> None:
-    """The same across processes: the waiter gives up at its timeout, and the holder is unaffected."""
+def _start_holder(path: Path) -> subprocess.Popen[str]:
+    _lock_of(path)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_lock_held_by_another_process_times_out(path: Path) -> None:
+    """The same across processes: the waiter gives up at its timeout, and the holder is unaffected."""
+    holder = _start_holder(path)
     try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline() == "held\n"
         with pytest.raises(StateUnavailable, match=r"within 0\.2 s") as raised:
             FileState(path, lock_timeout=0.2).take_and_try("q", INTERVAL, 0)
         assert raised.value.where == str(path)
@@ -281,12 +403,57 @@ def test_lock_held_by_another_process_times_out(path: Path) -> None:
     assert FileState(path, lock_timeout=5).take("q", INTERVAL).ticket == 2
 
 
-#: holds PATH.lock through a FileState (taking ticket 1 under it) until stdin closes
+@pytest.mark.processes
+def test_a_killed_holder_releases_the_lock_at_once(path: Path) -> None:
+    """SIGKILL of a process holding a queue's lock frees it: a waiter gets it as soon as the kernel
+    closes the holder's files, long before its timeout."""
+    holder = _start_holder(path)
+    state = FileState(path, lock_timeout=30)
+    got: list[float] = []
+
+    def wait() -> None:
+        state.take("q", INTERVAL)
+        got.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    assert not got
+    killed = time.monotonic()
+    holder.kill()
+    holder.communicate(timeout=30)  # closes the pipes too
+    waiter.join(timeout=30)
+    assert got
+    assert got[0] - killed < 5
+    assert state.read("q").record == protocol.Record(ticket=2, pos=0, at=NEVER, interval=INTERVAL)
+
+
+@pytest.mark.processes
+def test_a_stopped_holder_stalls_its_queue_name_only(path: Path) -> None:
+    """SIGSTOP of a process holding queue q's lock: q waits (and times out), every other name goes on."""
+    holder = _start_holder(path)
+    state = FileState(path, lock_timeout=0.2)
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        for _ in range(20):
+            state.take("other", INTERVAL)
+        assert time.monotonic() - began < 5
+        assert state.read("q").record is None  # reads take no lock
+        with pytest.raises(StateUnavailable, match=r"within 0\.2 s"):
+            state.take("q", INTERVAL)
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.communicate("", timeout=30)
+    assert state.take("q", INTERVAL).ticket == 2
+
+
+#: holds queue q's lock through a FileState (taking q's ticket 1 after) until stdin closes
 HOLDER = """
 import sys
 from ratequeue.state.file import FileState
 state = FileState(sys.argv[1])
-with state._locked():
+with state._locked(state._name_lock(state.record_files("q")[1])):
     print("held", flush=True)
     sys.stdin.read()
 state.take("q", 100_000)
@@ -295,7 +462,7 @@ state.take("q", 100_000)
 
 def test_lock_held_by_a_thread_of_this_process_times_out(path: Path) -> None:
     """A thread waiting behind another thread of its process also gives up at ``lock_timeout``."""
-    lock = LockFile.of(f"{path}.lock")
+    lock = LockFile.of(_lock_of(path))
     lock.acquire(1)
     try:
         with pytest.raises(StateUnavailable, match=r"within 0\.1 s"):
@@ -465,12 +632,13 @@ def _reap(pid: int, timeout: float = 30.0) -> int:
 
 
 def test_lock_file_deleted_in_use_is_opened_again(path: Path) -> None:
-    """After ``PATH.lock`` is deleted, the state locks the new file that others lock, not the old one."""
+    """After a queue's lock file is deleted, the state locks the new one that others lock, not the old one."""
     fcntl = pytest.importorskip("fcntl")
     state = FileState(path, lock_timeout=0.2)
     state.take("q", INTERVAL)  # opens the lock file and keeps it open
-    os.unlink(f"{path}.lock")
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    lock = state.record_files("q")[1]
+    os.unlink(lock)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with pytest.raises(StateUnavailable, match="could not lock"):
@@ -502,19 +670,33 @@ else:
 """
 
 
+def _v1_state(path: Path, count: int) -> dict[str, dict[str, int]]:
+    """Write a version-1 state file of ``count`` queues at ``path``; their fields by name."""
+    queues = {
+        f"q{i}": {"ticket": i + 2, "pos": i + 1, "at": T0_US + i, "interval": INTERVAL} for i in range(count)
+    }
+    path.write_bytes(_v1(queues))
+    os.chmod(path, 0o600)
+    return queues
+
+
+def _record_files(state: FileState) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in state.records.glob("*.json")}
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE and SIGXFSZ")
 @pytest.mark.parametrize("name", ["q0", "new"], ids=["changed record", "new record"])
 def test_write_cut_short_raises_and_leaves_the_old_file(path: Path, name: str) -> None:
     """A write that the disk cuts short (here: a file-size limit) raises StateUnavailable naming
-    the file, and leaves the old file complete, with every queue's record, and no temporary file."""
-    queues = {
-        f"q{i}": {"ticket": i + 2, "pos": i + 1, "at": T0_US + i, "interval": INTERVAL} for i in range(300)
-    }
-    path.write_text(json.dumps({"format": "ratequeue-state", "version": 1, "queues": queues}, indent=1))
-    os.chmod(path, 0o600)
-    before = path.read_bytes()
-    limit = 4096
-    assert len(before) > 4 * limit
+    the state, and leaves the old record file complete, every other record, and no temporary file."""
+    queues = _v1_state(path, 300)
+    state = FileState(path)
+    assert state.read("q1").record is not None
+    state.take("q1", INTERVAL)  # moves the records into PATH.d
+    queues["q1"]["ticket"] += 1
+    header, before = path.read_bytes(), _record_files(state)
+    assert len(before) == 300
+    limit = 40  # a record file is about 90 bytes
     ran = subprocess.run(
         [sys.executable, "-c", WRITE_LIMITED, str(path), str(limit), name],
         capture_output=True,
@@ -524,11 +706,176 @@ def test_write_cut_short_raises_and_leaves_the_old_file(path: Path, name: str) -
     assert ran.returncode == 0, ran.stderr
     lines = ran.stdout.splitlines()
     assert lines[:2] == ["StateUnavailable", str(path)], ran.stdout
-    assert str(path) in lines[2]
-    assert path.read_bytes() == before
-    state = FileState(path)
+    assert str(state.record_files(name)[0]) in lines[2]
+    assert path.read_bytes() == header
+    assert _record_files(state) == before
     for queue, fields in queues.items():
         assert state.read(queue).record == protocol.Record(**fields)
     assert state.read("new").record is None
-    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.d", "state.json.lock"]
+    assert not [p for p in state.records.iterdir() if p.name.endswith(".tmp")]
     assert state.take(name, INTERVAL).ticket == queues.get(name, {"ticket": 1})["ticket"]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE and SIGXFSZ")
+def test_move_of_an_old_file_cut_short_leaves_it_to_be_moved_again(path: Path) -> None:
+    """A move into PATH.d that fails part-way raises StateUnavailable and leaves the old file as it
+    was; the next write moves every record again, and tickets continue."""
+    queues = _v1_state(path, 300)
+    queues["q150"]["ticket"] = 10**15  # its record file is longer than the others
+    path.write_bytes(_v1(queues))
+    before = path.read_bytes()
+    ran = subprocess.run(
+        [sys.executable, "-c", WRITE_LIMITED, str(path), "100", "q0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[:2] == ["StateUnavailable", str(path)], ran.stdout
+    assert path.read_bytes() == before
+    state = FileState(path)
+    assert 0 < len(_record_files(state)) < 300  # part-way
+    state.take("q0", INTERVAL)
+    queues["q0"]["ticket"] += 1
+    for queue, fields in queues.items():
+        assert state.read(queue).record == protocol.Record(**fields)
+
+
+def test_old_file_is_moved_on_first_write_and_tickets_continue(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    queues = _v1_state(path, 50)
+    before = path.read_bytes()
+    state = FileState(path)
+    assert state.read("q7").record == protocol.Record(**queues["q7"])  # read as it is ...
+    assert path.read_bytes() == before  # ... and left so
+    assert not state.records.exists()
+    with caplog.at_level(logging.WARNING, logger="ratequeue.state.file"):
+        assert state.take("q7", INTERVAL).ticket == 9
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ratequeue moved the 50 queue record(s) of state file {path} into {state.records}, one file per "
+        "queue; earlier ratequeue versions, which read state file version 1 only, cannot use this state"
+    ]
+    assert json.loads(path.read_text())["version"] == 2
+    queues["q7"]["ticket"] += 1
+    assert len(_record_files(state)) == 50
+    for queue, fields in queues.items():
+        assert state.read(queue).record == protocol.Record(**fields)
+    assert state.take("q8", INTERVAL).ticket == 10
+
+
+def test_a_move_cut_off_earlier_is_redone_from_the_old_file(path: Path) -> None:
+    """Record files left by a move that never finished (the header is still version 1) are replaced."""
+    queues = _v1_state(path, 5)
+    state = FileState(path)
+    state.records.mkdir()
+    stale, _ = state.record_files("q2")
+    stale.write_text(
+        json.dumps({"name": "q2", "record": {"ticket": 99, "pos": 0, "at": None, "interval": 1}})
+    )
+    assert state.take("q2", INTERVAL).ticket == queues["q2"]["ticket"]
+
+
+#: takes one ticket of queue argv[2] in the state at argv[1] once argv[3] exists, and prints it
+TAKE_ONE = """
+import os, sys, time
+from ratequeue.state.file import FileState
+state = FileState(sys.argv[1])
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.001)
+print(state.take(sys.argv[2], 100_000).ticket)
+"""
+
+
+@pytest.mark.processes
+def test_processes_opening_an_old_file_at_once_move_it_once(path: Path) -> None:
+    """Four processes writing to an old file at the same moment: no record lost, no ticket twice."""
+    queues = _v1_state(path, 2000)
+    go = path.parent / "go"
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", TAKE_ONE, str(path), name, str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ["q5", "q5", "q5", "q6"]
+    ]
+    time.sleep(0.5)
+    go.touch()
+    results = [worker.communicate(timeout=60) for worker in workers]
+    assert all(worker.returncode == 0 for worker in workers), results
+    assert sorted(int(out) for out, _ in results[:3]) == [7, 8, 9]
+    assert int(results[3][0]) == 8
+    assert sum("moved the 2000 queue record(s)" in err for _, err in results) == 1
+    state = FileState(path)
+    assert len(_record_files(state)) == 2000
+    assert [state.read(queue).record.ticket for queue in ("q5", "q6")] == [10, 9]  # type: ignore[union-attr]
+    for queue, fields in queues.items():
+        if queue not in ("q5", "q6"):
+            assert state.read(queue).record == protocol.Record(**fields)
+
+
+def test_operations_on_one_name_ignore_twenty_thousand_others(path: Path) -> None:
+    """With 20 000 other queue names in the state, operations on one name give the reference's
+    answers and leave every other record file as it was, byte for byte and unwritten."""
+    queues = _v1_state(path, 20_000)
+    state = FileState(path)
+    state.take("q0", INTERVAL)  # the move
+    queues["q0"]["ticket"] += 1
+    others = {
+        p: (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_ino) for p in state.records.glob("*.json")
+    }
+    assert len(others) == 20_000
+    reference = FileState(path.with_name("alone.json"))
+    with freeze_time(T0) as frozen:
+        for i in range(200):
+            outcome = state.take_and_try("new", INTERVAL, INTERVAL // 2)
+            assert outcome == reference.take_and_try("new", INTERVAL, INTERVAL // 2)
+            if isinstance(outcome, Wait):
+                assert state.try_start("new", INTERVAL, outcome.ticket, INTERVAL) == reference.try_start(
+                    "new", INTERVAL, outcome.ticket, INTERVAL
+                )
+            frozen.tick(datetime.timedelta(microseconds=INTERVAL // 3 + i))
+        assert state.read("new").record == reference.read("new").record
+        assert state.reset("new") is True
+    assert {
+        p: (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_ino) for p in state.records.glob("*.json")
+    } == others
+    for queue, fields in queues.items():
+        assert state.read(queue).record == protocol.Record(**fields)
+
+
+#: three processes of two threads on their own queue name and on a shared one; prints the tickets
+NAMED_TAKER = """
+import json, sys, threading
+from ratequeue.state.file import FileState
+state = FileState(sys.argv[1])
+tickets = {"own": [], "shared": []}
+def take():
+    for _ in range(25):
+        tickets["own"].append(state.take(sys.argv[2], 100_000).ticket)
+        tickets["shared"].append(state.take("shared", 100_000).ticket)
+threads = [threading.Thread(target=take) for _ in range(2)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps(tickets))
+"""
+
+
+@pytest.mark.processes
+def test_processes_on_different_names_and_on_the_same_name(path: Path) -> None:
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", NAMED_TAKER, str(path), f"own{i}"], stdout=subprocess.PIPE, text=True
+        )
+        for i in range(3)
+    ]
+    results = [json.loads(worker.communicate(timeout=60)[0]) for worker in workers]
+    assert all(worker.returncode == 0 for worker in workers)
+    for result in results:
+        assert sorted(result["own"]) == list(range(1, 51))
+    assert sorted(t for result in results for t in result["shared"]) == list(range(1, 151))

@@ -1,14 +1,23 @@
-"""``file:///path/state.json``: a JSON file shared by the processes of one host.
+"""``file:///path/state.json``: the records of a host's queues, one small file per queue name.
 
-The file holds the records of many queue names. Every operation reads,
-changes and rewrites it while holding an exclusive lock on ``PATH.lock``; the
-new content is written whole to a temporary file, synced to disk and moved
-into place, so a process killed or a write failing mid-way never leaves a
-torn file, and a change survives an operating-system crash once its
-operation has returned (see docs/file-state.md). The clock is the host's
-wall clock, which every user of the file shares.
+``PATH`` itself is a small header that says which layout the state has; the
+records live in the directory ``PATH.d``, one file per queue name, each
+with a lock file of its own. An operation on a name locks that name only,
+reads its record (about a hundred bytes) and, if it changed, writes a new
+record file whole, syncs it to disk and renames it into place. Its cost
+therefore does not depend on how many names the state holds, a process
+killed mid-way never leaves a torn record, a change survives an
+operating-system crash once its operation has returned, and a process
+stopped while it holds a name's lock stalls that name only (see
+docs/file-state.md). The clock is the host's wall clock, which every user of
+the state shares.
 
-Waiting for the lock costs no CPU while it stays held: the threads of a
+A state file of the earlier layout (every record in ``PATH``, version 1) is
+read as it is by operations that write nothing, and moved into ``PATH.d`` by
+the first operation that writes, under ``PATH.lock``, the lock that earlier
+versions take for every operation (see :meth:`FileState._migrate`).
+
+Waiting for a lock costs no CPU while it stays held: the threads of a
 process queue on an in-process lock, and the one at the head waits for the
 file's ``flock`` in the kernel (see :class:`LockFile`).
 """
@@ -17,13 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
+import logging
 import os
 import stat
 import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,9 +55,12 @@ from .base import Clock, check_record
 
 __all__ = ["FileState", "LockFile", "LockTimeout", "default_path"]
 
-#: what the file's top level says it is
+#: what the state file's top level says it is
 FORMAT = "ratequeue-state"
-VERSION = 1
+#: the layout this version writes: ``PATH`` is a header, the records are files in ``PATH.d``
+VERSION = 2
+#: the earlier layout, every record in ``PATH``: read as it is, and moved into ``PATH.d`` by a write
+LEGACY_VERSION = 1
 
 #: where ``flock`` is missing, the first wait between two tries of a held
 #: lock, doubled after each try up to the cap; the lock is held for well under
@@ -55,6 +70,19 @@ POLL_CAP = 0.002
 
 #: seconds a lock's helper thread waits for the next request before it ends
 HELPER_IDLE = 10.0
+
+#: how many queue names' lock files a process keeps open after their
+#: operations (the most recently used), so that a busy name is not reopened
+#: each time and a process using many names does not run out of descriptors
+KEPT_LOCKS = 64
+
+#: hex digits of SHA-256 in a record file's name
+KEY_DIGITS = 32
+
+_log = logging.getLogger(__name__)
+
+#: what a record that is not there reads as
+_MISSING: Any = object()
 
 
 def default_path() -> Path:
@@ -71,11 +99,14 @@ def default_path() -> Path:
 
 
 class FileState(LocalState):
-    """Records kept in one JSON file, locked for every operation.
+    """Records kept in one small file per queue name, each locked on its own.
 
-    The file and its lock are created with mode 0600. A path that is a
-    symbolic link or a directory is refused. Content that is not a
-    ratequeue state raises :class:`StateCorrupted` and is never overwritten.
+    ``path`` names the state: a header file there says which layout it has,
+    and the records are in the directory next to it, ``path`` + ``.d``. The
+    files are created with mode 0600, the directories ratequeue creates with
+    mode 0700. A path that is a symbolic link or a directory is refused.
+    Content that is not a ratequeue state or record raises
+    :class:`StateCorrupted` and is never overwritten.
     """
 
     # looked up at each call, so that tests that move time.time (freezegun) move this too
@@ -89,24 +120,29 @@ class FileState(LocalState):
         lock_timeout: float = 30.0,
         create_parents: bool = False,
     ) -> None:
-        """Use the state file at ``path`` (created on first write).
+        """Use the state at ``path`` (created on first write).
 
         :param clock: the state's clock (the host's wall clock by default, in whole microseconds); tests
             pass a fake one to drive time.
-        :param lock_timeout: seconds to wait for the file lock before raising
+        :param lock_timeout: seconds to wait for a lock before raising
             :class:`StateUnavailable`.
         :param create_parents: create missing parent directories (mode 0700).
         """
         self.path = Path(os.path.abspath(os.fspath(path)))
         self.url = self.path.as_uri()
+        #: the directory of the record files
+        self.records = self.path.with_name(f"{self.path.name}.d")
         self._clock = clock
         self._lock_timeout = lock_timeout
         _refuse_link_or_directory(self.path)
         if create_parents:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _make_directories(self.path.parent)
         elif not self.path.parent.is_dir():
             raise ConfigurationError(f"the directory of state file {str(self.path)!r} does not exist")
+        #: the header's lock: taken to create the header or to move an old file's records
         self._lock = LockFile.of(f"{self.path}.lock")
+        #: (device, inode, size, mtime) of the header last found to be of this layout
+        self._header: tuple[int, int, int, int] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
@@ -121,90 +157,271 @@ class FileState(LocalState):
         """Open the per-user default state file (see :func:`default_path`)."""
         return cls(default_path(), create_parents=True)
 
+    def record_files(self, name: str) -> tuple[Path, Path]:
+        """The record file of queue ``name`` and its lock file (which need not exist).
+
+        Named after the first :data:`KEY_DIGITS` hex digits of the SHA-256 of
+        the name in UTF-8, so that any name makes a short, portable file
+        name, distinct even where file names ignore case.
+        """
+        key = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_DIGITS]
+        return self.records / f"{key}.json", self.records / f"{key}.lock"
+
+    # --- operations ---
+
     def _transact(
         self, name: str, interval: int | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
-        with self._locked():
-            data = self._load()
-            now = self._clock() if self._clock else _host_clock()
-            queues = data["queues"]
-            where = f"{self.path}#{name}"
-            record = check_record(queues[name], where=where) if name in queues else None
-            if interval is None or step is None:
-                if interval is not None:
-                    open_record(name, record, interval)
-                return record, now, None
+        writes = interval is not None and step is not None
+        legacy = self._ready(writes=writes)
+        where = f"{self.path}#{name}"
+        file, lock = self.record_files(name)
+        if interval is None or step is None:
+            # A record file is replaced whole, never changed in place: reading needs no lock.
+            raw = legacy.get(name, _MISSING) if legacy is not None else self._read_record(name, file)
+            now = self._now()
+            record = None if raw is _MISSING else check_record(raw, where=where)
+            if interval is not None:
+                open_record(name, record, interval)
+            return record, now, None
+        with self._locked(self._name_lock(lock)):
+            raw = self._read_record(name, file)
+            now = self._now()
+            record = None if raw is _MISSING else check_record(raw, where=where)
             updated, answer = step(open_record(name, record, interval), now)
             if updated != record:
-                queues[name] = _encode(updated)
-                self._store(data)
+                self._replace(file, _record_bytes(name, _encode(updated)), sync=True, what=f"queue {name!r}")
             return record, now, answer
 
     def _reset(self, name: str) -> bool:
-        with self._locked():
-            data = self._load()
-            if name not in data["queues"]:
+        self._ready(writes=True)
+        file, lock = self.record_files(name)
+        with self._locked(self._name_lock(lock)):
+            try:
+                os.unlink(file)
+            except FileNotFoundError:
                 return False
-            del data["queues"][name]
-            self._store(data)
+            except OSError as exc:
+                raise StateUnavailable(
+                    f"cannot delete the record of queue {name!r}, {file}: {exc}", where=str(self.path)
+                ) from exc
+            _sync_directory(self.records)
             return True
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self._lock.acquire(self._lock_timeout)
-        except LockTimeout as exc:
-            raise StateUnavailable(
-                f"could not lock {self.path}.lock within {self._lock_timeout} s", where=str(self.path)
-            ) from exc
-        except OSError as exc:
-            raise StateUnavailable(f"cannot lock {self.path}.lock: {exc}", where=str(self.path)) from exc
-        try:
-            yield
-        finally:
-            self._lock.release()
+    def _now(self) -> int:
+        return self._clock() if self._clock else _host_clock()
 
-    def _load(self) -> dict[str, Any]:
+    # --- the header, and the move from the earlier layout ---
+
+    def _ready(self, *, writes: bool) -> dict[str, Any] | None:
+        """Make sure the state has this layout; ``None`` then.
+
+        A state file of the earlier layout is moved into it when ``writes``;
+        otherwise its records are returned, to be read as they are.
+        """
+        try:
+            seen = os.lstat(self.path)
+        except FileNotFoundError:
+            seen = None
+        except OSError as exc:
+            raise StateUnavailable(
+                f"cannot read state file {self.path}: {exc}", where=str(self.path)
+            ) from exc
+        if seen is not None and _identity(seen) == self._header:
+            return None
+        loaded = self._load()
+        if loaded is not None:
+            data, identity = loaded
+            if data["version"] == VERSION:
+                self._make_records_directory()
+                self._header = identity
+                return None
+            if not writes:
+                queues: dict[str, Any] = data["queues"]
+                return queues
+        elif not writes:
+            return {}  # nothing stored yet, and a read creates nothing
+        with self._locked(self._lock):
+            loaded = self._load()  # again: another process may have done it meanwhile
+            if loaded is None:
+                self._make_records_directory()
+                self._replace(self.path, self._header_bytes(), sync=True, what="the state header")
+            elif loaded[0]["version"] == LEGACY_VERSION:
+                self._migrate(loaded[0]["queues"])
+            else:
+                self._make_records_directory()
+        return None
+
+    def _migrate(self, queues: dict[str, Any]) -> None:
+        """Move the records of a version-1 state file into ``PATH.d``, holding ``PATH.lock``.
+
+        Each record is copied as it is, valid or not (a bad one raises when
+        its queue is next used, and ``reset`` clears it), replacing any
+        record file of the same name; then the file is replaced by the
+        header. Everything is on disk before the header is: a process killed
+        or a write failing mid-way leaves the old file, which the next write
+        moves again, from the start. No operation uses a queue name in the
+        meantime: every process of this version waits for ``PATH.lock``
+        while ``PATH`` is of the old layout, and earlier versions take
+        ``PATH.lock`` for every operation, then refuse the header.
+        """
+        self._make_records_directory()
+        # One sync(2) for all the record files where there is one, rather than one fsync each.
+        each = not hasattr(os, "sync")
+        for name in sorted(queues):
+            file, _ = self.record_files(name)
+            self._replace(file, _record_bytes(name, queues[name]), sync=each, what=f"queue {name!r}")
+        if not each:
+            os.sync()
+        _sync_directory(self.records)
+        self._replace(self.path, self._header_bytes(), sync=True, what="the state header")
+        _log.warning(
+            "ratequeue moved the %d queue record(s) of state file %s into %s, one file per queue; "
+            "earlier ratequeue versions, which read state file version 1 only, cannot use this state",
+            len(queues),
+            self.path,
+            self.records,
+        )
+
+    def _header_bytes(self) -> bytes:
+        header = {"format": FORMAT, "version": VERSION, "records": self.records.name}
+        return (json.dumps(header, indent=1, sort_keys=True) + "\n").encode()
+
+    def _load(self) -> tuple[dict[str, Any], tuple[int, int, int, int]] | None:
+        """The decoded state file and its identity, or ``None`` if there is none."""
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
-            return {"format": FORMAT, "version": VERSION, "queues": {}}
+            return None
         except OSError as exc:
             _refuse_link_or_directory(self.path)
             raise StateUnavailable(
                 f"cannot read state file {self.path}: {exc}", where=str(self.path)
             ) from exc
         with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            seen = os.fstat(fd)
+            if not stat.S_ISREG(seen.st_mode):
                 raise ConfigurationError(f"state file {str(self.path)!r} is not a regular file")
             raw = file.read()
-        return _decode(raw, where=str(self.path))
+        return _decode_header(raw, where=str(self.path)), _identity(seen)
 
-    def _store(self, data: dict[str, Any]) -> None:
-        """Replace the file with ``data``: written whole and flushed to disk, or not at all.
+    def _make_records_directory(self) -> None:
+        """Create ``PATH.d`` (mode 0700) if it is missing; refuse anything but a directory there."""
+        directory = self.records
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            mode = os.lstat(directory).st_mode
+            if not stat.S_ISDIR(mode):
+                raise ConfigurationError(
+                    f"{str(directory)!r}, where the state's records go, is not a directory"
+                ) from None
+            return
+        except OSError as exc:
+            raise StateUnavailable(
+                f"cannot create the record directory {directory}: {exc}", where=str(self.path)
+            ) from exc
+        with contextlib.suppress(OSError):
+            os.chmod(directory, 0o700)  # whatever the umask
+        _sync_directory(directory.parent)
 
-        The new content goes to a temporary file, which is synced and then
+    # --- record files and locks ---
+
+    def _read_record(self, name: str, file: Path) -> Any:
+        """The stored fields of queue ``name``'s record, unchecked, or :data:`_MISSING`."""
+        where = f"{self.path}#{name}"
+        try:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return _MISSING
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateCorrupted(
+                    f"record file {file} of queue {name!r} is a symbolic link; reset the queue", where=where
+                ) from exc
+            raise StateUnavailable(
+                f"cannot read the record of queue {name!r}, {file}: {exc}", where=str(self.path)
+            ) from exc
+        with os.fdopen(fd, "rb") as opened:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StateCorrupted(
+                    f"record file {file} of queue {name!r} is not a regular file; reset the queue",
+                    where=where,
+                )
+            raw = opened.read()
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise StateCorrupted(
+                f"record file {file} of queue {name!r} is not valid JSON ({_short(exc)}); reset the queue",
+                where=where,
+            ) from exc
+        if not isinstance(data, dict) or data.get("name") != name or "record" not in data:
+            raise StateCorrupted(
+                f"record file {file} does not hold a record of queue {name!r}; reset the queue", where=where
+            )
+        return data["record"]
+
+    def _replace(self, target: Path, content: bytes, *, sync: bool, what: str) -> None:
+        """Replace ``target`` with ``content``: written whole (and synced if ``sync``), or not at all.
+
+        The content goes to a temporary file, which is synced and then
         renamed over the old file; the directory is synced after the rename
         where the platform allows. A failed or short write leaves the old file
         as it was and removes the temporary file.
         """
-        text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False).encode()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{id(self)}.tmp")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
-                _write_all(fd, text)
-                os.fsync(fd)
+                _write_all(fd, content)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise StateUnavailable(
-                f"cannot write state file {self.path} (left as it was): {exc}", where=str(self.path)
+                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}",
+                where=str(self.path),
             ) from exc
-        _sync_directory(self.path.parent)
+        if sync:
+            _sync_directory(target.parent)
+
+    def _name_lock(self, path: Path) -> LockFile:
+        """The lock of one queue name's record, kept open while it is among the most recently used."""
+        lock = LockFile.of(str(path))
+        with _locks_guard[0]:
+            _kept[lock.path] = lock
+            _kept.move_to_end(lock.path)
+            while len(_kept) > KEPT_LOCKS:
+                _kept.popitem(last=False)
+        return lock
+
+    @contextlib.contextmanager
+    def _locked(self, lock: LockFile) -> Iterator[None]:
+        for again in (True, False):
+            try:
+                lock.acquire(self._lock_timeout)
+                break
+            except LockTimeout as exc:
+                raise StateUnavailable(
+                    f"could not lock {lock.path} within {self._lock_timeout} s", where=str(self.path)
+                ) from exc
+            except FileNotFoundError as exc:
+                if again and lock is not self._lock:  # PATH.d was deleted meanwhile
+                    self._header = None
+                    self._make_records_directory()
+                    continue
+                raise StateUnavailable(f"cannot lock {lock.path}: {exc}", where=str(self.path)) from exc
+            except OSError as exc:
+                raise StateUnavailable(f"cannot lock {lock.path}: {exc}", where=str(self.path)) from exc
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 class LockTimeout(Exception):
@@ -446,6 +663,8 @@ class _PolledLockFile(LockFile):
 #: (in a list, so that a forked child can replace it)
 _locks: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()
 _locks_guard = [threading.Lock()]
+#: the queue names' locks used last, kept open (see :data:`KEPT_LOCKS`); guarded by ``_locks_guard``
+_kept: OrderedDict[str, LockFile] = OrderedDict()
 
 
 def _after_fork_in_child() -> None:
@@ -532,21 +751,34 @@ def _host_clock() -> int:
     return round(time.time() * 1_000_000)
 
 
-def _decode(raw: bytes, *, where: str) -> dict[str, Any]:
+def _identity(seen: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one version of a file from another, without reading it."""
+    return seen.st_dev, seen.st_ino, seen.st_size, seen.st_mtime_ns
+
+
+def _short(exc: BaseException) -> str:
+    """``exc`` as a short phrase: a RecursionError's message says nothing about the file."""
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+
+
+def _decode_header(raw: bytes, *, where: str) -> dict[str, Any]:
     try:
         data = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise StateCorrupted(
-            f"state file {where} is not valid JSON ({exc}); move it aside to start afresh", where=where
+            f"state file {where} is not valid JSON ({_short(exc)}); move it aside to start afresh",
+            where=where,
         ) from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise StateCorrupted(f"{where} is not a ratequeue state file; give another path", where=where)
-    if data.get("version") != VERSION:
+    version = data.get("version")
+    if type(version) is not int or version not in (VERSION, LEGACY_VERSION):
         raise StateCorrupted(
-            f"state file {where} has version {data.get('version')!r}; this ratequeue reads version {VERSION}",
+            f"state file {where} has version {version!r}; this ratequeue reads versions "
+            f"{LEGACY_VERSION} and {VERSION}",
             where=where,
         )
-    if not isinstance(data.get("queues"), dict):
+    if version == LEGACY_VERSION and not isinstance(data.get("queues"), dict):
         raise StateCorrupted(f"state file {where} has no 'queues' object", where=where)
     return data
 
@@ -558,6 +790,29 @@ def _encode(record: Record) -> dict[str, Any]:
         "at": None if record.at == NEVER else record.at,
         "interval": record.interval,
     }
+
+
+def _record_bytes(name: str, fields: Any) -> bytes:
+    """A record file's content: the queue's name and its record's fields."""
+    return (json.dumps({"name": name, "record": fields}, sort_keys=True) + "\n").encode()
+
+
+def _make_directories(directory: Path) -> None:
+    """Create ``directory`` and its missing parents with mode 0700; existing ones are left as they are."""
+    missing: list[Path] = []
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        if directory.parent == directory:
+            break
+        directory = directory.parent
+    for made in reversed(missing):
+        try:
+            os.mkdir(made, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        except OSError as exc:
+            raise ConfigurationError(f"cannot create directory {str(made)!r}: {exc}") from exc
+        os.chmod(made, 0o700)  # whatever the umask
 
 
 def _refuse_link_or_directory(path: Path) -> None:
