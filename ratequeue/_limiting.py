@@ -216,12 +216,13 @@ class LimiterBase(ABC, Generic[S]):
                     return step.turn
                 if isinstance(step, Expired):
                     raise self._timeout_error(job)
+                # waits are cut to _validate.MAX_WAIT (the loop then looks again), so that
+                # no timeout, however long, overflows the driver's wait
                 if isinstance(step, WaitForTurn):
-                    yield Call(
-                        self._wait_for_change, (None if step.deadline is None else step.deadline - now,)
-                    )
+                    wait = None if step.deadline is None else step.deadline - now
+                    yield Call(self._wait_for_change, (_validate.wait(wait),))
                 elif isinstance(step, SleepUntil):
-                    yield Call(self._wait_for_change, (step.until - now,))
+                    yield Call(self._wait_for_change, (_validate.wait(step.until - now),))
                 elif isinstance(step, BeginAt):
                     yield Call(self._wait_until, (step.until, now, step.spin))
                 else:

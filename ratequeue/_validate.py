@@ -6,9 +6,20 @@ import datetime
 import math
 
 from .errors import ConfigurationError
+from .protocol import MAX_LEAD_US, US
 
 #: the longest queue name accepted, in characters
 MAX_NAME_LENGTH = 200
+
+#: the largest lead accepted, in seconds (an hour): the furthest ahead the protocol grants a start
+MAX_LEAD = MAX_LEAD_US / US
+
+#: timeouts longer than this (s, about 31.7 years) wait for ever, as ``None`` and ``math.inf`` do
+FOREVER = 1e9
+
+#: the longest single wait (s) a limiter blocks for before it looks at its deadline again: well
+#: under ``threading.TIMEOUT_MAX`` everywhere (about 49 days on Windows), so that any timeout works
+MAX_WAIT = 3600.0
 
 
 def interval(value: object) -> float:
@@ -36,22 +47,32 @@ def limiter(name_: object, interval_: object, lead_: object) -> tuple[str, float
 
 
 def timeout(value: object) -> float | None:
-    """``value`` as ``None`` (wait for ever) or a number of seconds >= 0."""
+    """``value`` as ``None`` (wait for ever) or a number of seconds >= 0.
+
+    ``math.inf``, and any timeout over :data:`FOREVER`, also wait for ever: ``None``.
+    """
     if value is None:
         return None
     seconds = _seconds("timeout", value)
     if math.isnan(seconds) or seconds < 0:
         raise ConfigurationError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
-    return seconds
+    return None if seconds > FOREVER else seconds
+
+
+def wait(seconds: float | None) -> float | None:
+    """A wait of ``seconds`` (``None``: until woken) cut to :data:`MAX_WAIT`; the waiter then looks again."""
+    return None if seconds is None else min(seconds, MAX_WAIT)
 
 
 def lead(value: object) -> float | None:
-    """``value`` as ``None`` (adaptive) or a finite number of seconds >= 0."""
+    """``value`` as ``None`` (adaptive) or a number of seconds from 0 to :data:`MAX_LEAD` (an hour)."""
     if value is None:
         return None
     seconds = _seconds("lead", value)
-    if not (0.0 <= seconds < math.inf):
-        raise ConfigurationError(f"lead must be None or a finite number of seconds >= 0, got {value!r}")
+    if not (0.0 <= seconds <= MAX_LEAD):
+        raise ConfigurationError(
+            f"lead must be None or a number of seconds from 0 to {MAX_LEAD:g} (an hour), got {value!r}"
+        )
     return seconds
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from . import __version__, _validate
-from ._redact import redact
+from ._redact import redact, scrub
 from .errors import ConfigurationError, RateQueueError
 from .limiter import Limiter
 from .protocol import NEVER, US
@@ -37,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args, sys.stdout))
     except RateQueueError as exc:
-        print(f"ratequeue: error: {exc}", file=sys.stderr)
+        # every error redacts the URLs it quotes; the URL given is scrubbed again, to be sure
+        print(f"ratequeue: error: {scrub(str(exc), args.url)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ratequeue: interrupted", file=sys.stderr)
@@ -150,7 +151,7 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
         if ticket is None:
             finished += 1
             if error:
-                failures.append(f"process {index}: {error}")
+                failures.append(f"process {index}: {scrub(error, url)}")
             continue
         place = bisect.bisect(starts, start)
         late = place < len(starts)

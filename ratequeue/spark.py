@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import _validate, errors
+from ._redact import redact
 from .errors import ConfigurationError, RateQueueError
 from .limiter import Limiter
 from .shard import Turn
@@ -292,8 +293,9 @@ def _prepare(limiter: Limiter, fn: Callable[..., Any], timeout: object) -> tuple
         raise ConfigurationError(f"fn must be callable, got {type(fn).__name__}")
     if limiter.state.url.startswith("memory:"):
         raise ConfigurationError(
-            f"a {limiter.state.url} state lives inside one process, so each Spark worker would have a "
-            "rate of its own; use a state every executor reaches (redis://, mongodb://, file:// on one host)"
+            f"a {redact(limiter.state.url)} state lives inside one process, so each Spark worker would "
+            "have a rate of its own; use a state every executor reaches (redis://, mongodb://, "
+            "file:// on one host)"
         )
     return pickle.dumps(limiter), _validate.timeout(timeout)
 

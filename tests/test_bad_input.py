@@ -1,11 +1,14 @@
-"""Bad input gets a precise ConfigurationError at the boundary, and touches no state."""
+"""Bad input gets a precise ConfigurationError at the boundary, touches no state, and shows no password."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import math
 import pickle
 import sys
+import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,9 @@ from typing import Any
 import pytest
 
 import ratequeue
+import ratequeue.aio
 from ratequeue import errors
+from ratequeue._redact import redact
 from ratequeue.errors import AcquireTimeout, ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state.file import FileState
 
@@ -55,6 +60,23 @@ CASES: dict[str, tuple[Callable[[], object], str]] = {
     "file URL with a host": (limiter(url="file://otherhost/x.json"), "file:///"),
     "redis URL with a bad port": (limiter(url="redis://localhost:notaport"), "Redis URL"),
     "mongodb URL with a bad port": (limiter(url="mongodb://localhost:notaport"), "MongoDB URL"),
+    "lead 1e10 s": (limiter(lead=1e10), r"lead .* from 0 to 3600"),
+    "lead just over an hour": (limiter(lead=3600.001), r"lead .*\(an hour\), got 3600\.001"),
+    "lead infinite": (limiter(lead=math.inf), "lead"),
+    "redis URL with an unclosed IPv6 bracket": (limiter(url="redis://[::1"), r"Redis URL .*IPv6"),
+    "mongodb database with a slash": (
+        limiter(url="mongodb://localhost/?database=a/b"),
+        r"database or collection name \(database='a/b'.*'/'",
+    ),
+    "mongodb database empty": (limiter(url="mongodb://localhost/?database="), r"database=''.*empty"),
+    "mongodb collection with a dollar": (
+        limiter(url="mongodb://localhost/?collection=$bad"),
+        r"collection='\$bad'.*\$",
+    ),
+    "mongodb TLS key file missing": (
+        limiter(url="mongodb://localhost/?tls=true&tlsCertificateKeyFile=/nonexistent/key.pem"),
+        r"MongoDB URL .*/nonexistent/key\.pem",
+    ),
     "queue max_running zero": (queue(max_running=0), "max_running"),
     "queue interval zero": (queue(interval=0), "interval"),
 }
@@ -159,3 +181,152 @@ def test_errors_subclass_the_builtins_callers_expect() -> None:
     assert issubclass(StateUnavailable, ConnectionError)
     for error in (AcquireTimeout, ConfigurationError, StateUnavailable, StateCorrupted, errors.QueueClosed):
         assert issubclass(error, errors.RateQueueError)
+
+
+# ---------------------------------------------------------------- secrets stay out of messages
+
+SECRET = "s3cretPW"
+
+#: URLs holding SECRET that ratequeue refuses: (url, what the message still says)
+LEAKING_URLS: dict[str, tuple[str, str]] = {
+    "redis port not a number": (
+        f"redis://:{SECRET}@host:notaport/0",
+        r"Redis URL 'redis://:\*\*\*@host:notaport",
+    ),
+    "redis unclosed IPv6 bracket": (f"redis://user:{SECRET}@[::1/0", r"Redis URL .*user:\*\*\*@.*IPv6"),
+    "redis query password, bad option": (
+        f"redis://host/0?password={SECRET}&socket_timeout=bad",
+        r"password=\*\*\*.*socket_timeout",
+    ),
+    "unix socket, bad db": (f"unix://:{SECRET}@/tmp/x.sock?db=notint", r"Redis URL .*'db'"),
+    "unknown scheme": (f"ftp://u:{SECRET}@host/x", r"unknown state URL scheme in 'ftp://u:\*\*\*@host/x'"),
+    "no scheme": (f"user:{SECRET}@host:6379", r"unknown state URL scheme in 'user:\*\*\*@host:6379'"),
+    "memory URL with credentials": (f"memory://u:{SECRET}@x/y", r"memory URL .*u:\*\*\*@x/y"),
+    "memory URL with a query password": (f"memory://?password={SECRET}", r"memory URL"),
+    "file URL with credentials": (f"file://u:{SECRET}@host/x.json", r"file:///absolute"),
+    "mongodb port not a number": (f"mongodb://u:{SECRET}@host:notaport", r"MongoDB URL .*Port"),
+    "mongodb unescaped @ in the password": (f"mongodb://u:{SECRET}@x@host/", r"MongoDB URL .*RFC 3986"),
+    "mongodb empty host": (f"mongodb://u:{SECRET}@/", r"MongoDB URL .*[Ee]mpty host"),
+    "mongodb bad database name": (f"mongodb://u:{SECRET}@host/?database=a/b", r"database='a/b'"),
+    "mongodb TLS key password, missing key file": (
+        f"mongodb://host/?tls=true&tlsCertificateKeyFile=/nonexistent.pem&tlsCertificateKeyFilePassword={SECRET}",
+        r"tlsCertificateKeyFilePassword=\*\*\*",
+    ),
+}
+
+
+@pytest.mark.parametrize(("url", "message"), LEAKING_URLS.values(), ids=LEAKING_URLS.keys())
+@pytest.mark.parametrize("driver", ["thread", "asyncio"])
+def test_a_refused_url_never_shows_its_password(url: str, message: str, driver: str) -> None:
+    """Nor in the message, nor in any chained error a traceback would print."""
+    make = ratequeue.Limiter if driver == "thread" else ratequeue.aio.Limiter
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        make(url, name="q", interval=1)
+    printed = "".join(traceback.format_exception(caught.value))
+    assert SECRET not in printed, printed
+    assert "***" in str(caught.value) or "password" not in url
+
+
+#: URLs holding secrets that ratequeue opens (lazily, connecting later) and shows in its repr
+OPENED_URLS = [
+    f"redis://127.0.0.1:1/0?password={SECRET}",
+    f"redis://user:{SECRET}@127.0.0.1:1/0",
+    f"rediss://127.0.0.1:1/0?ssl_password={SECRET}&ssl_keyfile_password={SECRET}",
+    f"mongodb://u:{SECRET}@127.0.0.1:1/?authSource=admin",
+    f"mongodb://127.0.0.1:1/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:{SECRET}",
+]
+
+
+@pytest.mark.parametrize("url", OPENED_URLS)
+def test_reprs_hide_passwords(url: str) -> None:
+    rq = ratequeue.Limiter(url, name="q", interval=1)
+    try:
+        with ratequeue.Queue(rq.state, name="q", interval=1) as queue_:
+            shown = [repr(rq), repr(rq.state), repr(rq.reserve()), repr(queue_)]
+        assert all("127.0.0.1:1" in text and "***" in text for text in shown), shown
+        assert not any(SECRET in text for text in shown), shown
+    finally:
+        rq.close()
+
+
+def test_an_unreachable_server_is_reported_without_the_password() -> None:
+    url = f"mongodb://u:{SECRET}@127.0.0.1:1/?serverSelectionTimeoutMS=50&connectTimeoutMS=50"
+    rq = ratequeue.Limiter(url, name="q", interval=1)
+    with pytest.raises(StateUnavailable) as caught:
+        rq.acquire()
+    rq.close()
+    assert "127.0.0.1:1" in str(caught.value)
+    assert SECRET not in str(caught.value)
+    assert SECRET not in caught.value.where
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://user:pw@host:notaport/0", "redis://user:***@host:notaport/0"),
+        ("redis://user:pw@[::1/0", "redis://user:***@[::1/0"),
+        ("redis://:pa/ss@host/0", "redis://:***@host/0"),
+        ("mongodb://u:p@w@h1:1,h2:2/admin", "mongodb://u:***@h1:1,h2:2/admin"),
+        ("redis://host/0?password=pw&prefix=x", "redis://host/0?password=***&prefix=x"),
+        ("redis://host/0?PassWord=pw", "redis://host/0?PassWord=***"),
+        ("rediss://h/?ssl_password=a&ssl_keyfile_password=b", "rediss://h/?ssl_password=***&ssl_keyfile_password=***"),
+        ("mongodb://h/?sslKeyPassword=a&tlsCertificateKeyFilePassword=b&tls=true",
+         "mongodb://h/?sslKeyPassword=***&tlsCertificateKeyFilePassword=***&tls=true"),
+        ("mongodb://h/?authMechanismProperties=AWS_SESSION_TOKEN:t,SERVICE_NAME:s",
+         "mongodb://h/?authMechanismProperties=AWS_SESSION_TOKEN:***,SERVICE_NAME:s"),
+        ("user:pw@host:6379", "user:***@host:6379"),
+        ("redis://user@host/0", "redis://user@host/0"),
+        ("file:///tmp/a@b.json", "file:///tmp/a@b.json"),
+        ("memory://", "memory://"),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_redact(url: str, shown: str) -> None:
+    assert redact(url) == shown
+
+
+# ---------------------------------------------------------------- timeouts: math.inf waits for ever
+
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e12, 1e300, datetime.timedelta.max])
+def test_an_endless_timeout_waits_for_ever_even_while_paused(timeout: object) -> None:
+    """math.inf (and any timeout over about 32 years) is None: no OverflowError from the wait."""
+    rq = ratequeue.Limiter(f"memory://endless-{id(timeout)}", name="q", interval=0.01)
+    assert rq.acquire(timeout=timeout).ticket == 1  # type: ignore[arg-type]
+    rq.pause()
+    threading.Timer(0.2, rq.resume).start()
+    assert rq.acquire(timeout=timeout).ticket >= 2  # type: ignore[arg-type]
+    rq.pause()
+    threading.Timer(0.2, rq.resume).start()
+    assert rq.reserve().wait(timeout=timeout) is not None  # type: ignore[arg-type]
+    rq.close()
+
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e12])
+def test_an_endless_timeout_waits_for_ever_on_asyncio(timeout: float) -> None:
+    async def run() -> None:
+        rq = ratequeue.aio.Limiter(f"memory://endless-aio-{timeout}", name="q", interval=0.01)
+        await rq.acquire(timeout=timeout)
+        rq.pause()
+        asyncio.get_running_loop().call_later(0.2, rq.resume)
+        assert (await rq.acquire(timeout=timeout)).ticket >= 2  # a late wake-up may take a new ticket
+        await rq.close()
+
+    asyncio.run(run())
+
+
+def test_a_long_finite_timeout_still_expires_at_its_deadline() -> None:
+    """Waits are cut to MAX_WAIT and taken again; the deadline is kept (a fake clock jumps past it)."""
+    now = [0.0]
+    rq = ratequeue.Limiter("memory://long-timeout", name="q", interval=1, clock=lambda: now[0])
+    rq.pause()
+
+    def later() -> None:
+        now[0] = 2e6  # past the 1e6 s timeout
+        rq.pause()  # still paused: wakes the waiting job to look at its deadline
+
+    threading.Timer(0.1, later).start()
+    with pytest.raises(AcquireTimeout, match=r"within 1000000\.0 s"):
+        rq.acquire(timeout=1e6)
+    rq.close()

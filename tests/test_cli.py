@@ -11,11 +11,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import ratequeue
+
+from . import servers
 
 #: the directory holding the ``ratequeue`` package this test run imports; the
 #: subprocesses import the same one, whatever is installed
@@ -284,3 +287,67 @@ def test_reset_recovers_one_bad_record_and_keeps_the_others(cli: Cli, tmp_path: 
     assert re.search(r"^record:\s+none", fixed.stdout, re.MULTILINE), fixed.stdout
     good = cli("status", state_url, "good")
     assert re.search(r"^tickets:\s+3 handed out, 3 is the latest started$", good.stdout, re.MULTILINE)
+
+
+SECRET = "s3cretPW"
+
+#: state URLs holding SECRET that the command refuses, and what its message still says
+REFUSED_WITH_A_SECRET = {
+    "redis-port-not-a-number": (f"redis://:{SECRET}@host:notaport/0", "notaport"),
+    "redis-unclosed-bracket": (f"redis://:{SECRET}@[::1", "IPv6"),
+    "unknown-scheme": (f"ftp://u:{SECRET}@host/x", "unknown state URL scheme"),
+    "memory-query-password": (f"memory://?password={SECRET}", "memory URL"),
+    "mongodb-bad-port": (f"mongodb://u:{SECRET}@host:notaport", "MongoDB URL"),
+    "mongodb-bad-database": (f"mongodb://u:{SECRET}@host/?database=a/b", "database='a/b'"),
+}
+
+
+@pytest.mark.parametrize(("url", "said"), REFUSED_WITH_A_SECRET.values(), ids=REFUSED_WITH_A_SECRET.keys())
+@pytest.mark.parametrize("command", ["status", "reset", "demo"])
+def test_a_refused_url_is_named_without_its_password(cli: Cli, command: str, url: str, said: str) -> None:
+    args = ["demo", "--url", url] if command == "demo" else [command, url, "q"]
+    result = cli(*args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("ratequeue: error:"), result.stderr
+    assert said in result.stderr
+    assert "Traceback" not in result.stderr
+    assert SECRET not in result.stdout + result.stderr
+
+
+@pytest.fixture
+def redis_user(redis_server: servers.Server) -> Iterator[str]:
+    """A Redis user with the password SECRET on the test server; its name."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    client.acl_setuser("rq-cli", enabled=True, passwords=[f"+{SECRET}"], keys=["*"], commands=["+@all"])
+    yield "rq-cli"
+    client.acl_deluser("rq-cli")
+    client.close()
+
+
+@pytest.mark.parametrize("where", ["query", "userinfo"])
+def test_status_and_reset_show_a_password_url_redacted(
+    cli: Cli, redis_server: servers.Server, redis_user: str, where: str
+) -> None:
+    host = f"127.0.0.1:{redis_server.port}"
+    url = (
+        f"redis://{host}/0?username={redis_user}&password={SECRET}&prefix=cli-test:"
+        if where == "query"
+        else f"redis://{redis_user}:{SECRET}@{host}/0?prefix=cli-test:"
+    )
+    for args in (["status", url, "q"], ["reset", url, "q"]):
+        result = cli(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert host in result.stdout, result.stdout
+        assert "***" in result.stdout, result.stdout
+        assert SECRET not in result.stdout + result.stderr
+
+
+@pytest.mark.processes
+def test_demo_shows_a_password_url_redacted(cli: Cli, redis_server: servers.Server, redis_user: str) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0?username={redis_user}&password={SECRET}&prefix=cli-demo:"
+    result = _demo(cli, url, "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "password=***" in result.stdout
+    assert SECRET not in result.stdout + result.stderr

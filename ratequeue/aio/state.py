@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar, Union
 
 from .. import _validate
+from .._redact import secrets_kept_out
 from ..protocol import Outcome, Taken
 from ..state import State, backend_of, opener
 from ..state import from_url as sync_from_url
@@ -152,6 +153,7 @@ def from_url(url: AsyncStateLike) -> AsyncState:
     if isinstance(url, str):
         backend = backend_of(url)
         if backend.async_module is not None and backend.async_state is not None:
-            state: AsyncState = opener(url, backend.async_module, backend.async_state, backend.extra)(url)
+            with secrets_kept_out(url):
+                state: AsyncState = opener(url, backend.async_module, backend.async_state, backend.extra)(url)
             return state
     return ThreadedState(sync_from_url(url))

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
-from urllib.parse import urlsplit
 
+from .._redact import redact, secrets_kept_out
 from ..errors import ConfigurationError
 from .base import Snapshot, State
 
-__all__ = ["BACKENDS", "Backend", "Snapshot", "State", "StateLike", "from_url", "schemes"]
+__all__ = ["BACKENDS", "Backend", "Snapshot", "State", "StateLike", "from_url", "schemes", "secrets_kept_out"]
 
 
 @dataclass(frozen=True)
@@ -58,20 +59,30 @@ def schemes() -> list[str]:
     return sorted(BACKENDS)
 
 
+#: a URL's scheme, as ``urllib.parse`` reads it, but never raising on the rest of the URL
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+def scheme_of(url: str) -> str:
+    """The lowercased scheme of ``url`` (``""`` if none); whatever follows may be malformed."""
+    match = _SCHEME.match(url)
+    return match[1].lower() if match else ""
+
+
 def backend_of(url: str) -> Backend:
     """The backend of a state URL; :class:`ConfigurationError` for an unknown scheme."""
-    scheme = urlsplit(url).scheme.lower()
+    scheme = scheme_of(url)
     if scheme not in BACKENDS:
         hint = f"; for a state file write file://{url}" if url.startswith("/") else ""
         raise ConfigurationError(
-            f"unknown state URL scheme in {url!r}: use one of {', '.join(schemes())}{hint}"
+            f"unknown state URL scheme in {redact(url)!r}: use one of {', '.join(schemes())}{hint}"
         )
     return BACKENDS[scheme]
 
 
 def opener(url: str, module_name: str, class_name: str, extra: str | None) -> Callable[[str], Any]:
     """``module_name.class_name.from_url``, imported now; a clear error if its driver is missing."""
-    scheme = urlsplit(url).scheme.lower()
+    scheme = scheme_of(url)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -107,5 +118,6 @@ def from_url(url: StateLike) -> State:
     if not isinstance(url, str):
         raise ConfigurationError(f"a state is a URL, a path or a State object, got {type(url).__name__}")
     backend = backend_of(url)
-    state: State = opener(url, backend.module, backend.state, backend.extra)(url)
+    with secrets_kept_out(url):
+        state: State = opener(url, backend.module, backend.state, backend.extra)(url)
     return state

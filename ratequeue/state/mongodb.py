@@ -29,18 +29,18 @@ whole millisecond (in microseconds), and intervals keep their microseconds.
 from __future__ import annotations
 
 import functools
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from typing import Any, Generic, TypeVar
-from urllib.parse import unquote, urlsplit
 
 from pymongo import AsyncMongoClient, MongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.collection import Collection
-from pymongo.errors import ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo.errors import ConnectionFailure, DuplicateKeyError, InvalidName, OperationFailure, PyMongoError
 
 from .._flow import Call, Flow, Sleep, run
-from .._redact import redact
+from .._redact import redact, scrub, secrets_kept_out
 from ..errors import ConfigurationError, RateQueueError, StateUnavailable
 from ..protocol import Outcome, Taken
 from ._mongodb_codec import (
@@ -125,7 +125,7 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
             microseconds, used in place of the server's ``$$NOW``.
         """
         self._client: ClientT = client
-        self._collection = client[database][collection]
+        self._collection = collection_of(client, database, collection)
         self._clock = clock
         self._where = where_of(client)
         self.url = url or f"mongodb://{self._where}/?database={database}&collection={collection}"
@@ -138,11 +138,9 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
             reason = "refused the credentials"
         else:
             reason = f"failed on queue {name!r}"
-        message = f"MongoDB at {self._where} {reason}: {exc}"
-        password = urlsplit(self.url).password
-        if password:
-            message = message.replace(password, "***").replace(unquote(password), "***")
-        return StateUnavailable(message, where=self._where)
+        return StateUnavailable(
+            scrub(f"MongoDB at {self._where} {reason}: {exc}", self.url), where=self._where
+        )
 
     @abstractmethod
     def _aggregate_list(self, steps: Pipeline) -> list[Document] | Awaitable[list[Document]]:
@@ -222,13 +220,37 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
 
 
 def open_client(url: str, client_class: type[ClientT]) -> tuple[ClientT, str, str]:
-    """A ``client_class`` for ``url`` less ratequeue's options, and the database and collection they name."""
+    """A ``client_class`` for ``url`` less ratequeue's options, and the database and collection they name.
+
+    :raises ConfigurationError: for a URL the driver refuses, a TLS file it
+        names that cannot be read, or a database or collection name MongoDB
+        does not allow (the client is then closed again).
+    """
     client_url, database, collection = split_url(url)
-    try:
-        client = client_class(client_url, **client_options(client_url))
-    except BAD_URL_ERRORS as exc:
-        raise ConfigurationError(f"bad MongoDB URL {redact(url)!r}: {exc}") from exc
+    with secrets_kept_out(url):
+        try:
+            client = client_class(client_url, **client_options(client_url))
+        except (*BAD_URL_ERRORS, OSError) as exc:  # OSError: a TLS file named by the URL cannot be read
+            raise ConfigurationError(f"bad MongoDB URL {redact(url)!r}: {scrub(str(exc), url)}") from exc
+        try:
+            collection_of(client, database, collection)
+        except ConfigurationError:
+            closing: object = client.close()  # type: ignore[func-returns-value]
+            if inspect.iscoroutine(closing):  # the asyncio client: it opens nothing before its first call
+                closing.close()
+            raise
     return client, database, collection
+
+
+def collection_of(client: ClientT, database: str, collection: str) -> Any:
+    """``client[database][collection]``; :class:`ConfigurationError` for a name MongoDB does not allow."""
+    try:
+        return client[database][collection]
+    except (InvalidName, TypeError) as exc:
+        raise ConfigurationError(
+            f"bad MongoDB database or collection name (database={database!r}, collection={collection!r}): "
+            f"{exc}; choose them with ?database=D&collection=C"
+        ) from exc
 
 
 class MongoState(MongoStateBase[MongoClient[Any]], State):

@@ -41,7 +41,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .._flow import Call, Flow, Sleep, run
-from .._redact import redact
+from .._redact import redact, scrub, secrets_kept_out
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
 from ..protocol import Outcome, Taken
 from ._redis_codec import (
@@ -400,17 +400,18 @@ class RedisStateBase(StateBase, Generic[C]):
         """
         client_url, prefix = split_url(url)
         retry = cls._retry_class(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), retries=RETRIES)
-        try:
-            client = cls._client_class.from_url(
-                client_url,
-                retry=retry,
-                retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-                socket_connect_timeout=CONNECT_TIMEOUT,
-                socket_timeout=SOCKET_TIMEOUT,
-            )
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"bad Redis URL {redact(url)!r}: {exc}") from exc
-        return cls(client, prefix=prefix, url=url)
+        with secrets_kept_out(url):
+            try:
+                client = cls._client_class.from_url(
+                    client_url,
+                    retry=retry,
+                    retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                    socket_connect_timeout=CONNECT_TIMEOUT,
+                    socket_timeout=SOCKET_TIMEOUT,
+                )
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(f"bad Redis URL {redact(url)!r}: {scrub(str(exc), url)}") from exc
+            return cls(client, prefix=prefix, url=url)
 
     @property
     def client(self) -> C:
