@@ -23,6 +23,7 @@ from typing import Union
 __all__ = [
     "MAX_LEAD_US",
     "NEVER",
+    "TICKET_LIMIT",
     "US",
     "Micros",
     "Outcome",
@@ -30,7 +31,9 @@ __all__ = [
     "Record",
     "Started",
     "Taken",
+    "Unwritten",
     "Wait",
+    "check",
     "is_same_grant",
     "new_record",
     "retime",
@@ -50,6 +53,10 @@ US = 1_000_000
 #: this far ahead of the state clock, so a record whose ``at`` lies further ahead was not
 #: written by it (a poisoned record, or a clock that stepped back by more than this)
 MAX_LEAD_US = 3600 * US
+
+#: tickets stay below this (2**52, as every time and interval does): a record holding the last
+#: ticket, ``TICKET_LIMIT - 1``, hands out no more (:func:`take` raises :class:`Unwritten`)
+TICKET_LIMIT = 2**52
 
 #: a time or a duration in whole microseconds: every time, interval and lead in this
 #: module and in the states is one (a name ending in ``_us`` says so where seconds are near)
@@ -77,6 +84,32 @@ class Record:
 def new_record(interval: Micros) -> Record:
     """The record of a queue that has handed out no ticket yet."""
     return Record(ticket=1, pos=0, at=NEVER, interval=interval)
+
+
+class Unwritten(ValueError):
+    """A record the protocol could not have written, or an operation that would write one.
+
+    ``field`` holds ``value``; ``now`` is the state clock's time. States
+    raise it as :class:`~ratequeue.errors.StateCorrupted`, changing nothing.
+    """
+
+    def __init__(self, field: str, value: int, now: Micros) -> None:
+        self.field, self.value, self.now = field, value, now
+        super().__init__(f"{field}={value} at now={now}")
+
+
+def check(record: Record, now: Micros) -> Record:
+    """``record``, if the protocol could have written it by state-clock time ``now``; else :class:`Unwritten`.
+
+    Every start lies at most :data:`MAX_LEAD_US` past the ``now`` it was
+    granted at, so an ``at`` further ahead of ``now`` was written by
+    something else (or the state clock stepped back by more than that). Such
+    a record would stall every shard until its ``at``: it is refused, not
+    used. Every operation below checks its record first.
+    """
+    if record.at > now + MAX_LEAD_US:
+        raise Unwritten("at", record.at, now)
+    return record
 
 
 @dataclass(frozen=True)
@@ -127,7 +160,14 @@ def take(record: Record, now: Micros) -> tuple[Record, Taken]:
     slot, ``pos`` jumps forward to the last of them first, so a new ticket
     never waits behind tickets whose holders are gone (guarantee G4). ``at``
     is left alone: slots stay computed from the last real start.
+
+    A record holding the last ticket (``TICKET_LIMIT - 1``) hands out no
+    more: :class:`Unwritten` names it (a later record would be refused by
+    every reader, so none is written).
     """
+    check(record, now)
+    if record.ticket + 1 >= TICKET_LIMIT:
+        raise Unwritten("ticket", record.ticket, now)
     last = record.ticket - 1
     if last > record.pos and record.slot(last) + record.interval <= now:
         record = replace(record, pos=last)
@@ -150,7 +190,11 @@ def try_start(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[R
     (DESIGN.md §3). After that, or when ``take`` jumped ``pos`` to a ticket
     that never started (its ``at`` is then at least two intervals old), the
     answer is :class:`Passed`: a begin that late would shorten the next gap.
+
+    ``lead`` is at most :data:`MAX_LEAD_US` (the states refuse more), so
+    every start written lies at most that far past ``now``.
     """
+    check(record, now)
     if is_same_grant(record, ticket, now):
         return record, Started(ticket=ticket, start=record.at, now=now)
     if record.pos >= ticket or ticket >= record.ticket:
@@ -185,6 +229,7 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     Once a later ticket has started the turn cannot move: the answer is
     :class:`Passed`, and the job must give its turn up and take a new ticket.
     """
+    check(record, now)
     if record.pos != ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
     start = max(record.at, now + lead)

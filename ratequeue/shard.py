@@ -26,11 +26,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Union
 
-from .protocol import US, Outcome, Passed, Started, Wait
+from .protocol import MAX_LEAD_US, US, Outcome, Passed, Started, Wait
 
 __all__ = [
     "DEFAULT_JITTER",
     "DEFAULT_MAX_LATE",
+    "RECHECK",
     "Begin",
     "BeginAt",
     "Expired",
@@ -50,6 +51,13 @@ DEFAULT_JITTER = 0.002
 
 #: how late (s) a job may begin after its granted start (G7's epsilon)
 DEFAULT_MAX_LATE = 0.0003
+
+#: the longest (s) a head sleeps toward its slot without asking the state again. A record
+#: reset (or any change that passes the held ticket) is noticed within this, plus a
+#: round-trip: the next ``try_start`` answers PASSED and the head takes a new ticket. It
+#: costs a waiting head at most one call a second more (only while it waits for a slot
+#: more than a second away); a shard with no jobs still makes no call (G5).
+RECHECK = 1.0
 
 #: the lateness check is on for intervals of at least this many ``max_late``: below,
 #: a busy host's wake-up jitter is a large part of the interval, and giving turns up
@@ -228,6 +236,8 @@ class Shard:
         #: the ticket this shard holds, and the local time of its slot if known
         self._ticket: int | None = None
         self._slot: float | None = None
+        #: local time of the answer that gave the held ticket's slot
+        self._asked: float | None = None
         self._in_flight: Job | None = None
         #: whether the call in flight is a Retime
         self._retiming = False
@@ -252,11 +262,13 @@ class Shard:
 
     @property
     def lead(self) -> float:
-        """How long before its slot the head reserves it."""
+        """How long before its slot the head reserves it (at most the protocol's ``MAX_LEAD_US``)."""
         if self._fixed_lead is not None:
-            return self._fixed_lead
-        rtt = self._rtt if self._rtt is not None else 0.0
-        return self._jitter + 2 * rtt
+            lead = self._fixed_lead
+        else:
+            rtt = self._rtt if self._rtt is not None else 0.0
+            lead = self._jitter + 2 * rtt
+        return min(lead, MAX_LEAD_US / US)
 
     @property
     def _retime_lead(self) -> float:
@@ -347,7 +359,7 @@ class Shard:
                 return Expired()
             job.late_calls += 1
         lead = self.lead if deadline is None else max(0.0, min(self.lead, deadline - now))
-        lead_us = int(lead * US)
+        lead_us = round(lead * US)  # not truncated: 0.000999999 s is the 1000 us it stands for
         if self._ticket is None:
             self._in_flight = job
             return TakeAndTry(lead_us)
@@ -355,6 +367,8 @@ class Shard:
             if deadline is not None and self._slot > deadline:
                 return Expired()
             wake = self._slot - self.lead
+            if self._asked is not None:
+                wake = min(wake, self._asked + RECHECK)  # re-ask: the record may have been reset
             if now < wake:
                 return SleepUntil(wake)
         self._in_flight = job
@@ -433,6 +447,7 @@ class Shard:
         elif isinstance(outcome, Wait):
             self._ticket = outcome.ticket
             self._slot = outcome.slot / US + offset
+            self._asked = received
         elif isinstance(outcome, Passed):
             self._ticket = self._slot = None
         else:  # pragma: no cover - the protocol has three answers

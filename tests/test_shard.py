@@ -39,6 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ratequeue import protocol
 from ratequeue.protocol import US, Record
 from ratequeue.shard import (
+    RECHECK,
     Begin,
     BeginAt,
     Expired,
@@ -375,11 +376,11 @@ def test_expired_job_leaves_its_ticket_to_the_next() -> None:
     first = shard.add(deadline=0.5)
     second = shard.add()
     assert isinstance(shard.step(first, 0.0), TakeAndTry)
-    shard.receive(first, protocol.Wait(ticket=3, slot=2_000_000, now=0), 0.0, 0.0)
+    shard.receive(first, protocol.Wait(ticket=3, slot=800_000, now=0), 0.0, 0.0)
     assert isinstance(shard.step(first, 0.0), Expired)
     shard.cancel(first)
-    assert shard.step(second, 0.0) == SleepUntil(2.0)
-    assert shard.step(second, 2.0) == TryStart(ticket=3, lead_us=0)
+    assert shard.step(second, 0.0) == SleepUntil(0.8)
+    assert shard.step(second, 0.8) == TryStart(ticket=3, lead_us=0)
 
 
 def test_a_late_answer_does_not_delay_the_local_start() -> None:
@@ -483,3 +484,31 @@ def test_no_lateness_check_for_short_intervals_or_when_off() -> None:
         job = shard.add()
         granted(shard, job, start=10_005_000, now=10.0)
         assert isinstance(shard.step(job, 10.5), Begin)
+
+
+def test_a_head_waiting_for_a_far_slot_re_asks_and_notices_a_reset() -> None:
+    """Told to wait 30 s, the head asks again after RECHECK; a reset record answers PASSED: new ticket."""
+    shard = Shard(30.0, lead=0.0)
+    job = shard.add()
+    assert isinstance(shard.step(job, 0.0), TakeAndTry)
+    shard.receive(job, protocol.Wait(ticket=2, slot=30_000_000, now=0), 0.0, 0.0, offset=0.0)
+    assert shard.step(job, 0.0) == SleepUntil(RECHECK)
+    assert shard.step(job, RECHECK) == TryStart(ticket=2, lead_us=0)
+    shard.receive(job, protocol.Wait(ticket=2, slot=30_000_000, now=1_000_000), RECHECK, RECHECK, offset=0.0)
+    assert shard.step(job, RECHECK) == SleepUntil(2 * RECHECK), "the bound runs from the latest answer"
+    assert shard.step(job, 2 * RECHECK) == TryStart(ticket=2, lead_us=0)
+    # the record was reset meanwhile: ticket 2 was never handed out by the new one
+    reset = protocol.new_record(30_000_000)
+    _, answer = protocol.try_start(reset, 2, 0, 2_000_000)
+    assert isinstance(answer, protocol.Passed)
+    shard.receive(job, answer, 2 * RECHECK, 2 * RECHECK, offset=0.0)
+    assert isinstance(shard.step(job, 2 * RECHECK), TakeAndTry)
+
+
+def test_a_near_slot_is_slept_for_without_an_extra_call() -> None:
+    """A slot within RECHECK is slept for as before: the bound adds no call to short waits."""
+    shard = Shard(0.5, lead=0.01)
+    job = shard.add()
+    assert isinstance(shard.step(job, 0.0), TakeAndTry)
+    shard.receive(job, protocol.Wait(ticket=2, slot=500_000, now=0), 0.0, 0.0, offset=0.0)
+    assert shard.step(job, 0.0) == SleepUntil(0.49)

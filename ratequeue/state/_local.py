@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .. import protocol
-from ..protocol import Outcome, Record, Taken
-from .base import Clock, Snapshot, State, check_interval_matches
+from .._redact import redact
+from ..protocol import Outcome, Record, Taken, Unwritten
+from .base import Clock, Snapshot, State, check_interval_matches, unwritten
 
 R = TypeVar("R")
 
@@ -41,9 +42,17 @@ class LocalState(State):
         """
 
     def _run(self, name: str, interval: int, step: Transition[R]) -> R:
-        _, _, answer = self._transact(name, interval, step)
+        """``step`` applied to ``name``'s record; a record the protocol refuses is left as it is."""
+        try:
+            _, _, answer = self._transact(name, interval, step)
+        except Unwritten as exc:  # raised by the step, before anything is stored
+            raise self._unwritten(exc, name) from None
         assert answer is not None
         return answer
+
+    def _unwritten(self, exc: Unwritten, name: str) -> Exception:
+        where = f"{redact(self.url)}#{name}"
+        return unwritten(exc, f"record at {where}", where)
 
     def _take(self, name: str, interval_us: int) -> Taken:
         return self._run(name, interval_us, protocol.take)
@@ -59,6 +68,11 @@ class LocalState(State):
 
     def _read(self, name: str) -> Snapshot:
         record, now, _ = self._transact(name, None, None)
+        if record is not None:
+            try:
+                protocol.check(record, now)
+            except Unwritten as exc:
+                raise self._unwritten(exc, name) from None
         return Snapshot(record=record, now=now)
 
 

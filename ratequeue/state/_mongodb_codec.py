@@ -22,9 +22,10 @@ from urllib.parse import parse_qsl
 from pymongo.errors import ConfigurationError as MongoConfigurationError
 from pymongo.errors import InvalidURI
 
+from .. import protocol
 from ..errors import StateCorrupted
-from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Wait
-from .base import MAX_US, check_record, split_options
+from ..protocol import MAX_LEAD_US, NEVER, Outcome, Passed, Record, Started, Taken, Unwritten, Wait
+from .base import MAX_US, check_record, split_options, unwritten
 
 DEFAULT_DATABASE = "ratequeue"
 DEFAULT_COLLECTION = "queues"
@@ -64,6 +65,52 @@ def _open_stages(interval_us: int, now_us: int | None) -> Pipeline:
                 "pos": {"$ifNull": ["$pos", 0]},
                 "at": {"$ifNull": ["$at", {"$literal": NEVER}]},
                 "interval": {"$ifNull": ["$interval", {"$literal": interval_us}]},
+            }
+        }
+    ]
+
+
+def _check_stages(op: Op) -> Pipeline:
+    """Name in ``_bad`` what the protocol refuses (:func:`ratequeue.protocol.check`, the last ticket).
+
+    ``_bad`` is ``{kind: "unwritten", field, value, now}`` or ``""``; the
+    record's fields as read are kept in ``_was``, so :func:`_refuse_stages`
+    can put them back after the operation's stages.
+    """
+    branches = [
+        {
+            "case": {"$gt": ["$at", {"$add": ["$_now", {"$literal": MAX_LEAD_US}]}]},
+            "then": {"kind": "unwritten", "field": "at", "value": "$at", "now": "$_now"},
+        }
+    ]
+    if op in ("take", "take_and_try"):
+        branches.append(
+            {
+                "case": {"$gte": [{"$add": ["$ticket", 1]}, MAX_US]},
+                "then": {"kind": "unwritten", "field": "ticket", "value": "$ticket", "now": "$_now"},
+            }
+        )
+    return [
+        {
+            "$set": {
+                "_bad": {"$switch": {"branches": branches, "default": ""}},
+                "_was": {"ticket": "$ticket", "pos": "$pos", "at": "$at"},
+            }
+        }
+    ]
+
+
+def _refuse_stages() -> Pipeline:
+    """If ``_bad`` names a refusal, restore the record as it was read and answer ``_bad``."""
+    bad = {"$ne": ["$_bad", ""]}
+    return [
+        {
+            "$set": {
+                **{
+                    field: {"$cond": [bad, f"$_was.{field}", f"${field}"]}
+                    for field in ("ticket", "pos", "at")
+                },
+                "answer": {"$cond": [bad, "$_bad", "$answer"]},
             }
         }
     ]
@@ -172,7 +219,13 @@ def pipeline(op: Op, interval_us: int, now_us: int | None, *, ticket: int = 0, l
         stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead_us)]
     else:
         stages = [*_take_stages(), *_try_stages(lead_us)]
-    return [*_open_stages(interval_us, now_us), *stages, {"$unset": ["_now", "_t"]}]
+    return [
+        *_open_stages(interval_us, now_us),
+        *_check_stages(op),
+        *stages,
+        *_refuse_stages(),
+        {"$unset": ["_now", "_t", "_bad", "_was"]},
+    ]
 
 
 def read_pipeline(name: str, now_us: int | None) -> Pipeline:
@@ -186,7 +239,9 @@ def initial_document(name: str, interval_us: int) -> dict[str, Any]:
 
 
 #: the filter every update adds: a record whose fields are not whole numbers in range matches
-#: nothing, so it is reported as corrupted (by the creation path) and never changed
+#: nothing, so it is reported as corrupted (by the creation path) and never changed. What
+#: depends on the server clock (an ``at`` too far ahead of ``$$NOW``) is checked inside the
+#: pipeline instead (:func:`_check_stages`), where ``now`` is known and a test clock applies
 WELL_FORMED: dict[str, Any] = {
     **{field: {"$type": ["int", "long"]} for field in ("ticket", "pos", "at")},
     "$expr": {
@@ -207,9 +262,20 @@ def update_filter(name: str, interval_us: int) -> dict[str, Any]:
 
 
 def check_document(document: Document, where: str) -> Record:
-    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is."""
+    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is.
+
+    A document read with the server's clock (a :func:`read_pipeline` row,
+    ``_now``) is also checked against it (:func:`ratequeue.protocol.check`).
+    """
     fields = {key: document.get(key) for key in ("ticket", "pos", "at", "interval") if key in document}
-    return check_record(fields, where=where)
+    record = check_record(fields, where=where)
+    now = document.get("_now")
+    if _whole(now):
+        try:
+            protocol.check(record, now)
+        except Unwritten as exc:
+            raise unwritten(exc, f"record at {where}", where) from None
+    return record
 
 
 def check_well_formed(document: Document, where: str) -> None:
@@ -246,10 +312,18 @@ def parse_outcome(document: Document, where: str) -> Outcome:
 
 
 def _answer(document: Document, where: str) -> tuple[object, int, int, int]:
-    """The ``kind``, ``ticket``, ``value`` and ``now`` of ``document``'s answer, the numbers checked."""
+    """The ``kind``, ``ticket``, ``value`` and ``now`` of ``document``'s answer, the numbers checked.
+
+    An ``unwritten`` answer (the operation refused the record, changing
+    nothing) raises :class:`StateCorrupted` naming the field and its value.
+    """
     answer = document.get("answer")
     if not isinstance(answer, Mapping):
         raise StateCorrupted(f"record at {where} holds no answer, but answer={answer!r}", where=where)
+    if answer.get("kind") == "unwritten":
+        field, value, now = answer.get("field"), answer.get("value"), answer.get("now")
+        if isinstance(field, str) and _whole(value) and _whole(now):
+            raise unwritten(Unwritten(field, value, now), f"record at {where}", where)
     ticket, value, now = answer.get("ticket"), answer.get("value"), answer.get("now")
     if not (_whole(ticket) and _whole(value) and _whole(now)):
         raise StateCorrupted(

@@ -15,8 +15,8 @@ from importlib import resources
 from typing import Literal, NoReturn, TypeVar, Union
 
 from ..errors import StateCorrupted
-from ..protocol import Outcome, Passed, Record, Started, Taken, Wait
-from .base import Snapshot, check_interval_matches
+from ..protocol import Outcome, Passed, Record, Started, Taken, Unwritten, Wait
+from .base import Snapshot, check_interval_matches, unwritten
 
 __all__ = [
     "SCRIPT",
@@ -170,9 +170,17 @@ def _refuse(reply: object, name: str, key: str, interval_us: int) -> NoReturn:
     words = text.split(" ") if isinstance(text, str) else [""]
     if words[0] == "mismatch" and len(words) == 2 and words[1].isdigit():
         check_interval_matches(name, int(words[1]), interval_us)
+    if words[0] == "unwritten" and len(words) == 4 and all(_is_decimal(word) for word in words[2:]):
+        exc = Unwritten(words[1], int(words[2]), int(words[3]))
+        raise unwritten(exc, f"Redis hash {key}", key)
     if words[0] == "corrupt" and len(words) >= 3:
         field, value = words[1], " ".join(words[2:])
         raise StateCorrupted(
             f"Redis hash {key} has {field}={value!r}, not a record ratequeue wrote", where=key
         )
     raise StateCorrupted(f"the ratequeue script on Redis hash {key} answered {reply!r}", where=key)
+
+
+def _is_decimal(word: str) -> bool:
+    """Whether ``word`` is a whole number in decimal, as the script writes them."""
+    return word.removeprefix("-").isdigit()

@@ -19,11 +19,11 @@ from urllib.parse import parse_qsl, urlencode
 from .. import _validate
 from .._redact import redact
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
-from ..protocol import NEVER, US, Outcome, Record, Taken
+from ..protocol import MAX_LEAD_US, NEVER, TICKET_LIMIT, US, Outcome, Record, Taken, Unwritten
 
 #: larger times and intervals (us) are refused: about 142 years, so that every
 #: slot stays exact in a double (Lua) and in an int64 (MongoDB)
-MAX_US = 2**52
+MAX_US = TICKET_LIMIT
 
 __all__ = [
     "Clock",
@@ -35,6 +35,7 @@ __all__ = [
     "interval_microseconds",
     "lead_microseconds",
     "ticket_number",
+    "unwritten",
 ]
 
 R = TypeVar("R")
@@ -176,8 +177,15 @@ def interval_microseconds(value: int) -> int:
 
 
 def lead_microseconds(value: int) -> int:
-    """An operation's ``lead_us``, checked: a whole number of microseconds, at least 0."""
-    return _check_us("lead_us", value, 0)
+    """An operation's ``lead_us``, checked: whole microseconds, from 0 to ``MAX_LEAD_US`` (an hour).
+
+    A larger lead could grant a start further ahead than any reader accepts
+    (:func:`ratequeue.protocol.check`).
+    """
+    _check_us("lead_us", value, 0)
+    if value > MAX_LEAD_US:
+        raise ConfigurationError(f"lead_us must be at most {MAX_LEAD_US} (an hour), got {value!r}")
+    return value
 
 
 def ticket_number(value: int) -> int:
@@ -215,9 +223,9 @@ def check_record(fields: Any, *, where: str) -> Record:
     if missing:
         raise StateCorrupted(f"record at {where} lacks {', '.join(sorted(missing))}", where=where)
     ticket, pos, at, interval = fields["ticket"], fields["pos"], fields["at"], fields["interval"]
-    if not (_is_int(ticket) and _is_int(pos) and 0 <= pos < ticket):
+    if not (_is_int(ticket) and _is_int(pos) and 0 <= pos < ticket < MAX_US):
         raise StateCorrupted(
-            f"record at {where} has ticket={ticket!r}, pos={pos!r}; want integers 0 <= pos < ticket",
+            f"record at {where} has ticket={ticket!r}, pos={pos!r}; want integers 0 <= pos < ticket < 2**52",
             where=where,
         )
     if at is None:
@@ -229,6 +237,25 @@ def check_record(fields: Any, *, where: str) -> Record:
             f"record at {where} has interval={interval!r}; want whole microseconds > 0", where=where
         )
     return Record(ticket=ticket, pos=pos, at=at, interval=interval)
+
+
+def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:
+    """The :class:`StateCorrupted` to raise for :class:`~ratequeue.protocol.Unwritten` ``exc``.
+
+    ``place`` names the record in the message (``"record at X"``), ``where``
+    is the error's ``where``. The message names the field, its value and the
+    state clock's ``now``, and the way out (a reset).
+    """
+    if exc.field == "at":
+        why = (
+            f"more than {MAX_LEAD_US // US} s ahead of the state clock (now={exc.now}): "
+            f"not a record ratequeue wrote"
+        )
+    elif exc.field == "ticket":
+        why = "the last ticket a record can hold: taking another would overflow it"
+    else:  # pragma: no cover - the protocol names these two
+        why = "not a record ratequeue writes"
+    return StateCorrupted(f"{place} has {exc.field}={exc.value}, {why}; reset the queue", where=where)
 
 
 def _check_us(what: str, value: int, low: int) -> int:

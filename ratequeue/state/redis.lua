@@ -25,6 +25,9 @@ in a fraction of the CPU an array of four or five items costs it); numbers are w
 and, changing nothing:
   any operation but read, when the stored interval is not ARGV[2]:   "mismatch INTERVAL"
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
+  any operation, when `at` lies more than MAX_LEAD past now (no start the protocol grants
+  does; see protocol.check):                                         "unwritten at AT NOW"
+  take and take_and_try, when ticket is the last one (LIMIT - 1):    "unwritten ticket TICKET NOW"
 
 take, try_start, take_and_try and retime create a missing record (ticket 1, pos 0, at NEVER)
 and write the record back; read never writes.
@@ -35,6 +38,8 @@ local NEVER = -4503599627370496
 -- ratequeue.state.base.MAX_US, 2^52: times and intervals stay below it, so every slot is exact
 -- in a double
 local LIMIT = 4503599627370496
+-- ratequeue.protocol.MAX_LEAD_US, an hour: no start lies further ahead of the clock it was granted on
+local MAX_LEAD = 3600000000
 
 local op = ARGV[1]
 
@@ -76,11 +81,17 @@ else
           and NEVER <= at and at < LIMIT) then
     return "corrupt ticket/pos/at/interval " .. table.concat(stored, "/")
   end
+  if op ~= "read" and interval ~= tonumber(ARGV[2]) then
+    return "mismatch " .. stored[4]
+  end
+  if at > now + MAX_LEAD then
+    return "unwritten at " .. stored[3] .. " " .. decimal(now)
+  end
   if op == "read" then
     return table.concat({"record", decimal(now), stored[1], stored[2], stored[3], stored[4]}, " ")
   end
-  if interval ~= tonumber(ARGV[2]) then
-    return "mismatch " .. stored[4]
+  if (op == "take" or op == "take_and_try") and ticket + 1 >= LIMIT then
+    return "unwritten ticket " .. stored[1] .. " " .. decimal(now)
   end
 end
 

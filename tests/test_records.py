@@ -1,0 +1,362 @@
+"""Records the protocol could not have written, on every backend: refused, named, unchanged, reset.
+
+Each test writes a raw record straight into the backend (a memory store's
+dict, the file state's JSON, a Redis hash, a MongoDB document), then checks
+that every operation answers :class:`StateCorrupted` naming the field and its
+value, that nothing was written, and that ``reset`` clears the queue. The
+backend table is the contract suite's (``backend`` in conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ratequeue
+from ratequeue import protocol
+from ratequeue.errors import ConfigurationError, StateCorrupted
+from ratequeue.protocol import MAX_LEAD_US, NEVER, US, Record, Started, Wait
+from ratequeue.shard import RECHECK, Shard, SleepUntil, TakeAndTry, TryStart
+from ratequeue.state import State
+from ratequeue.state._redis_codec import SCRIPT
+from ratequeue.state.file import FileState
+from ratequeue.state.memory import MemoryState
+from ratequeue.state.mongodb import MongoState
+from ratequeue.state.redis import RedisState
+
+from .backends import Backend
+
+INTERVAL = 10_000  # us
+LAST_TICKET = 2**52 - 1
+TEN_YEARS_US = 10 * 365 * 24 * 3600 * US
+NOW = 1_800_000_000_000_000  # a fixed state clock (us), for the tests on a clocked state
+
+
+# -- raw records -------------------------------------------------------------
+
+
+def poke(backend: Backend, state: State, name: str, fields: dict[str, Any]) -> None:
+    """Store ``fields`` as ``name``'s record, bypassing every check."""
+    if isinstance(state, MemoryState):
+        state._records[name] = Record(**fields)
+    elif isinstance(state, FileState):
+        state.take(name, fields["interval"] if isinstance(fields.get("interval"), int) else INTERVAL)
+        if hasattr(state, "record_files"):  # one file per queue
+            file = state.record_files(name)[0]
+            data = json.loads(file.read_text())
+            data["record"] = fields
+            file.write_text(json.dumps(data))
+        else:  # one file holding every queue
+            data = json.loads(state.path.read_text())
+            data["queues"][name] = fields
+            state.path.write_text(json.dumps(data))
+    elif isinstance(state, RedisState):
+        client: redis.Redis = state.client
+        client.delete(state.key(name))
+        client.hset(state.key(name), mapping={key: str(value) for key, value in fields.items()})
+    else:
+        assert isinstance(state, MongoState)
+        state.collection.replace_one({"_id": name}, {"_id": name, **fields}, upsert=True)
+
+
+def raw(state: State, name: str) -> object:
+    """``name``'s record exactly as stored (on MongoDB, the document's fields but ``answer``)."""
+    if isinstance(state, MemoryState):
+        return state._records.get(name)
+    if isinstance(state, FileState):
+        if hasattr(state, "record_files"):
+            return state.record_files(name)[0].read_bytes()
+        return json.loads(state.path.read_text())["queues"].get(name)
+    if isinstance(state, RedisState):
+        return state.client.hgetall(state.key(name))
+    assert isinstance(state, MongoState)
+    # without ``answer``: the reply of the last operation, left beside the record (a refusal's too)
+    return state.collection.find_one({"_id": name}, {"answer": False})
+
+
+def operations(name: str, interval: int) -> dict[str, Callable[[State], object]]:
+    return {
+        "take": lambda s: s.take(name, interval),
+        "take_and_try": lambda s: s.take_and_try(name, interval, 0),
+        "try_start": lambda s: s.try_start(name, interval, 2, 0),
+        "retime": lambda s: s.retime(name, interval, 1, 0),
+        "read": lambda s: s.read(name),
+    }
+
+
+def assert_refused(
+    state: State, name: str, calls: dict[str, Callable[[State], object]], pattern: str
+) -> None:
+    """Every call raises :class:`StateCorrupted` matching ``pattern``, and the record stays as it was."""
+    before = raw(state, name)
+    for op, call in calls.items():
+        with pytest.raises(StateCorrupted, match=pattern) as caught:
+            call(state)
+        assert caught.value.where, f"{op}: the error names where the record is"
+        assert raw(state, name) == before, f"{op} changed the refused record"
+
+
+def assert_reset_clears(state: State, name: str) -> None:
+    assert state.reset(name) is True
+    assert state.read(name).record is None
+    assert isinstance(state.take_and_try(name, INTERVAL, 0), Started)
+
+
+# -- a start further ahead than any lead --------------------------------------
+
+
+def test_a_far_future_at_is_refused_by_every_operation(backend: Backend) -> None:
+    """``at`` ten years ahead (the issue's poisoned key): StateCorrupted naming it; reset clears it."""
+    state = backend.open()
+    name = backend.fresh_name()
+    now = state.read(name).now
+    at = now + TEN_YEARS_US
+    poke(backend, state, name, {"ticket": 3, "pos": 1, "at": at, "interval": INTERVAL})
+    pattern = rf"has at={at}, more than 3600 s ahead of the state clock \(now=\d+\).*reset the queue"
+    assert_refused(state, name, operations(name, INTERVAL), pattern)
+    assert_reset_clears(state, name)
+
+
+def test_the_lead_limit_is_exact(backend: Backend) -> None:
+    """On the state's clock, ``at = now + MAX_LEAD_US`` is accepted and one microsecond more is not."""
+    state, clock = backend.clocked()
+    clock[0] = NOW
+    name = backend.fresh_name()
+    poke(backend, state, name, {"ticket": 3, "pos": 1, "at": NOW + MAX_LEAD_US, "interval": INTERVAL})
+    assert state.read(name).record == Record(ticket=3, pos=1, at=NOW + MAX_LEAD_US, interval=INTERVAL)
+    assert state.try_start(name, INTERVAL, 2, 0) == Wait(ticket=2, slot=NOW + MAX_LEAD_US + INTERVAL, now=NOW)
+    bad = NOW + MAX_LEAD_US + 1
+    poke(backend, state, name, {"ticket": 3, "pos": 1, "at": bad, "interval": INTERVAL})
+    assert_refused(state, name, operations(name, INTERVAL), rf"has at={bad}, .*\(now={NOW}\)")
+    clock[0] = NOW + 1  # the clock catches up: the same record is one the protocol writes
+    assert state.read(name).record == Record(ticket=3, pos=1, at=bad, interval=INTERVAL)
+    assert state.reset(name) is True
+
+
+def test_a_far_future_at_with_another_interval_is_a_mismatch_first(backend: Backend) -> None:
+    """The interval is checked before the record's times, on every backend alike."""
+    state = backend.open()
+    name = backend.fresh_name()
+    at = state.read(name).now + TEN_YEARS_US
+    poke(backend, state, name, {"ticket": 3, "pos": 1, "at": at, "interval": INTERVAL})
+    with pytest.raises(ConfigurationError, match="interval"):
+        state.take(name, 2 * INTERVAL)
+    assert state.reset(name) is True
+
+
+# -- the last ticket ------------------------------------------------------------
+
+
+def test_the_last_ticket_is_never_taken(backend: Backend) -> None:
+    """A record at ticket 2**52 - 1 hands out no more: a take would write a record every reader refuses."""
+    state = backend.open()
+    name = backend.fresh_name()
+    now = state.read(name).now
+    fields = {"ticket": LAST_TICKET, "pos": LAST_TICKET - 1, "at": now - 10 * INTERVAL, "interval": INTERVAL}
+    poke(backend, state, name, fields)
+    pattern = rf"has ticket={LAST_TICKET}, the last ticket a record can hold.*reset the queue"
+    calls = operations(name, INTERVAL)
+    assert_refused(state, name, {op: calls[op] for op in ("take", "take_and_try")}, pattern)
+    assert state.read(name).record == Record(**fields)  # the record itself is one ratequeue writes
+    assert_reset_clears(state, name)
+
+
+def test_the_reference_refuses_the_last_ticket_and_a_far_at() -> None:
+    record = Record(ticket=LAST_TICKET, pos=0, at=NEVER, interval=1)
+    with pytest.raises(protocol.Unwritten) as caught:
+        protocol.take(record, 0)
+    assert (caught.value.field, caught.value.value) == ("ticket", LAST_TICKET)
+    far = Record(ticket=2, pos=1, at=MAX_LEAD_US + 1, interval=1)
+    for call in (
+        lambda: protocol.take(far, 0),
+        lambda: protocol.try_start(far, 1, 0, 0),
+        lambda: protocol.take_and_try(far, 0, 0),
+        lambda: protocol.retime(far, 1, 0, 0),
+        lambda: protocol.check(far, 0),
+    ):
+        with pytest.raises(protocol.Unwritten, match=rf"at={MAX_LEAD_US + 1} at now=0"):
+            call()
+    assert protocol.check(far, 1) == far
+
+
+@given(
+    interval=st.integers(1, 3 * 3600 * US),
+    lead=st.integers(0, MAX_LEAD_US),
+    gap=st.integers(0, 10 * 3600 * US),
+    step=st.integers(0, 2 * 3600 * US),
+)
+def test_the_protocol_never_writes_what_it_refuses(interval: int, lead: int, gap: int, step: int) -> None:
+    """With a lead of at most MAX_LEAD_US, every record written passes the check at the time it is written."""
+    now = 10**15
+    record = Record(ticket=3, pos=1, at=now - gap, interval=interval)
+    for operation in ("try", "take_and_try", "retime", "try"):
+        if operation == "try":
+            record, _ = protocol.try_start(record, record.pos + 1, lead, now)
+        elif operation == "take_and_try":
+            record, _ = protocol.take_and_try(record, lead, now)
+        else:
+            record, _ = protocol.retime(record, record.pos, lead, now)
+        assert protocol.check(record, now) == record
+        now += step
+
+
+# -- wrong types and ranges ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"ticket": 2**53, "pos": 1, "at": 5, "interval": INTERVAL}, rf"ticket={2**53}|ticket/pos.*{2**53}"),
+        ({"ticket": 2**52, "pos": 1, "at": 5, "interval": INTERVAL}, rf"ticket={2**52}|ticket/pos.*{2**52}"),
+        ({"ticket": 3, "pos": 1, "at": 2**52, "interval": INTERVAL}, rf"at={2**52}|at/interval.*{2**52}"),
+    ],
+    ids=["ticket 2**53", "ticket 2**52", "at 2**52"],
+)
+def test_out_of_range_numbers_are_refused(backend: Backend, fields: dict[str, Any], pattern: str) -> None:
+    """Whole numbers past 2**52 are refused by every backend and every operation, changing nothing."""
+    if backend.kind == "memory":
+        pytest.skip("the memory state stores Record objects ratequeue made, never raw fields")
+    state = backend.open()
+    name = backend.fresh_name()
+    poke(backend, state, name, fields)
+    assert_refused(state, name, operations(name, INTERVAL), pattern)
+    assert_reset_clears(state, name)
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"ticket": 3, "pos": 1, "at": 5, "interval": str(INTERVAL)}, f"interval='{INTERVAL}'"),
+        ({"ticket": 3, "pos": 1, "at": True, "interval": INTERVAL}, "at=True"),
+        ({"ticket": 3, "pos": 1.0, "at": 5, "interval": INTERVAL}, r"pos=1\.0"),
+    ],
+    ids=["interval text", "at boolean", "pos double"],
+)
+def test_wrong_types_are_refused(backend: Backend, fields: dict[str, Any], pattern: str) -> None:
+    """Typed stores (file JSON, MongoDB BSON) refuse fields of the wrong type by name and value."""
+    if backend.kind not in ("file", "mongodb"):
+        pytest.skip("Redis stores text (its own tests cover it); memory stores Record objects")
+    state = backend.open()
+    name = backend.fresh_name()
+    poke(backend, state, name, fields)
+    assert_refused(state, name, operations(name, INTERVAL), pattern)
+    assert_reset_clears(state, name)
+
+
+def test_states_refuse_a_lead_past_the_limit(backend: Backend) -> None:
+    """A lead over MAX_LEAD_US could grant a start no reader accepts: refused before anything is sent."""
+    state = backend.open()
+    name = backend.fresh_name()
+    for call in (
+        lambda: state.take_and_try(name, INTERVAL, MAX_LEAD_US + 1),
+        lambda: state.try_start(name, INTERVAL, 1, MAX_LEAD_US + 1),
+        lambda: state.retime(name, INTERVAL, 1, MAX_LEAD_US + 1),
+    ):
+        with pytest.raises(ConfigurationError, match=rf"lead_us must be at most {MAX_LEAD_US}"):
+            call()
+    assert state.read(name).record is None
+    assert isinstance(state.take_and_try(name, INTERVAL, MAX_LEAD_US), Started)
+
+
+def test_the_script_states_the_protocols_limits() -> None:
+    match = re.search(r"^local MAX_LEAD = (\d+)$", SCRIPT, re.MULTILINE)
+    assert match is not None
+    assert int(match.group(1)) == MAX_LEAD_US
+
+
+# -- shards notice a reset ------------------------------------------------------
+
+
+def test_the_shard_clamps_its_lead() -> None:
+    assert Shard(1.0, lead=7200.0).lead == MAX_LEAD_US / US
+    shard = Shard(1.0, jitter=5000.0)
+    assert shard.lead == MAX_LEAD_US / US
+    job = shard.add()
+    assert shard.step(job, 0.0) == TakeAndTry(lead_us=MAX_LEAD_US)
+
+
+def test_a_waiter_on_a_far_slot_gets_its_turn_soon_after_a_reset() -> None:
+    """Interval 30 s: the second acquire sleeps toward a slot 30 s away; after a reset it starts at once.
+
+    (At once: within :data:`RECHECK` and a round-trip, not at the old slot.)
+    """
+    state = MemoryState(private=True)
+    limiter = ratequeue.Limiter(state, name="far", interval=30)
+    try:
+        limiter.acquire()
+        returned: list[float] = []
+        waiter = threading.Thread(
+            target=lambda: (limiter.acquire(), returned.append(time.monotonic())), daemon=True
+        )
+        waiter.start()
+        time.sleep(0.3)  # the waiter holds ticket 2 and sleeps toward its slot
+        assert not returned
+        record = state.read("far").record
+        assert record is not None
+        assert record.ticket == 3, "the waiter took its ticket"
+        reset_at = time.monotonic()
+        assert state.reset("far") is True
+        waiter.join(timeout=10)
+        assert returned, "the waiter never noticed the reset"
+        assert returned[0] - reset_at <= RECHECK + 0.5
+        after = state.read("far").record
+        assert after is not None
+        assert (after.ticket, after.pos) == (2, 1), "it took the new record's first ticket"
+    finally:
+        limiter.close()
+
+
+def test_a_file_state_waiter_notices_a_reset(tmp_path: Path) -> None:
+    """The same on the file state, reset by another state object (as ``ratequeue reset`` does)."""
+    path = tmp_path / "state.json"
+    limiter = ratequeue.Limiter(FileState(path), name="far", interval=30)
+    try:
+        limiter.acquire()
+        returned: list[float] = []
+        waiter = threading.Thread(
+            target=lambda: (limiter.acquire(), returned.append(time.monotonic())), daemon=True
+        )
+        waiter.start()
+        time.sleep(0.3)
+        assert not returned
+        reset_at = time.monotonic()
+        assert FileState(path).reset("far") is True
+        waiter.join(timeout=10)
+        assert returned, "the waiter never noticed the reset"
+        assert returned[0] - reset_at <= RECHECK + 0.5
+    finally:
+        limiter.close()
+
+
+@given(
+    slot=st.floats(0.0, 3600.0, allow_nan=False),
+    lead=st.sampled_from([0.0, 0.002, 0.5]),
+    received=st.floats(0.0, 100.0, allow_nan=False),
+)
+def test_a_head_re_asks_within_the_bound(slot: float, lead: float, received: float) -> None:
+    """Told to wait for a slot however far, the head asks the state again within RECHECK of the answer."""
+    shard = Shard(30.0, lead=lead)
+    job = shard.add()
+    assert isinstance(shard.step(job, received), TakeAndTry)
+    shard.receive(job, Wait(ticket=2, slot=round(slot * US), now=0), received, received, offset=received)
+    now = received
+    for _ in range(3):  # a sleep may end early (a change of the shard): asking again never goes past
+        step = shard.step(job, now)
+        if isinstance(step, TryStart):
+            break
+        assert isinstance(step, SleepUntil)
+        assert step.until <= received + RECHECK + 1e-9
+        now = step.until
+    else:
+        raise AssertionError("the head never asked again")
+    assert now <= received + RECHECK + 1e-9
