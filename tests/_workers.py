@@ -75,3 +75,23 @@ def acquire_many_async(
     except Exception as exc:  # reported to the test, which fails
         error = f"{type(exc).__name__}: {exc}"
     reports.put((index, None, error))
+
+
+def hold_lock_and_stop(lock_path: str, conn: Any) -> None:
+    """Take the file state's lock ``lock_path``, say ``"locked"``, then SIGSTOP this process.
+
+    The stop comes while the lock is held, so whoever continues the process
+    (SIGCONT) knows that it was stopped inside the lock; then the lock is
+    released and ``"released"`` said.
+    """
+    import os
+    import signal
+
+    from ratequeue.state.file import LockFile
+
+    lock = LockFile.of(lock_path)
+    lock.acquire(60)
+    conn.send("locked")
+    os.kill(os.getpid(), signal.SIGSTOP)
+    lock.release()
+    conn.send("released")
