@@ -118,7 +118,18 @@ def check_asyncio_tasks(output: str) -> None:
     search(r"page 20 via the decorator decorated - Every call waits", output)
 
 
+def check_reservation(output: str) -> None:
+    search(r"request 2: withdrawn before its turn, no slot used", output)
+    match = search(
+        r"(\d+) starts for 6 requests, 1 withdrawn; tickets \[([\d, ]+)\]; smallest gap ([\d.]+) ms", output
+    )
+    assert int(match[1]) == 5
+    assert match[2] == "1, 2, 3, 4, 5", "the withdrawn request's turn went to the next one"
+    assert float(match[3]) >= INTERVAL_MS
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "reservation.py": check_reservation,
     "asyncio_tasks.py": check_asyncio_tasks,
     "limiter_basic.py": check_limiter_basic,
     "decorator.py": check_decorator,
