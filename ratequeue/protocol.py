@@ -5,10 +5,17 @@ It is pure: each operation takes a :class:`Record` and the state clock's
 ``now`` and returns the new record with the answer. Backends run the same
 steps atomically, reading ``now`` from their own clock.
 
-``slot(T) = at + (T - pos) * interval`` is the earliest state-clock time at
-which ticket ``T`` may start. A record whose ``at`` is :data:`NEVER` has
-never started a job, so every ticket's slot lies far in the past and it may
-start at once.
+``slot(T) = due + (T - pos) * interval`` is the strict slot of ticket ``T``
+(DESIGN.md §7a): the earliest state-clock time at which it may start when the
+queue allows no burst. A queue with a burst ``B`` lets a ticket of cost ``c``
+start up to ``(B - c) * interval`` before that (:meth:`Record.earliest`): the
+generic cell rate algorithm, with tickets counted in units of cost, so that a
+job of cost ``c`` holds ``c`` ticket numbers and moves every later slot on by
+``c`` intervals. Any run of consecutive starts of total cost ``C`` then spans
+at least ``(C - B) * interval``; with ``B = 1`` and ``c = 1`` that is one
+interval between any two starts (G1), and this is the protocol of DESIGN.md §3.
+A record whose ``at`` is :data:`NEVER` has never started a job, so every
+ticket's slot lies far in the past and it may start at once.
 
 Times and intervals are whole **microseconds**: integer arithmetic keeps
 guarantee G1 exact (no start closer than ``interval`` by a rounding error)
@@ -34,6 +41,7 @@ __all__ = [
     "Unwritten",
     "Wait",
     "check",
+    "expires",
     "is_same_grant",
     "new_record",
     "retime",
@@ -63,27 +71,51 @@ TICKET_LIMIT = 2**52
 Micros = int
 
 
+#: stands for "the same as ``at``" in :class:`Record`'s ``due`` (a record from before bursts)
+_AS_AT = -(2**63)
+
+
 @dataclass(frozen=True)
 class Record:
     """The state one queue name shares between all of its shards."""
 
-    #: the next ticket number to hand out (the first is 1)
+    #: the next ticket number to hand out (the first is 1); a job of cost ``c`` takes ``c`` numbers
     ticket: int
     #: the highest ticket that has started (0: none yet)
     pos: int
     #: state-clock time (us) at which ticket ``pos`` starts; ``NEVER`` if none has
     at: Micros
-    #: microseconds between two starts, fixed when the record is created
+    #: microseconds between two starts (of cost 1), fixed when the record is created
     interval: Micros
+    #: how many starts (of cost 1) may come at once after an idle spell, fixed when the record is created
+    burst: int = 1
+    #: the strict slot ticket ``pos`` took: ``at`` or later, by at most ``(burst - 1)`` intervals
+    #: (by how much the start came early, using the burst); every later slot counts from it.
+    #: Left out, it is ``at`` (always so when ``burst`` is 1).
+    due: Micros = _AS_AT
+
+    def __post_init__(self) -> None:
+        if self.due == _AS_AT:
+            object.__setattr__(self, "due", self.at)
 
     def slot(self, ticket: int) -> Micros:
-        """The earliest state-clock time at which ``ticket`` (> ``pos``) may start."""
-        return self.at + (ticket - self.pos) * self.interval
+        """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst."""
+        return self.due + (ticket - self.pos) * self.interval
+
+    def earliest(self, ticket: int, cost: int) -> Micros:
+        """The earliest state-clock time at which ``ticket`` (> ``pos``), of ``cost``, may start.
+
+        Its strict slot less what the burst allows, and never before the latest
+        start (``at``, which a lead may have put ahead of the clock): starts
+        follow each other in ticket order. With ``burst`` 1 the slot is always
+        the later of the two.
+        """
+        return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at)
 
 
-def new_record(interval: Micros) -> Record:
+def new_record(interval: Micros, burst: int = 1) -> Record:
     """The record of a queue that has handed out no ticket yet."""
-    return Record(ticket=1, pos=0, at=NEVER, interval=interval)
+    return Record(ticket=1, pos=0, at=NEVER, interval=interval, burst=burst, due=NEVER)
 
 
 class Unwritten(ValueError):
@@ -153,8 +185,8 @@ class Passed:
 Outcome = Union[Started, Wait, Passed]
 
 
-def take(record: Record, now: Micros) -> tuple[Record, Taken]:
-    """Hand out the next ticket.
+def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
+    """Hand out the next ticket, for a job of ``cost`` (``1 <= cost <= burst``): it holds ``cost`` numbers.
 
     When every ticket already handed out is at least one interval past its
     slot, ``pos`` jumps forward to the last of them first, so a new ticket
@@ -166,20 +198,26 @@ def take(record: Record, now: Micros) -> tuple[Record, Taken]:
     every reader, so none is written).
     """
     check(record, now)
-    if record.ticket + 1 >= TICKET_LIMIT:
+    if record.ticket + cost >= TICKET_LIMIT:
         raise Unwritten("ticket", record.ticket, now)
     last = record.ticket - 1
     if last > record.pos and record.slot(last) + record.interval <= now:
         record = replace(record, pos=last)
     taken = Taken(ticket=record.ticket, pos=record.pos, at=record.at, now=now)
-    return replace(record, ticket=record.ticket + 1), taken
+    return replace(record, ticket=record.ticket + cost), taken
 
 
-def try_start(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
-    """Start ``ticket`` if its slot is at most ``lead`` microseconds away.
+def try_start(
+    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1
+) -> tuple[Record, Outcome]:
+    """Start ``ticket``, taken for a job of ``cost``, if its earliest start is at most ``lead`` us away.
 
-    A started ticket's job begins at ``max(slot, now)``, which may lie up to
-    ``lead`` in the future; the record's ``pos`` moves to it. A ticket below
+    A started ticket's job begins at ``max(earliest, now)`` (see
+    :meth:`Record.earliest`), which may lie up to ``lead`` in the future;
+    the record's ``pos`` moves to it, ``at`` to the start, and ``due`` to the
+    later of the start and the ticket's strict slot. ``cost`` must be the
+    cost ``ticket`` was taken with (the record does not keep it): a smaller
+    one only starts it later. A ticket below
     ``pos`` has been passed and can never start; so has a ticket the record
     never handed out (it was reset since).
 
@@ -199,11 +237,12 @@ def try_start(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[R
         return record, Started(ticket=ticket, start=record.at, now=now)
     if record.pos >= ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
-    slot = record.slot(ticket)
-    if now + lead >= slot:
-        start = max(slot, now)
-        return replace(record, pos=ticket, at=start), Started(ticket=ticket, start=start, now=now)
-    return record, Wait(ticket=ticket, slot=slot, now=now)
+    earliest = record.earliest(ticket, cost)
+    if now + lead >= earliest:
+        start = max(earliest, now)
+        due = max(record.slot(ticket), start)
+        return replace(record, pos=ticket, at=start, due=due), Started(ticket=ticket, start=start, now=now)
+    return record, Wait(ticket=ticket, slot=earliest, now=now)
 
 
 def is_same_grant(record: Record, ticket: int, now: Micros) -> bool:
@@ -211,10 +250,10 @@ def is_same_grant(record: Record, ticket: int, now: Micros) -> bool:
     return record.pos == ticket < record.ticket and now < record.at + record.interval
 
 
-def take_and_try(record: Record, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
+def take_and_try(record: Record, lead: Micros, now: Micros, cost: int = 1) -> tuple[Record, Outcome]:
     """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
-    record, taken = take(record, now)
-    return try_start(record, taken.ticket, lead, now)
+    record, taken = take(record, now, cost)
+    return try_start(record, taken.ticket, lead, now, cost)
 
 
 def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
@@ -224,8 +263,9 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     calls this instead of beginning late, since a late begin would shorten
     the gap to the next one as a third party sees it (guarantee G7). While
     ``ticket`` is still the latest start (``pos == ticket``) its start moves
-    forward, never back, to ``max(at, now + lead)``: the gap before it only
-    grows and every later slot is computed from the new ``at``, so G1-G6 hold.
+    forward, never back, to ``max(at, now + lead)``, and ``due`` with it
+    (to the later of the two): the gap before it only grows and every later
+    slot is computed from the new ``due``, so G1-G6 hold.
     Once a later ticket has started the turn cannot move: the answer is
     :class:`Passed`, and the job must give its turn up and take a new ticket.
     """
@@ -233,4 +273,16 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     if record.pos != ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
     start = max(record.at, now + lead)
-    return replace(record, at=start), Started(ticket=ticket, start=start, now=now)
+    return replace(record, at=start, due=max(record.due, start)), Started(ticket=ticket, start=start, now=now)
+
+
+def expires(record: Record) -> Micros:
+    """The state-clock time from which a fresh record would do what ``record`` does.
+
+    From then on every ticket handed out lies at least one interval past its
+    slot (:func:`take` would pass them all) and the whole burst is free
+    again, so deleting the record loses nothing: an idle queue's record may
+    be dropped (a per-key limiter's keys expire so). A holder of an old
+    ticket is then answered :class:`Passed` and takes a new one.
+    """
+    return record.slot(record.ticket) + record.interval
