@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 from ratequeue.protocol import Outcome, Taken
 from ratequeue.state import Snapshot, State
+from ratequeue.state.base import Terms
 
 # --------------------------------------------------------------------------- servers
 
@@ -327,27 +328,27 @@ class CountingState(State):
         kind = type(answer).__name__.lower()
         self.log.answers[kind] = self.log.answers.get(kind, 0) + 1
 
-    def take(self, name: str, interval_us: int) -> Taken:
+    def take(self, name: str, interval_us: int, **terms: int) -> Taken:
         started = time.perf_counter()
-        answer = self.inner.take(name, interval_us)
+        answer = self.inner.take(name, interval_us, **terms)
         self._count("take", started, answer)
         return answer
 
-    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int, **terms: int) -> Outcome:
         started = time.perf_counter()
-        answer = self.inner.try_start(name, interval_us, ticket, lead_us)
+        answer = self.inner.try_start(name, interval_us, ticket, lead_us, **terms)
         self._count("try_start", started, answer)
         return answer
 
-    def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+    def take_and_try(self, name: str, interval_us: int, lead_us: int, **terms: int) -> Outcome:
         started = time.perf_counter()
-        answer = self.inner.take_and_try(name, interval_us, lead_us)
+        answer = self.inner.take_and_try(name, interval_us, lead_us, **terms)
         self._count("take_and_try", started, answer)
         return answer
 
-    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int, **terms: int) -> Outcome:
         started = time.perf_counter()
-        answer = self.inner.retime(name, interval_us, ticket, lead_us)
+        answer = self.inner.retime(name, interval_us, ticket, lead_us, **terms)
         self._count("retime", started, answer)
         return answer
 
@@ -364,23 +365,29 @@ class CountingState(State):
         self.inner.close()
 
     # The abstract operations are never reached: the public ones above forward.
-    def _take(self, name: str, interval: int) -> Taken:
-        return self.take(name, interval)
+    def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return self.inner._take(name, terms, cost)
 
-    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self.try_start(name, interval, ticket, lead)
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return self.inner._try_start(name, terms, ticket, lead_us, cost)
 
-    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        return self.take_and_try(name, interval, lead)
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return self.inner._take_and_try(name, terms, lead_us, cost)
 
-    def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self.retime(name, interval, ticket, lead)
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return self.inner._retime(name, terms, ticket, lead_us)
 
     def _read(self, name: str) -> Snapshot:
         return self.read(name)
 
     def _reset(self, name: str) -> bool:
         return self.reset(name)
+
+    def _names(self, prefix: str) -> list[str]:
+        return self.inner.names(prefix)
+
+    def _sweep(self) -> int:
+        return self.inner.sweep()
 
 
 class MongoCommands:

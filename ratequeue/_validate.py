@@ -7,6 +7,7 @@ import math
 
 from .errors import ConfigurationError
 from .protocol import MAX_LEAD_US, US
+from .rates import parse_rate
 
 #: the longest queue name accepted, in characters
 MAX_NAME_LENGTH = 200
@@ -44,6 +45,46 @@ def limiter(name_: object, interval_: object, lead_: object) -> tuple[str, float
     """A limiter's settings, checked: name, interval (s), interval (us) and lead (s or ``None``)."""
     seconds = interval(interval_)
     return name(name_), seconds, interval_us(seconds), lead(lead_)
+
+
+def pace(interval_: object, rate_: object) -> float:
+    """The interval (s) given as ``interval=`` or as ``rate=`` (exactly one of them)."""
+    if rate_ is None:
+        if interval_ is None:
+            raise ConfigurationError("give interval= (seconds between starts) or rate= (such as '10/second')")
+        return interval(interval_)
+    if interval_ is not None:
+        raise ConfigurationError(
+            f"give interval= or rate=, not both (interval={interval_!r}, rate={rate_!r})"
+        )
+    return parse_rate(rate_).interval
+
+
+def burst(value: object) -> int:
+    """``value`` as a burst: a whole number >= 1."""
+    return positive_int("burst", value)
+
+
+def cost(value: object, burst_: int) -> int:
+    """``value`` as the cost of one acquire: a whole number from 1 to the burst."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= burst_:
+        more = "; a cost above 1 needs burst= at least as large" if burst_ == 1 else ""
+        raise ConfigurationError(
+            f"cost must be a whole number from 1 to the burst ({burst_}), got {value!r}{more}"
+        )
+    return value
+
+
+def keep(value: object) -> float | None:
+    """``value`` as ``None`` (keep a queue's record for ever) or a finite number of seconds >= 0."""
+    if value is None:
+        return None
+    seconds = _seconds("keep", value)
+    if not (0.0 <= seconds < 2**52 / US):
+        raise ConfigurationError(
+            f"keep must be None or a number of seconds >= 0 (under 142 years), got {value!r}"
+        )
+    return seconds
 
 
 def timeout(value: object) -> float | None:
@@ -102,6 +143,15 @@ def name(value: object) -> str:
     if not value.isprintable():
         raise ConfigurationError(f"name must hold printable characters only, got {value!r}")
     return value
+
+
+def prefix(value: object) -> str:
+    """``value`` as the beginning of queue names: a string, possibly empty, of printable characters."""
+    if value == "":
+        return ""
+    if not isinstance(value, str):
+        raise ConfigurationError(f"prefix must be a string, got {type(value).__name__}")
+    return name(value)
 
 
 def positive_int(what: str, value: object) -> int:

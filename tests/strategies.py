@@ -39,3 +39,35 @@ def operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[
 def retime_ticket(n: int, pos: int, ticket: int) -> int:
     """The ticket a ``("retime", n, lead)`` operation names: mostly the latest started one."""
     return max(1, pos) if n % 3 else 1 + n % ticket
+
+
+#: bursts: mostly small, sometimes large
+bursts = st.one_of(st.integers(1, 4), st.sampled_from([10, 100]))
+
+
+def burst_operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """Like :func:`operations`, with a cost seed on the operations that take a ticket.
+
+    ``("take", c)`` and ``("take_and_try", lead, c)``: ``c`` picks the cost
+    (``1 + c % burst``); ``("try", n, lead)`` picks a ticket handed out (with
+    the cost it was taken for), or one never handed out.
+    """
+    kinds = [
+        st.tuples(st.just("take"), st.integers(0, 200)),
+        st.tuples(st.just("try"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("take_and_try"), leads_us, st.integers(0, 200)),
+        st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("clock"), clock_steps_us),
+    ]
+    if reads:
+        kinds.append(st.tuples(st.just("read")))
+    return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)
+
+
+def pick_ticket(n: int, costs: dict[int, int], next_ticket: int) -> tuple[int, int]:
+    """The ticket (and its cost) a ``("try", n, lead)`` names among those handed out, or the next one."""
+    handed = sorted(costs)
+    if not handed or n % 7 == 0:
+        return next_ticket, 1
+    ticket = handed[-1 - n % min(len(handed), 4)] if n % 2 else handed[n % len(handed)]
+    return ticket, costs[ticket]

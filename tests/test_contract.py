@@ -19,10 +19,11 @@ from hypothesis import given
 from ratequeue import protocol
 from ratequeue.errors import ConfigurationError
 from ratequeue.protocol import Started
+from ratequeue.state.redis import RedisState
 
 from . import _workers
 from .backends import Backend
-from .strategies import epochs_us, intervals_us, retime_ticket
+from .strategies import burst_operations, bursts, epochs_us, intervals_us, pick_ticket, retime_ticket
 from .strategies import operations as ops_strategy
 
 operations = ops_strategy(max_size=25, reads=True)
@@ -66,6 +67,99 @@ def test_backend_answers_as_the_reference(
         if kind != "clock":
             created = True
     assert state.read(name).record == (reference if created else None)
+
+
+@given(interval=intervals_us, burst=bursts, epoch=epochs_us, ops=burst_operations(max_size=25, reads=True))
+def test_backend_answers_as_the_reference_with_bursts_and_costs(
+    backend: Backend, interval: int, burst: int, epoch: int, ops: list[tuple[object, ...]]
+) -> None:
+    """Bursts, costs and a keep time: every backend answers, and stores, what the reference does."""
+    state, clock = backend.clocked()
+    name = backend.fresh_name()
+    clock[0] = epoch
+    keep = 10**12  # a keep time (longer than any test) is sent with every operation: it changes no answer
+    reference = protocol.new_record(interval, burst)
+    costs: dict[int, int] = {}
+    created = False
+    for op in ops:
+        kind, now = op[0], clock[0]
+        if kind == "clock":
+            clock[0] = max(0, now + int(op[1]))  # type: ignore[call-overload]
+            continue
+        if kind == "read":
+            snapshot = state.read(name)
+            assert snapshot.now == now
+            assert snapshot.record == (reference if created else None)
+            continue
+        if kind == "take":
+            cost = 1 + int(op[1]) % burst  # type: ignore[call-overload]
+            reference, expected_taken = protocol.take(reference, now, cost)
+            assert state.take(name, interval, burst=burst, cost=cost, keep_us=keep) == expected_taken
+            costs[expected_taken.ticket] = cost
+        elif kind == "try":
+            ticket, cost = pick_ticket(int(op[1]), costs, reference.ticket)  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, cost)
+            answer = state.try_start(name, interval, ticket, lead, burst=burst, cost=cost, keep_us=keep)
+            assert answer == expected_outcome
+        elif kind == "retime":
+            ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
+            assert state.retime(name, interval, ticket, lead, burst=burst, keep_us=keep) == expected_outcome
+        else:
+            lead, cost = int(op[1]), 1 + int(op[2]) % burst  # type: ignore[call-overload]
+            costs[reference.ticket] = cost
+            reference, expected_outcome = protocol.take_and_try(reference, lead, now, cost)
+            assert (
+                state.take_and_try(name, interval, lead, burst=burst, cost=cost, keep_us=keep)
+                == expected_outcome
+            )
+        created = True
+    assert state.read(name).record == (reference if created else None)
+
+
+def test_burst_mismatch_changes_nothing(backend: Backend) -> None:
+    state = backend.open()
+    name = backend.fresh_name()
+    state.take_and_try(name, 10_000, 0, burst=3)
+    before = state.read(name).record
+    for call in (
+        lambda: state.take(name, 10_000),
+        lambda: state.take_and_try(name, 10_000, 0, burst=4),
+        lambda: state.try_start(name, 10_000, 1, 0, burst=2),
+        lambda: state.retime(name, 10_000, 1, 0),
+    ):
+        with pytest.raises(ConfigurationError, match="burst 3"):
+            call()
+    assert state.read(name).record == before
+
+
+def test_records_with_a_keep_time_are_listed_and_go_when_idle(backend: Backend) -> None:
+    """A record written with ``keep_us`` goes once idle that long past its expiry; the others stay."""
+    state, clock = backend.clocked()
+    clock[0] = 10**15
+    prefix = backend.fresh_name()
+    kept, forever = f"{prefix}-kept", f"{prefix}-forever"
+    keep = 10**9 if backend.kind == "redis" else 5000  # Redis's TTL runs in real time: 1000 s, not 5 ms
+    state.take_and_try(kept, 1000, 0, burst=2, keep_us=keep)
+    state.take_and_try(forever, 1000, 0, burst=2)
+    assert state.names(prefix) == [forever, kept]
+    assert state.names(prefix + "-k") == [kept]
+    if isinstance(state, RedisState):
+        # PEXPIRE is relative to the script's (fixed) now: expires = now + 2 ms, kept 1000 s after that
+        assert 1_000_002 - 1000 < state.client.pttl(state.key(kept)) <= 1_000_002
+        assert state.client.pttl(state.key(forever)) == -1
+        assert state.sweep() == 0
+        return  # expiry in real time: tests/test_redis_client.py
+    # expires(record) = slot(ticket) + interval = now + 2 ms; kept until 5 ms after that
+    clock[0] += 6999
+    state.sweep()
+    assert state.names(prefix) == [forever, kept]
+    clock[0] += 1
+    swept = state.sweep()
+    assert backend.kind == "redis" or swept >= 1
+    assert state.names(prefix) == [forever]
 
 
 def test_interval_mismatch_changes_nothing(backend: Backend) -> None:

@@ -11,6 +11,7 @@ import pytest
 import ratequeue
 from ratequeue import Queue, QueueClosed
 from ratequeue.protocol import Outcome, Started
+from ratequeue.state.base import Terms
 from ratequeue.state.memory import MemoryState
 
 LONG = 30.0
@@ -166,11 +167,11 @@ class RecordingState(MemoryState):
         super().__init__(private=True)
         self.starts: list[int] = []
 
-    def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        return self._remember(super()._take_and_try(name, interval, lead))
+    def _take_and_try(self, name: str, terms: Terms, lead: int, cost: int) -> Outcome:
+        return self._remember(super()._take_and_try(name, terms, lead, cost))
 
-    def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return self._remember(super()._try_start(name, interval, ticket, lead))
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead: int, cost: int) -> Outcome:
+        return self._remember(super()._try_start(name, terms, ticket, lead, cost))
 
     def _remember(self, outcome: Outcome) -> Outcome:
         if isinstance(outcome, Started):

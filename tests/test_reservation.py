@@ -13,6 +13,7 @@ import pytest
 import ratequeue
 from ratequeue import AcquireTimeout, Limiter, Queue, StateUnavailable, aio
 from ratequeue.protocol import Outcome
+from ratequeue.state.base import Terms
 from ratequeue.state.memory import MemoryState
 
 LONG = 30.0  # an interval no test waits out
@@ -45,7 +46,7 @@ class Unreachable(MemoryState):
         super().__init__(private=True)
         self.failures: list[float] = []
 
-    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
         self.failures.append(time.monotonic())
         raise StateUnavailable("down for the test", where="nowhere")
 

@@ -12,7 +12,7 @@ import asyncio
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, Union
+from typing import Any, TypeVar, Union
 
 from .. import _validate
 from .._redact import secrets_kept_out
@@ -22,8 +22,10 @@ from ..state import from_url as sync_from_url
 from ..state.base import (
     Snapshot,
     StateBase,
-    interval_microseconds,
+    Terms,
+    cost_units,
     lead_microseconds,
+    terms,
     ticket_number,
 )
 
@@ -39,24 +41,46 @@ class AsyncState(StateBase, ABC):
     :class:`ratequeue.state.State`, as coroutines.
     """
 
-    async def take(self, name: str, interval_us: int) -> Taken:
-        """Hand out the next ticket of queue ``name``."""
-        return await self._guarded(name, self._take, interval_microseconds(interval_us))
+    async def take(
+        self, name: str, interval_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
+    ) -> Taken:
+        """Hand out the next ticket of queue ``name``, for a job of ``cost``."""
+        rule = terms(interval_us, burst, keep_us)
+        return await self._guarded(name, self._take, rule, cost_units(cost, rule))
 
-    async def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away."""
-        ticket, lead_us = ticket_number(ticket), lead_microseconds(lead_us)
-        return await self._guarded(name, self._try_start, interval_microseconds(interval_us), ticket, lead_us)
+    async def try_start(
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        lead_us: int,
+        *,
+        burst: int = 1,
+        cost: int = 1,
+        keep_us: int = 0,
+    ) -> Outcome:
+        """Start ``ticket`` (taken for ``cost``) if its earliest start is at most ``lead_us`` us away."""
+        rule = terms(interval_us, burst, keep_us)
+        args = ticket_number(ticket), lead_microseconds(lead_us), cost_units(cost, rule)
+        return await self._guarded(name, self._try_start, rule, *args)
 
-    async def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+    async def take_and_try(
+        self, name: str, interval_us: int, lead_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
+    ) -> Outcome:
         """Take a ticket and try to start it, in one atomic step."""
-        interval_us = interval_microseconds(interval_us)
-        return await self._guarded(name, self._take_and_try, interval_us, lead_microseconds(lead_us))
+        rule = terms(interval_us, burst, keep_us)
+        return await self._guarded(
+            name, self._take_and_try, rule, lead_microseconds(lead_us), cost_units(cost, rule)
+        )
 
-    async def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+    async def retime(
+        self, name: str, interval_us: int, ticket: int, lead_us: int, *, burst: int = 1, keep_us: int = 0
+    ) -> Outcome:
         """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest."""
-        ticket, lead_us = ticket_number(ticket), lead_microseconds(lead_us)
-        return await self._guarded(name, self._retime, interval_microseconds(interval_us), ticket, lead_us)
+        rule = terms(interval_us, burst, keep_us)
+        return await self._guarded(
+            name, self._retime, rule, ticket_number(ticket), lead_microseconds(lead_us)
+        )
 
     async def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
@@ -65,6 +89,14 @@ class AsyncState(StateBase, ABC):
     async def reset(self, name: str) -> bool:
         """Delete the record of queue ``name``; say whether there was one."""
         return await self._guarded(name, self._reset)
+
+    async def names(self, prefix: str = "") -> list[str]:
+        """The names of the queues that have a record here and begin with ``prefix``, sorted."""
+        return sorted(await self._mapped("", self._names, _validate.prefix(prefix)))
+
+    async def sweep(self) -> int:
+        """Delete every record whose keep time has passed; say how many (see :meth:`State.sweep`)."""
+        return await self._mapped("", self._sweep)
 
     async def close(self) -> None:
         """Release connections; the state may not be used afterwards."""
@@ -75,31 +107,41 @@ class AsyncState(StateBase, ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _guarded(self, name: str, operation: Callable[..., Awaitable[R]], *args: int) -> R:
+    async def _guarded(self, name: str, operation: Callable[..., Awaitable[R]], *args: Any) -> R:
         """``await operation(name, *args)`` with ``name`` checked and the driver's errors mapped."""
         name = _validate.name(name)
+        return await self._mapped(name, operation, name, *args)
+
+    async def _mapped(self, name: str, call: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """``await call(*args)``, an operation on queue ``name`` (or ``""``), driver errors mapped."""
         try:
-            return await operation(name, *args)
+            return await call(*args)
         except self._driver_errors as exc:
             raise self._error_for(exc, name) from exc
 
     @abstractmethod
-    async def _take(self, name: str, interval_us: int) -> Taken: ...
+    async def _take(self, name: str, terms: Terms, cost: int) -> Taken: ...
 
     @abstractmethod
-    async def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
+    async def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome: ...
 
     @abstractmethod
-    async def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome: ...
+    async def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome: ...
 
     @abstractmethod
-    async def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
+    async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
     async def _read(self, name: str) -> Snapshot: ...
 
     @abstractmethod
     async def _reset(self, name: str) -> bool: ...
+
+    @abstractmethod
+    async def _names(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    async def _sweep(self) -> int: ...
 
 
 class ThreadedState(AsyncState):
@@ -114,23 +156,32 @@ class ThreadedState(AsyncState):
     def local_now(self) -> float | None:
         return self.state.local_now()
 
-    async def _take(self, name: str, interval: int) -> Taken:
-        return await asyncio.to_thread(self.state.take, name, interval)
+    async def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return await asyncio.to_thread(self.state._guarded, name, self.state._take, terms, cost)
 
-    async def _try_start(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return await asyncio.to_thread(self.state.try_start, name, interval, ticket, lead)
+    async def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        state = self.state
+        return await asyncio.to_thread(state._guarded, name, state._try_start, terms, ticket, lead_us, cost)
 
-    async def _take_and_try(self, name: str, interval: int, lead: int) -> Outcome:
-        return await asyncio.to_thread(self.state.take_and_try, name, interval, lead)
+    async def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        state = self.state
+        return await asyncio.to_thread(state._guarded, name, state._take_and_try, terms, lead_us, cost)
 
-    async def _retime(self, name: str, interval: int, ticket: int, lead: int) -> Outcome:
-        return await asyncio.to_thread(self.state.retime, name, interval, ticket, lead)
+    async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        state = self.state
+        return await asyncio.to_thread(state._guarded, name, state._retime, terms, ticket, lead_us)
 
     async def _read(self, name: str) -> Snapshot:
         return await asyncio.to_thread(self.state.read, name)
 
     async def _reset(self, name: str) -> bool:
         return await asyncio.to_thread(self.state.reset, name)
+
+    async def _names(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(self.state.names, prefix)
+
+    async def _sweep(self) -> int:
+        return await asyncio.to_thread(self.state.sweep)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.state.close)

@@ -9,7 +9,7 @@ from typing import TypeVar
 from .. import protocol
 from .._redact import redact
 from ..protocol import Outcome, Record, Taken, Unwritten
-from .base import Clock, Snapshot, State, check_interval_matches, unwritten
+from .base import Clock, Snapshot, State, Terms, check_terms_match, unwritten
 
 R = TypeVar("R")
 
@@ -32,19 +32,21 @@ class LocalState(State):
 
     @abstractmethod
     def _transact(
-        self, name: str, interval: int | None, step: Transition[R] | None
+        self, name: str, terms: Terms | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
         """Atomically read ``name``'s record, apply ``step`` and store the result.
 
-        With an ``interval``, a missing record is created with it and a stored
-        one must have it. Without a ``step`` nothing is written. Returns the
-        record as read, the clock's time, and the step's answer.
+        With ``terms``, a missing record is created with them and a stored
+        one must match them; a record written is kept until ``terms.keep_us``
+        after it expires (:func:`ratequeue.protocol.expires`), or forever.
+        Without a ``step`` nothing is written. Returns the record as read,
+        the clock's time, and the step's answer.
         """
 
-    def _run(self, name: str, interval: int, step: Transition[R]) -> R:
+    def _run(self, name: str, terms: Terms, step: Transition[R]) -> R:
         """``step`` applied to ``name``'s record; a record the protocol refuses is left as it is."""
         try:
-            _, _, answer = self._transact(name, interval, step)
+            _, _, answer = self._transact(name, terms, step)
         except Unwritten as exc:  # raised by the step, before anything is stored
             raise self._unwritten(exc, name) from None
         assert answer is not None
@@ -54,17 +56,17 @@ class LocalState(State):
         where = f"{redact(self.url)}#{name}"
         return unwritten(exc, f"record at {where}", where)
 
-    def _take(self, name: str, interval_us: int) -> Taken:
-        return self._run(name, interval_us, protocol.take)
+    def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return self._run(name, terms, lambda r, now: protocol.take(r, now, cost))
 
-    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return self._run(name, interval_us, lambda r, now: protocol.try_start(r, ticket, lead_us, now))
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return self._run(name, terms, lambda r, now: protocol.try_start(r, ticket, lead_us, now, cost))
 
-    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
-        return self._run(name, interval_us, lambda r, now: protocol.take_and_try(r, lead_us, now))
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return self._run(name, terms, lambda r, now: protocol.take_and_try(r, lead_us, now, cost))
 
-    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return self._run(name, interval_us, lambda r, now: protocol.retime(r, ticket, lead_us, now))
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return self._run(name, terms, lambda r, now: protocol.retime(r, ticket, lead_us, now))
 
     def _read(self, name: str) -> Snapshot:
         record, now, _ = self._transact(name, None, None)
@@ -76,9 +78,20 @@ class LocalState(State):
         return Snapshot(record=record, now=now)
 
 
-def open_record(name: str, record: Record | None, interval: int) -> Record:
-    """``record``, or a new one if it is missing; its interval must be ``interval``."""
+def open_record(name: str, record: Record | None, terms: Terms) -> Record:
+    """``record``, or a new one if it is missing; its interval and burst must be ``terms``'s."""
     if record is None:
-        return protocol.new_record(interval)
-    check_interval_matches(name, record.interval, interval)
+        return protocol.new_record(terms.interval_us, terms.burst)
+    check_terms_match(name, record, terms)
     return record
+
+
+def keep_until(record: Record, terms: Terms, now: int) -> int | None:
+    """When (state clock, us) ``record``, written at ``now`` under ``terms``, may be deleted; ``None``: never.
+
+    ``keep_us`` after the later of ``now`` and :func:`ratequeue.protocol.expires`:
+    a record is kept at least ``keep_us`` after its last write.
+    """
+    if not terms.keep_us:
+        return None
+    return max(protocol.expires(record), now) + terms.keep_us

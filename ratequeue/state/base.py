@@ -30,10 +30,14 @@ __all__ = [
     "Snapshot",
     "State",
     "StateBase",
+    "Terms",
     "check_interval_matches",
+    "check_terms_match",
     "check_record",
     "interval_microseconds",
+    "cost_units",
     "lead_microseconds",
+    "terms",
     "ticket_number",
     "unwritten",
 ]
@@ -50,6 +54,28 @@ class Snapshot:
 
     record: Record | None
     now: int
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What an operation expects of a queue's record, checked (:func:`terms` makes one).
+
+    A record is created with the ``interval_us`` and ``burst`` of the first
+    operation on its name; a later operation naming others is refused
+    (:class:`ConfigurationError`) and changes nothing. ``keep_us`` is not
+    stored: each write with ``keep_us > 0`` keeps the record until
+    ``keep_us`` after the later of its ``now`` and
+    :func:`ratequeue.protocol.expires`, so an idle record goes away by
+    itself once forgetting it can change nothing; a write with
+    ``keep_us == 0`` keeps it forever (it clears an earlier keep time).
+    """
+
+    #: microseconds between two starts of cost 1
+    interval_us: int
+    #: how many starts of cost 1 may come at once (1: none closer than the interval)
+    burst: int = 1
+    #: how long (us) an idle record is kept once it has expired; 0: forever
+    keep_us: int = 0
 
 
 class StateBase:
@@ -94,34 +120,55 @@ class State(StateBase, ABC):
     :class:`StateCorrupted`.
     """
 
-    def take(self, name: str, interval_us: int) -> Taken:
-        """Hand out the next ticket of queue ``name`` (see :func:`ratequeue.protocol.take`)."""
-        return self._guarded(name, self._take, interval_microseconds(interval_us))
+    def take(self, name: str, interval_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0) -> Taken:
+        """Hand out the next ticket of ``name``, for a job of ``cost`` (see :func:`ratequeue.protocol.take`).
 
-    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        """Start ``ticket`` if its slot is at most ``lead_us`` microseconds away.
+        ``burst`` and ``keep_us`` are the queue's :class:`Terms`; ``cost`` is
+        from 1 to ``burst``.
+        """
+        rule = terms(interval_us, burst, keep_us)
+        return self._guarded(name, self._take, rule, cost_units(cost, rule))
+
+    def try_start(
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        lead_us: int,
+        *,
+        burst: int = 1,
+        cost: int = 1,
+        keep_us: int = 0,
+    ) -> Outcome:
+        """Start ``ticket`` (taken for ``cost``) if its earliest start is at most ``lead_us`` us away.
 
         See :func:`ratequeue.protocol.try_start`. A ticket the record never
         handed out (because it was reset) is answered as passed; the latest
         start asked for again is the same grant.
         """
-        args = interval_microseconds(interval_us), ticket_number(ticket), lead_microseconds(lead_us)
-        return self._guarded(name, self._try_start, *args)
+        rule = terms(interval_us, burst, keep_us)
+        args = ticket_number(ticket), lead_microseconds(lead_us), cost_units(cost, rule)
+        return self._guarded(name, self._try_start, rule, *args)
 
-    def take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
+    def take_and_try(
+        self, name: str, interval_us: int, lead_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
+    ) -> Outcome:
         """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
+        rule = terms(interval_us, burst, keep_us)
         return self._guarded(
-            name, self._take_and_try, interval_microseconds(interval_us), lead_microseconds(lead_us)
+            name, self._take_and_try, rule, lead_microseconds(lead_us), cost_units(cost, rule)
         )
 
-    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+    def retime(
+        self, name: str, interval_us: int, ticket: int, lead_us: int, *, burst: int = 1, keep_us: int = 0
+    ) -> Outcome:
         """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest.
 
         See :func:`ratequeue.protocol.retime`: :class:`Started` with the new
         start, or :class:`Passed` once a later ticket has started.
         """
-        args = interval_microseconds(interval_us), ticket_number(ticket), lead_microseconds(lead_us)
-        return self._guarded(name, self._retime, *args)
+        rule = terms(interval_us, burst, keep_us)
+        return self._guarded(name, self._retime, rule, ticket_number(ticket), lead_microseconds(lead_us))
 
     def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
@@ -135,6 +182,23 @@ class State(StateBase, ABC):
         """
         return self._guarded(name, self._reset)
 
+    def names(self, prefix: str = "") -> list[str]:
+        """The names of the queues that have a record here and begin with ``prefix``, sorted.
+
+        A record kept past its expiry (see :class:`Terms`) is listed until
+        it is deleted, by the server or by :meth:`sweep`.
+        """
+        return sorted(self._mapped("", self._names, _validate.prefix(prefix)))
+
+    def sweep(self) -> int:
+        """Delete every record whose keep time (see :class:`Terms`) has passed; say how many.
+
+        States whose server deletes them by itself (Redis) have nothing to do
+        and answer 0; the others also sweep now and then as they create
+        records, so calling this is never needed for correctness.
+        """
+        return self._mapped("", self._sweep)
+
     def close(self) -> None:
         """Release connections and files; the state may not be used afterwards."""
 
@@ -144,25 +208,29 @@ class State(StateBase, ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _guarded(self, name: str, operation: Callable[..., R], *args: int) -> R:
+    def _guarded(self, name: str, operation: Callable[..., R], *args: Any) -> R:
         """``operation(name, *args)`` with ``name`` checked and the driver's errors mapped."""
         name = _validate.name(name)
+        return self._mapped(name, operation, name, *args)
+
+    def _mapped(self, name: str, call: Callable[..., R], *args: Any) -> R:
+        """``call(*args)``, an operation on queue ``name`` (or ``""``), with the driver's errors mapped."""
         try:
-            return operation(name, *args)
+            return call(*args)
         except self._driver_errors as exc:
             raise self._error_for(exc, name) from exc
 
     @abstractmethod
-    def _take(self, name: str, interval_us: int) -> Taken: ...
+    def _take(self, name: str, terms: Terms, cost: int) -> Taken: ...
 
     @abstractmethod
-    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome: ...
 
     @abstractmethod
-    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome: ...
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome: ...
 
     @abstractmethod
-    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome: ...
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
     def _read(self, name: str) -> Snapshot: ...
@@ -170,10 +238,42 @@ class State(StateBase, ABC):
     @abstractmethod
     def _reset(self, name: str) -> bool: ...
 
+    @abstractmethod
+    def _names(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    def _sweep(self) -> int: ...
+
 
 def interval_microseconds(value: int) -> int:
     """An operation's ``interval_us``, checked: a whole number of microseconds, at least 1."""
     return _check_us("interval_us", value, 1)
+
+
+#: the largest burst: a record's ``burst * interval`` must stay below ``MAX_US`` as well
+MAX_BURST = 2**31
+
+
+def terms(interval_us: int, burst: int = 1, keep_us: int = 0) -> Terms:
+    """An operation's :class:`Terms`, checked: ``burst * interval_us`` and ``keep_us`` under ``MAX_US``."""
+    interval_us = interval_microseconds(interval_us)
+    if not (_is_int(burst) and 1 <= burst <= MAX_BURST):
+        raise ConfigurationError(f"burst must be a whole number from 1 to {MAX_BURST}, got {burst!r}")
+    if burst * interval_us >= MAX_US:
+        raise ConfigurationError(
+            f"burst * interval must stay under {MAX_US} us (about 142 years), got {burst} * {interval_us} us"
+        )
+    return Terms(interval_us, burst, _check_us("keep_us", keep_us, 0))
+
+
+def cost_units(value: int, rule: Terms) -> int:
+    """An operation's ``cost``, checked: a whole number from 1 to the queue's burst."""
+    if not (_is_int(value) and 1 <= value <= rule.burst):
+        raise ConfigurationError(
+            f"cost must be a whole number from 1 to the burst ({rule.burst}), got {value!r}"
+            + ("; a cost above 1 needs a burst at least as large" if rule.burst == 1 else "")
+        )
+    return value
 
 
 def lead_microseconds(value: int) -> int:
@@ -215,6 +315,16 @@ def check_interval_matches(name: str, stored: int, wanted: int) -> None:
         )
 
 
+def check_terms_match(name: str, record: Record, wanted: Terms) -> None:
+    """Raise :class:`ConfigurationError` if ``record``'s interval or burst is not ``wanted``'s."""
+    check_interval_matches(name, record.interval, wanted.interval_us)
+    if record.burst != wanted.burst:
+        raise ConfigurationError(
+            f"queue {name!r} has burst {record.burst} in this state, not {wanted.burst}; "
+            f"use the stored burst, another name, or reset the queue to change it"
+        )
+
+
 def check_record(fields: Any, *, where: str) -> Record:
     """Turn stored fields into a :class:`Record`, or raise :class:`StateCorrupted`."""
     if not isinstance(fields, dict):
@@ -236,7 +346,21 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise StateCorrupted(
             f"record at {where} has interval={interval!r}; want whole microseconds > 0", where=where
         )
-    return Record(ticket=ticket, pos=pos, at=at, interval=interval)
+    # records written before bursts lack these two: burst 1, and due is at
+    burst, due = fields.get("burst", 1), fields.get("due", at)
+    if due is None:
+        due = NEVER
+    if not (_is_int(burst) and 1 <= burst <= MAX_BURST and burst * interval < MAX_US):
+        raise StateCorrupted(
+            f"record at {where} has burst={burst!r}; want a whole number >= 1, burst * interval < 2**52",
+            where=where,
+        )
+    if not (_is_int(due) and at <= due <= at + (burst - 1) * interval):
+        raise StateCorrupted(
+            f"record at {where} has due={due!r}; want whole microseconds, at to at + (burst - 1) * interval",
+            where=where,
+        )
+    return Record(ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due)
 
 
 def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:

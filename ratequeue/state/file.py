@@ -50,8 +50,8 @@ except ImportError:  # pragma: no cover - Windows
 
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ..protocol import NEVER, Record
-from ._local import LocalState, R, Transition, open_record
-from .base import Clock, check_record
+from ._local import LocalState, R, Transition, keep_until, open_record
+from .base import Clock, Terms, check_record
 
 __all__ = ["FileState", "LockFile", "LockTimeout", "default_path"]
 
@@ -112,6 +112,9 @@ class FileState(LocalState):
     # looked up at each call, so that tests that move time.time (freezegun) move this too
     _host_seconds = staticmethod(lambda: time.time())
 
+    #: how often (state-clock us) creating a record also sweeps the expired record files
+    sweep_every_us = 60_000_000
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -143,6 +146,8 @@ class FileState(LocalState):
         self._lock = LockFile.of(f"{self.path}.lock")
         #: (device, inode, size, mtime) of the header last found to be of this layout
         self._header: tuple[int, int, int, int] | None = None
+        #: when (state clock, us) this object last swept the record files
+        self._swept = -(2**62)
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
@@ -170,28 +175,93 @@ class FileState(LocalState):
     # --- operations ---
 
     def _transact(
-        self, name: str, interval: int | None, step: Transition[R] | None
+        self, name: str, terms: Terms | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
-        writes = interval is not None and step is not None
+        writes = terms is not None and step is not None
         legacy = self._ready(writes=writes)
         where = f"{self.path}#{name}"
         file, lock = self.record_files(name)
-        if interval is None or step is None:
+        if terms is None or step is None:
             # A record file is replaced whole, never changed in place: reading needs no lock.
-            raw = legacy.get(name, _MISSING) if legacy is not None else self._read_record(name, file)
+            raw = legacy.get(name, _MISSING) if legacy is not None else self._read_record(name, file)[0]
             now = self._now()
             record = None if raw is _MISSING else check_record(raw, where=where)
-            if interval is not None:
-                open_record(name, record, interval)
+            if terms is not None:
+                open_record(name, record, terms)
             return record, now, None
         with self._locked(self._name_lock(lock)):
-            raw = self._read_record(name, file)
+            raw, kept = self._read_record(name, file)
             now = self._now()
             record = None if raw is _MISSING else check_record(raw, where=where)
-            updated, answer = step(open_record(name, record, interval), now)
-            if updated != record:
-                self._replace(file, _record_bytes(name, _encode(updated)), sync=True, what=f"queue {name!r}")
-            return record, now, answer
+            updated, answer = step(open_record(name, record, terms), now)
+            until = keep_until(updated, terms, now)
+            if updated != record or until != kept:
+                content = _record_bytes(name, _encode(updated), until)
+                self._replace(file, content, sync=True, what=f"queue {name!r}")
+        if record is None and now - self._swept >= self.sweep_every_us:
+            self._sweep_at(now)
+        return record, now, answer
+
+    def _names(self, prefix: str) -> list[str]:
+        legacy = self._ready(writes=False)
+        if legacy is not None:
+            return [name for name in legacy if name.startswith(prefix)]
+        return [name for name, _ in self._record_names() if name.startswith(prefix)]
+
+    def _sweep(self) -> int:
+        return self._sweep_at(self._now())
+
+    def _sweep_at(self, now: int) -> int:
+        """Delete the record files kept until ``now`` or earlier; say how many.
+
+        Each is read again under its name's lock before it goes, since an
+        operation may have kept it longer meanwhile.
+        """
+        self._swept = now
+        if self._ready(writes=False) is not None:
+            return 0  # the earlier layout keeps no times
+        gone = 0
+        for name, file in self._record_names(expired_by=now):
+            _, lock = self.record_files(name)
+            with self._locked(self._name_lock(lock)):
+                raw, kept = self._read_record(name, file)
+                if raw is _MISSING or kept is None or kept > self._now():
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(file)
+                    gone += 1
+        if gone:
+            _sync_directory(self.records)
+        return gone
+
+    def _record_names(self, expired_by: int | None = None) -> list[tuple[str, Path]]:
+        """The queue names of the record files (kept until ``expired_by`` or earlier, if given).
+
+        A file that cannot be read or is not a record is left out: the
+        operations on its name report it.
+        """
+        found: list[tuple[str, Path]] = []
+        try:
+            entries = list(os.scandir(self.records))
+        except FileNotFoundError:
+            return found
+        except OSError as exc:
+            raise StateUnavailable(f"cannot list {self.records}: {exc}", where=str(self.path)) from exc
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(".json"):
+                continue
+            try:
+                with open(entry.path, "rb") as opened:
+                    data = json.loads(opened.read())
+            except (OSError, ValueError, RecursionError):
+                continue
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                continue
+            kept = data.get("expires")
+            if expired_by is not None and not (isinstance(kept, int) and kept <= expired_by):
+                continue
+            found.append((data["name"], Path(entry.path)))
+        return found
 
     def _reset(self, name: str) -> bool:
         self._ready(writes=True)
@@ -327,13 +397,13 @@ class FileState(LocalState):
 
     # --- record files and locks ---
 
-    def _read_record(self, name: str, file: Path) -> Any:
-        """The stored fields of queue ``name``'s record, unchecked, or :data:`_MISSING`."""
+    def _read_record(self, name: str, file: Path) -> tuple[Any, int | None]:
+        """The stored fields of queue ``name``'s record, unchecked, or :data:`_MISSING`; and its keep time."""
         where = f"{self.path}#{name}"
         try:
             fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
-            return _MISSING
+            return _MISSING, None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise StateCorrupted(
@@ -360,7 +430,13 @@ class FileState(LocalState):
             raise StateCorrupted(
                 f"record file {file} does not hold a record of queue {name!r}; reset the queue", where=where
             )
-        return data["record"]
+        kept = data.get("expires")
+        if kept is not None and (type(kept) is not int or not NEVER <= kept < 2**62):
+            raise StateCorrupted(
+                f"record file {file} of queue {name!r} has expires={kept!r}; want whole microseconds or null",
+                where=where,
+            )
+        return data["record"], kept
 
     def _replace(self, target: Path, content: bytes, *, sync: bool, what: str) -> None:
         """Replace ``target`` with ``content``: written whole (and synced if ``sync``), or not at all.
@@ -784,17 +860,23 @@ def _decode_header(raw: bytes, *, where: str) -> dict[str, Any]:
 
 
 def _encode(record: Record) -> dict[str, Any]:
-    return {
+    fields: dict[str, Any] = {
         "ticket": record.ticket,
         "pos": record.pos,
         "at": None if record.at == NEVER else record.at,
         "interval": record.interval,
     }
+    if record.burst != 1:  # a record without a burst is written as before bursts (``due`` is then ``at``)
+        fields["burst"], fields["due"] = record.burst, None if record.due == NEVER else record.due
+    return fields
 
 
-def _record_bytes(name: str, fields: Any) -> bytes:
-    """A record file's content: the queue's name and its record's fields."""
-    return (json.dumps({"name": name, "record": fields}, sort_keys=True) + "\n").encode()
+def _record_bytes(name: str, fields: Any, kept: int | None = None) -> bytes:
+    """A record file's content: the queue's name, its record's fields, and until when it is kept."""
+    content: dict[str, Any] = {"name": name, "record": fields}
+    if kept is not None:
+        content["expires"] = kept
+    return (json.dumps(content, sort_keys=True) + "\n").encode()
 
 
 def _make_directories(directory: Path) -> None:

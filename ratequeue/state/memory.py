@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ..protocol import Record
-from ._local import LocalState, R, Transition, open_record
-from .base import Clock
+from ._local import LocalState, R, Transition, keep_until, open_record
+from .base import Clock, Terms
 
 __all__ = ["MemoryState"]
 
@@ -24,10 +24,13 @@ class MemoryState(LocalState):
     with other processes.
     """
 
-    _stores: ClassVar[dict[str, tuple[threading.Lock, dict[str, Record]]]] = {}
+    _stores: ClassVar[dict[str, tuple[threading.Lock, dict[str, Record], dict[str, int]]]] = {}
     _stores_lock: ClassVar[threading.Lock] = threading.Lock()
     # looked up at each call, so that tests that move time.monotonic (freezegun) move this too
     _host_seconds = staticmethod(lambda: time.monotonic())
+
+    #: how often (state-clock us) creating a record also sweeps the store's expired records
+    sweep_every_us = 60_000_000
 
     def __init__(self, store: str = "", *, clock: Clock | None = None, private: bool = False) -> None:
         """Open the in-process store called ``store``.
@@ -41,11 +44,16 @@ class MemoryState(LocalState):
         self._clock = clock
         self._lock: threading.Lock
         self._records: dict[str, Record]
+        #: when (state clock, us) each record that expires may be deleted
+        self._keep: dict[str, int]
         if private:
-            self._lock, self._records = threading.Lock(), {}
+            self._lock, self._records, self._keep = threading.Lock(), {}, {}
         else:
             with self._stores_lock:
-                self._lock, self._records = self._stores.setdefault(store, (threading.Lock(), {}))
+                self._lock, self._records, self._keep = self._stores.setdefault(
+                    store, (threading.Lock(), {}, {})
+                )
+        self._swept = -(2**62)
 
     @classmethod
     def from_url(cls, url: str) -> MemoryState:
@@ -55,21 +63,47 @@ class MemoryState(LocalState):
             raise ConfigurationError(f"a memory URL is memory:// or memory://NAME, got {url!r}")
         return cls(parts.netloc)
 
+    def _now(self) -> int:
+        return self._clock() if self._clock else time.monotonic_ns() // 1000
+
     def _transact(
-        self, name: str, interval: int | None, step: Transition[R] | None
+        self, name: str, terms: Terms | None, step: Transition[R] | None
     ) -> tuple[Record | None, int, R | None]:
         with self._lock:
-            now = self._clock() if self._clock else time.monotonic_ns() // 1000
+            now = self._now()
             record = self._records.get(name)
-            if interval is None:
+            if terms is None:
                 return record, now, None
-            current = open_record(name, record, interval)
+            current = open_record(name, record, terms)
             if step is None:
                 return record, now, None
             updated, answer = step(current, now)
             self._records[name] = updated
+            until = keep_until(updated, terms, now)
+            if until is None:
+                self._keep.pop(name, None)
+            else:
+                self._keep[name] = until
+            if record is None and now - self._swept >= self.sweep_every_us:
+                self._sweep_locked(now)
             return record, now, answer
 
     def _reset(self, name: str) -> bool:
         with self._lock:
+            self._keep.pop(name, None)
             return self._records.pop(name, None) is not None
+
+    def _names(self, prefix: str) -> list[str]:
+        with self._lock:
+            return [name for name in self._records if name.startswith(prefix)]
+
+    def _sweep(self) -> int:
+        with self._lock:
+            return self._sweep_locked(self._now())
+
+    def _sweep_locked(self, now: int) -> int:
+        self._swept = now
+        gone = [name for name, until in self._keep.items() if until <= now]
+        for name in gone:
+            del self._records[name], self._keep[name]
+        return len(gone)
