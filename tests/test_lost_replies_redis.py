@@ -93,6 +93,24 @@ def test_an_async_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper
     asyncio.run(main())
 
 
+def test_a_lost_try_start_reply_on_a_burst_queue_still_starts(proxy: ReplyDropper) -> None:
+    """Burst 3, a ticket of cost 2 behind a started one: the re-sent try_start is the same grant."""
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        first = state.take_and_try(name, INTERVAL_US, 0, burst=3, keep_us=INTERVAL_US)
+        assert isinstance(first, Started)
+        ticket = state.take(name, INTERVAL_US, burst=3, cost=2, keep_us=INTERVAL_US).ticket
+        proxy.drop_reply_to(TRY_START)
+        outcome = state.try_start(name, INTERVAL_US, ticket, 0, burst=3, cost=2, keep_us=INTERVAL_US)
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        record = state.read(name).record
+        assert isinstance(outcome, Started), f"the turn was lost: {outcome}"
+        assert record is not None
+        assert (record.ticket, record.pos, record.at) == (ticket + 2, ticket, outcome.start)
+        assert record.due == first.start + INTERVAL_US, "its strict slot, one interval after the first"
+        assert record.at < record.due, "it started early, from the burst"
+
+
 def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) -> None:
     """``ticket`` started, once: the answer is its start, and the record moved to it and no further."""
     assert isinstance(outcome, Started), f"the turn was lost: {outcome}"

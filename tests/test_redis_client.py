@@ -6,8 +6,11 @@ did: NOSCRIPT recovers, a killed connection is retried without losing or
 repeating an operation, the protocol the client negotiated (RESP2 or RESP3)
 is read, credentials work, threads never share a connection, a fork takes
 fresh ones, and clients the lean path does not suit fall back to redis-py's
-calls. The codec's own tests (the script's constants, the packing, replies
-it must refuse) need no server.
+calls. Then what bursts and keep times add on the server: records from before
+bursts, burst and due checked, TTLs set by PEXPIRE and cleared by PERSIST
+(keys expiring in real time), and names listed by SCAN. The codec's own
+tests (the script's constants, the packing, replies it must refuse) need no
+server.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ from ratequeue.aio.redis import AsyncRedisState
 from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.protocol import Passed, Record, Started, Taken, Wait
 from ratequeue.state import _redis_codec as codec
-from ratequeue.state.base import MAX_US, Snapshot
+from ratequeue.state.base import MAX_BURST, MAX_US, Snapshot, Terms
 from ratequeue.state.redis import RedisState
 
 from . import servers
 from .servers import Server
 
 INTERVAL = 1000  # us: every test's queue, so that takes and starts never wait
+#: the terms the codec's tests parse replies for: interval 10 us, burst 1, no keep time
+TERMS = Terms(10)
 
 _names = itertools.count()
 
@@ -329,6 +334,291 @@ def test_a_forked_child_takes_connections_of_its_own(redis_server: Server, admin
         state.close()
 
 
+# ------------------------------------------------------------------ bursts, keep times and names
+
+
+def fresh_prefix() -> str:
+    """A key prefix no other test uses, so that names() sees this test's keys only."""
+    return f"own{next(_names)}:"
+
+
+def clocked(redis_server: Server, prefix: str, now: list[int], **kwargs: Any) -> RedisState:
+    """A state whose ``now`` is ``now[0]`` (the script's fixed clock; Redis's TTLs still run in real time)."""
+    client = redis.Redis(port=redis_server.port, **kwargs)
+    return RedisState(client, prefix=prefix, clock=lambda: now[0])
+
+
+def test_a_record_from_before_bursts_reads_as_burst_one(redis_server: Server, admin: redis.Redis) -> None:
+    """A hash of four fields is a record of burst 1 whose due is its at; the next write adds both."""
+    now = [10**15]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    try:
+        admin.hset(f"lean:{name}", mapping={"ticket": 3, "pos": 2, "at": 10**15 - 5, "interval": INTERVAL})
+        old = Record(ticket=3, pos=2, at=10**15 - 5, interval=INTERVAL, burst=1, due=10**15 - 5)
+        assert state.read(name) == Snapshot(record=old, now=10**15)
+        with pytest.raises(ConfigurationError, match="has burst 1 in this state, not 2"):
+            state.take(name, INTERVAL, burst=2)
+        assert admin.hlen(f"lean:{name}") == 4, "a refused call writes nothing"
+        assert state.try_start(name, INTERVAL, 3, INTERVAL) == Passed(ticket=3, pos=2, now=10**15)
+        assert state.take_and_try(name, INTERVAL, INTERVAL) == Started(
+            ticket=3, start=10**15 + 995, now=10**15
+        )
+        stored = admin.hgetall(f"lean:{name}")
+        assert (stored[b"burst"], stored[b"due"]) == (b"1", b"%d" % (10**15 + 995))
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"burst": 0, "due": 100}, "burst='0'"),
+        ({"burst": "x", "due": 100}, "burst='x'"),
+        ({"burst": 2**31 + 1, "due": 100}, f"burst='{2**31 + 1}'"),
+        ({"burst": 2**40, "due": 100}, f"burst='{2**40}'"),  # burst * interval reaches 2**52
+        ({"burst": 3, "due": 99}, "due='99'"),  # before at
+        ({"burst": 3, "due": 100 + 2 * 4096 + 1}, f"due='{100 + 2 * 4096 + 1}'"),  # past at + 2 intervals
+        ({"burst": 3, "due": "1.5"}, "due='1.5'"),
+        ({"due": 101}, "due='101'"),  # no burst: burst 1, so due must be at
+    ],
+    ids=[
+        "burst 0",
+        "burst text",
+        "burst 2**31+1",
+        "burst*interval",
+        "due<at",
+        "due late",
+        "due text",
+        "due not at",
+    ],
+)
+def test_a_bad_burst_or_due_is_refused(
+    redis_server: Server, admin: redis.Redis, fields: dict[str, Any], pattern: str
+) -> None:
+    """burst and due are checked as base.check_record checks them; every operation refuses, writes nothing."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="lean:")
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        mapping: dict[Any, Any] = {"ticket": 3, "pos": 2, "at": 100, "interval": 4096, **fields}
+        admin.hset(key, mapping=mapping)
+        before = admin.hgetall(key)
+        for call in (
+            lambda: state.read(name),
+            lambda: state.take(name, 4096),
+            lambda: state.take_and_try(name, 4096, 0),
+            lambda: state.retime(name, 4096, 2, 0),
+        ):
+            with pytest.raises(StateCorrupted, match=re.escape(pattern)) as raised:
+                call()
+            assert raised.value.where == key
+        assert admin.hgetall(key) == before
+        assert admin.pttl(key) == -1
+    finally:
+        state.close()
+
+
+def test_burst_without_due_is_due_at(redis_server: Server, admin: redis.Redis) -> None:
+    """Each of the two fields defaults on its own, as base.check_record has it."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="lean:")
+    name = fresh_name()
+    try:
+        admin.hset(state.key(name), mapping={"ticket": 3, "pos": 2, "at": 100, "interval": 4096, "burst": 3})
+        record = state.read(name).record
+        assert record == Record(ticket=3, pos=2, at=100, interval=4096, burst=3, due=100)
+    finally:
+        state.close()
+
+
+def test_the_last_ticket_counts_the_cost(redis_server: Server, admin: redis.Redis) -> None:
+    """A take of cost c is refused once ticket + c reaches 2**52, and the record is left as it was."""
+    now = [10**15]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    ticket = 2**52 - 3
+    try:
+        fields: dict[Any, Any] = {
+            "ticket": ticket,
+            "pos": ticket - 1,
+            "at": 10**15,
+            "interval": 10,
+            "burst": 3,
+            "due": 10**15,
+        }
+        admin.hset(state.key(name), mapping=fields)
+        for call in (
+            lambda: state.take(name, 10, burst=3, cost=3),
+            lambda: state.take_and_try(name, 10, 0, burst=3, cost=3),
+        ):
+            with pytest.raises(StateCorrupted, match=f"ticket={ticket}, the last ticket"):
+                call()
+        assert state.take(name, 10, burst=3, cost=2) == Taken(
+            ticket=ticket, pos=ticket - 1, at=10**15, now=10**15
+        )
+        record = state.read(name).record
+        assert record is not None
+        assert record.ticket == 2**52 - 1
+    finally:
+        state.close()
+
+
+def test_a_burst_starts_at_once_then_keeps_the_rate(redis_server: Server) -> None:
+    """Burst 3 on an idle queue: three starts at once, the fourth an interval later; costs count."""
+    t0 = 10**15
+    now = [t0]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    try:
+        starts = [state.take_and_try(name, 1000, 0, burst=3) for _ in range(3)]
+        assert starts == [Started(ticket=t, start=t0, now=t0) for t in (1, 2, 3)]
+        assert state.take_and_try(name, 1000, 0, burst=3) == Wait(ticket=4, slot=t0 + 1000, now=t0)
+        now[0] = t0 + 1000
+        assert state.try_start(name, 1000, 4, 0, burst=3) == Started(ticket=4, start=t0 + 1000, now=t0 + 1000)
+        now[0] = t0 + 11_000  # idle: the whole burst is free again
+        assert state.take_and_try(name, 1000, 0, burst=3, cost=3) == Started(5, t0 + 11_000, t0 + 11_000)
+        # ticket 8 (cost 2) has its strict slot 3 intervals on, and may come one interval early
+        assert state.take_and_try(name, 1000, 0, burst=3, cost=2) == Wait(8, t0 + 13_000, t0 + 11_000)
+        record = state.read(name).record
+        assert record == Record(ticket=10, pos=5, at=t0 + 11_000, interval=1000, burst=3, due=t0 + 11_000)
+    finally:
+        state.close()
+
+
+def until_gone(state: RedisState, name: str, timeout: float = 10.0) -> bool:
+    """Whether Redis deletes ``name``'s key by itself within ``timeout`` seconds (polled, real time)."""
+    return until(lambda: state.client.exists(state.key(name)) == 0, timeout)
+
+
+def test_keys_with_a_keep_time_expire_by_themselves(redis_server: Server) -> None:
+    """On the server's clock: a key written with keep_us goes when idle; one written without has no TTL."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix=fresh_prefix())
+    try:
+        assert state.take_and_try("kept", 1000, 0, burst=2, keep_us=50_000) is not None
+        assert state.take_and_try("forever", 1000, 0, burst=2) is not None
+        assert state.names() == ["forever", "kept"]
+        client = state.client
+        # expires = now + 2 ms (two slots of 1 ms), kept 50 ms after that: a TTL of 52 ms at most
+        assert 0 < client.pttl(state.key("kept")) <= 52
+        assert client.pttl(state.key("forever")) == -1
+        assert until_gone(state, "kept")
+        assert state.names() == ["forever"]
+        assert state.read("kept").record is None
+        assert state.read("forever").record is not None
+        assert state.sweep() == 0, "Redis deletes expired keys itself"
+    finally:
+        state.close()
+
+
+def test_a_write_without_a_keep_time_clears_the_ttl(redis_server: Server) -> None:
+    """PERSIST: a record a plain limiter uses never vanishes, though a keyed writer set a TTL before."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix=fresh_prefix())
+    try:
+        for name in ("gone", "stays"):
+            state.take_and_try(name, 1000, 0, keep_us=50_000)
+            assert state.client.pttl(state.key(name)) > 0
+        state.take(name, 1000)  # "stays", written again without a keep time
+        assert state.client.pttl(state.key("stays")) == -1
+        assert until_gone(state, "gone"), "its twin, kept as long, has expired"
+        assert state.names() == ["stays"]
+    finally:
+        state.close()
+
+
+def test_reads_and_refusals_leave_the_ttl_alone(redis_server: Server) -> None:
+    """Only a write sets or clears the TTL: a read, a mismatch and a refused record change nothing."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix=fresh_prefix())
+    try:
+        key = state.key("q")
+        state.take_and_try("q", 1000, 0, keep_us=600_000_000)
+        assert state.client.pttl(key) > 599_000
+        state.read("q")
+        with pytest.raises(ConfigurationError, match="interval"):
+            state.take("q", 2000)
+        with pytest.raises(ConfigurationError, match="burst"):
+            state.take("q", 1000, burst=2)
+        assert state.client.pttl(key) > 599_000
+        state.client.hset(key, "at", "x")
+        with pytest.raises(StateCorrupted, match="at='x'"):
+            state.take("q", 1000)
+        assert state.client.pttl(key) > 599_000
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize("now_us", [0, 10**15])
+@pytest.mark.parametrize(
+    ("keep_us", "ms"),
+    [
+        (10**9 + 1, 1_000_003),  # 2 ms to expiry + 1000 s + 1 us, rounded up to whole ms
+        (10**9, 1_000_002),
+        (2**52 - 1, 2**52 // 1000 + 1),  # a span past 2**52 us is cut to it: some 142 years
+    ],
+)
+def test_the_ttl_counts_from_the_scripts_now(
+    redis_server: Server, now_us: int, keep_us: int, ms: int
+) -> None:
+    """PEXPIRE is relative: with a fixed now far from the server's, the TTL is still keep + time to expiry."""
+    now = [now_us]
+    state = clocked(redis_server, fresh_prefix(), now)
+    try:
+        assert state.take_and_try("q", 1000, 0, burst=2, keep_us=keep_us) == Started(1, now_us, now_us)
+        assert ms - 1000 < state.client.pttl(state.key("q")) <= ms
+    finally:
+        state.close()
+
+
+def test_names_escape_glob_characters(redis_server: Server, admin: redis.Redis) -> None:
+    """names(prefix) matches the state's key prefix and the name prefix literally, glob characters too."""
+    prefix = f"g*[{next(_names)}]?\\:"
+    state = RedisState(redis.Redis(port=redis_server.port), prefix=prefix)
+    other = RedisState(redis.Redis(port=redis_server.port), prefix=prefix.replace("*", "x"))
+    names = ["a*b", "a?b", "a[b]", "a\\b", "axb", "b", "é*"]
+    try:
+        for name in [*names, "a"]:
+            state.take(name, INTERVAL)
+        other.take("a*b", INTERVAL)  # a key the escaped pattern must not match
+        admin.set(prefix + "junk", "x")  # a key under the prefix that is no record: listed, for a reset
+        assert state.names() == sorted([*names, "a", "junk"])
+        assert state.names("a") == sorted(["a", "a*b", "a?b", "a[b]", "a\\b", "axb"])
+        assert state.names("a*") == ["a*b"]
+        assert state.names("a?") == ["a?b"]
+        assert state.names("a[") == ["a[b]"]
+        assert state.names("a\\") == ["a\\b"]
+        assert state.names("é") == ["é*"]
+        assert state.names("zz") == []
+        assert other.names() == ["a*b"]
+    finally:
+        state.close()
+        other.close()
+
+
+def test_names_on_a_client_that_decodes_replies(redis_server: Server) -> None:
+    prefix = fresh_prefix()
+    state = RedisState(redis.Redis(port=redis_server.port, decode_responses=True), prefix=prefix)
+    try:
+        for name in ("b", "a", "é"):
+            state.take(name, INTERVAL)
+        assert state.names() == ["a", "b", "é"]
+    finally:
+        state.close()
+
+
+def test_names_page_through_scan(redis_server: Server) -> None:
+    """More keys than one SCAN reply holds are all listed, each once."""
+    prefix = fresh_prefix()
+    state = RedisState(redis.Redis(port=redis_server.port), prefix=prefix)
+    try:
+        with state.client.pipeline(transaction=False) as pipe:
+            for i in range(2500):
+                pipe.hset(f"{prefix}n{i}", mapping={"ticket": 1, "pos": 0, "at": 0, "interval": 1})
+            pipe.execute()
+        assert state.names() == sorted(f"n{i}" for i in range(2500))
+        assert state.names("n1") == sorted(f"n{i}" for i in range(2500) if str(i).startswith("1"))
+    finally:
+        state.close()
+
+
 # ------------------------------------------------------------------ asyncio
 
 
@@ -388,6 +678,29 @@ def test_async_tasks_never_share_a_connection(redis_server: Server, admin: redis
     asyncio.run(run())
 
 
+def test_async_names_keep_times_and_sweep(redis_server: Server) -> None:
+    """The asyncio state lists names, keeps with a TTL, persists without one, and sweeps nothing."""
+
+    async def run() -> None:
+        prefix = fresh_prefix()
+        state = AsyncRedisState(redis.asyncio.Redis(port=redis_server.port), prefix=prefix)
+        try:
+            await state.take_and_try("kept", 1000, 0, burst=2, keep_us=50_000)
+            await state.take_and_try("forever", 1000, 0, burst=2)
+            assert await state.names() == ["forever", "kept"]
+            assert await state.names("k") == ["kept"]
+            assert await state.client.pttl(prefix + "forever") == -1
+            assert 0 < await state.client.pttl(prefix + "kept") <= 52
+            record = (await state.read("kept")).record
+            assert record is not None
+            assert (record.burst, record.due) == (2, record.at)
+            assert await state.sweep() == 0
+        finally:
+            await state.close()
+
+    asyncio.run(run())
+
+
 def test_async_single_connection_client_uses_redis_py(redis_server: Server) -> None:
     async def run() -> None:
         client = redis.asyncio.Redis(port=redis_server.port, single_connection_client=True)
@@ -414,6 +727,7 @@ def lua_constant(name: str) -> int:
 def test_the_scripts_constants_are_the_protocols() -> None:
     assert lua_constant("NEVER") == protocol.NEVER
     assert lua_constant("LIMIT") == MAX_US
+    assert lua_constant("MAX_BURST") == MAX_BURST
 
 
 def test_the_script_serves_every_operation() -> None:
@@ -425,32 +739,49 @@ def test_the_script_serves_every_operation() -> None:
 
 
 @pytest.mark.parametrize("now_us", [None, 0, 1_700_000_000_000_000])
+@pytest.mark.parametrize("terms", [Terms(10_000), Terms(10_000, 7, 2**52 - 1)])
 @pytest.mark.parametrize(
-    ("op", "args"), [("take", ()), ("try_start", (7, 0)), ("take_and_try", (250,)), ("read", ())]
+    ("op", "args"),
+    [("take", (1,)), ("try_start", (7, 0, 3)), ("take_and_try", (250, 2)), ("retime", (7, 9)), ("read", ())],
 )
-def test_the_packing_is_redis_pys(op: codec.Operation, args: tuple[int, ...], now_us: int | None) -> None:
+def test_the_packing_is_redis_pys(
+    op: codec.Operation, args: tuple[int, ...], terms: Terms, now_us: int | None
+) -> None:
     """The hand-packed EVALSHA is byte for byte what redis-py's packer makes of the same call."""
     connection = redis.Connection()  # type: ignore[no-untyped-call]
     commands = codec.Commands()
     key = "ratequeue:q\u00e9"
     expected = connection.pack_command(  # type: ignore[no-untyped-call]
-        "EVALSHA", codec.SHA, 1, key, *codec.script_args(op, 10_000, now_us, args)
+        "EVALSHA", codec.SHA, 1, key, *codec.script_args(op, terms, now_us, args)
     )
     for _ in range(2):  # packed afresh, then from the kept head
-        assert b"".join(commands.packed(op, key, 10_000, now_us, args)) == b"".join(expected)
+        assert b"".join(commands.packed(op, key, terms, now_us, args)) == b"".join(expected)
+
+
+def test_kept_heads_tell_terms_apart() -> None:
+    """Two calls differing only in burst or keep time are packed with their own numbers."""
+    commands = codec.Commands()
+    packed = {
+        terms: b"".join(commands.packed("take", "k", terms, 5, (1,)))
+        for terms in (Terms(10), Terms(10, 2), Terms(10, 1, 3), Terms(10))
+    }
+    assert len(set(packed.values())) == 3
+    assert packed[Terms(10, 1, 3)].endswith(b"$2\r\n10\r\n$1\r\n1\r\n$1\r\n3\r\n$1\r\n5\r\n$1\r\n1\r\n")
 
 
 def test_replies_parse_as_bytes_and_as_text() -> None:
     for reply in (b"started 3 -5 7", "started 3 -5 7"):
-        assert codec.parse_outcome(reply, "q", "k", 10) == Started(ticket=3, start=-5, now=7)
-    assert codec.parse_outcome(b"wait 3 20 7", "q", "k", 10) == Wait(ticket=3, slot=20, now=7)
-    assert codec.parse_outcome(b"passed 3 4 7", "q", "k", 10) == Passed(ticket=3, pos=4, now=7)
+        assert codec.parse_outcome(reply, "q", "k", TERMS) == Started(ticket=3, start=-5, now=7)
+    assert codec.parse_outcome(b"wait 3 20 7", "q", "k", TERMS) == Wait(ticket=3, slot=20, now=7)
+    assert codec.parse_outcome(b"passed 3 4 7", "q", "k", TERMS) == Passed(ticket=3, pos=4, now=7)
     never = protocol.NEVER
-    assert codec.parse_taken(f"taken 1 0 {never} 9", "q", "k", 10) == Taken(ticket=1, pos=0, at=never, now=9)
-    assert codec.parse_snapshot(b"none 5", "q", "k", 0) == Snapshot(record=None, now=5)
-    assert codec.parse_snapshot(b"record 5 3 2 1 10", "q", "k", 0) == Snapshot(
-        record=Record(ticket=3, pos=2, at=1, interval=10), now=5
-    )
+    taken = codec.parse_taken(f"taken 1 0 {never} 9", "q", "k", TERMS)
+    assert taken == Taken(ticket=1, pos=0, at=never, now=9)
+    assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
+    for reply in (b"record 5 3 2 1 10 4 21", "record 5 3 2 1 10 4 21"):
+        assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
+            record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
+        )
 
 
 @pytest.mark.parametrize(
@@ -469,31 +800,57 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
         None,
         b"corrupt at 1e20",
         b"mismatch",
-        b"mismatch 10",  # the interval it was asked for: nonsense, not a mismatch
+        b"mismatch 20",  # the reply before bursts: not one this script gives
+        b"mismatch interval 10",  # the interval it was asked for: nonsense, not a mismatch
+        b"mismatch burst 1",  # the burst it was asked for
+        b"mismatch cost 3",
+        b"mismatch burst -2",
     ],
 )
 def test_an_unexpected_outcome_is_corrupted(reply: Any) -> None:
     with pytest.raises(StateCorrupted, match="ratequeue:q") as raised:
-        codec.parse_outcome(reply, "q", "ratequeue:q", 10)
+        codec.parse_outcome(reply, "q", "ratequeue:q", TERMS)
     assert raised.value.where == "ratequeue:q"
 
 
 @pytest.mark.parametrize("reply", [b"started 1 2 3", b"taken 1 2 3", b"taken 1 2 3 4 5", b"none 5"])
 def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
     with pytest.raises(StateCorrupted):
-        codec.parse_taken(reply, "q", "ratequeue:q", 10)
+        codec.parse_taken(reply, "q", "ratequeue:q", TERMS)
 
 
-@pytest.mark.parametrize("reply", [b"taken 1 0 1 5", b"none", b"record 5 3 2 1", b"record 5 3 2 1 x", b"?"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"taken 1 0 1 5",
+        b"none",
+        b"record 5 3 2 1",
+        b"record 5 3 2 1 10",  # the reply before bursts: no burst, no due
+        b"record 5 3 2 1 10 1",
+        b"record 5 3 2 1 10 1 x",
+        b"record 5 3 2 1 10 1 1 1",
+        b"?",
+    ],
+)
 def test_an_unexpected_snapshot_is_corrupted(reply: bytes) -> None:
     with pytest.raises(StateCorrupted):
-        codec.parse_snapshot(reply, "q", "ratequeue:q", 0)
+        codec.parse_snapshot(reply, "q", "ratequeue:q", codec.READ_TERMS)
 
 
-def test_a_mismatch_names_both_intervals() -> None:
+def test_a_mismatch_names_both_intervals_or_both_bursts() -> None:
     for parse in (codec.parse_taken, codec.parse_outcome):
         with pytest.raises(ConfigurationError, match=r"interval 0\.02 s .* not 0\.01 s"):
-            parse(b"mismatch 20000", "q", "ratequeue:q", 10_000)
+            parse(b"mismatch interval 20000", "q", "ratequeue:q", Terms(10_000))
+        with pytest.raises(ConfigurationError, match=r"has burst 3 in this state, not 2"):
+            parse(b"mismatch burst 3", "q", "ratequeue:q", Terms(10_000, 2))
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [("plain", "plain"), ("a*b", "a\\*b"), ("?[x]", "\\?\\[x\\]"), ("back\\slash", "back\\\\slash")],
+)
+def test_glob_escape(text: str, pattern: str) -> None:
+    assert codec.glob_escape(text) == pattern
 
 
 def test_a_bad_url_is_reported_without_the_password() -> None:

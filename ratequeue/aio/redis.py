@@ -16,8 +16,7 @@ from redis.asyncio.retry import Retry
 
 from .._flow import arun
 from ..protocol import Outcome, Taken
-from ..state._redis_codec import parse_outcome, parse_snapshot, parse_taken
-from ..state.base import Snapshot
+from ..state.base import Snapshot, Terms
 from ..state.redis import LeanCalls, RedisStateBase
 from .state import AsyncState
 
@@ -104,20 +103,26 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
             await self._lean.close()  # the kept connections go back to the pool first
         await self._client.aclose()
 
-    async def _take(self, name: str, interval_us: int) -> Taken:
-        return await arun(self._operation("take", name, interval_us, (), parse_taken))
+    async def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return await arun(self._take_flow(name, terms, cost))
 
-    async def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return await arun(self._operation("try_start", name, interval_us, (ticket, lead_us), parse_outcome))
+    async def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return await arun(self._try_start_flow(name, terms, ticket, lead_us, cost))
 
-    async def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
-        return await arun(self._operation("take_and_try", name, interval_us, (lead_us,), parse_outcome))
+    async def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return await arun(self._take_and_try_flow(name, terms, lead_us, cost))
 
-    async def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return await arun(self._operation("retime", name, interval_us, (ticket, lead_us), parse_outcome))
+    async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return await arun(self._retime_flow(name, terms, ticket, lead_us))
 
     async def _read(self, name: str) -> Snapshot:
-        return await arun(self._operation("read", name, 0, (), parse_snapshot))
+        return await arun(self._read_flow(name))
 
     async def _reset(self, name: str) -> bool:
         return await arun(self._reset_flow(name))
+
+    async def _names(self, prefix: str) -> list[str]:
+        return await arun(self._names_flow(prefix))
+
+    async def _sweep(self) -> int:
+        return 0  # Redis deletes keys past their TTL itself

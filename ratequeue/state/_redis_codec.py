@@ -15,16 +15,18 @@ from importlib import resources
 from typing import Literal, NoReturn, TypeVar, Union
 
 from ..errors import StateCorrupted
-from ..protocol import Outcome, Passed, Record, Started, Taken, Unwritten, Wait
-from .base import Snapshot, check_interval_matches, unwritten
+from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Unwritten, Wait
+from .base import Snapshot, Terms, check_terms_match, unwritten
 
 __all__ = [
+    "READ_TERMS",
     "SCRIPT",
     "SHA",
     "Commands",
     "Operation",
     "Parser",
     "Reply",
+    "glob_escape",
     "parse_outcome",
     "parse_snapshot",
     "parse_taken",
@@ -45,25 +47,39 @@ Reply = Union[bytes, str]
 
 R = TypeVar("R")
 
-#: what every parser takes: the reply, and the call's queue name, key and interval (us)
-Parser = Callable[[Reply, str, str, int], R]
+#: what every parser takes: the reply, and the call's queue name, key and terms
+Parser = Callable[[Reply, str, str, Terms], R]
+
+#: the terms a read sends (the script ignores them: a read checks none)
+READ_TERMS = Terms(0, 1, 0)
 
 
-def script_args(
-    op: Operation, interval_us: int, now_us: int | None, args: tuple[int, ...]
-) -> list[str | int]:
-    """The script's ARGV for ``op`` (``now_us``: ``None`` to read the server's clock)."""
-    return [op, interval_us, "" if now_us is None else now_us, *args]
+def script_args(op: Operation, terms: Terms, now_us: int | None, args: tuple[int, ...]) -> list[str | int]:
+    """The script's ARGV for ``op`` (``now_us``: ``None`` to read the server's clock).
+
+    ``op``, the interval, burst and keep time of ``terms``, ``now_us``, then
+    the operation's own ``args`` (see the script's header).
+    """
+    head: list[str | int] = [op, terms.interval_us, terms.burst, terms.keep_us]
+    return [*head, "" if now_us is None else now_us, *args]
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a Redis glob pattern (``SCAN MATCH``) matching itself only: ``* ? [ ] \\`` escaped."""
+    return "".join("\\" + char if char in _GLOB else char for char in text)
+
+
+_GLOB = frozenset("*?[]\\")
 
 
 class Commands:
-    """``EVALSHA SHA 1 key op interval now ...`` in RESP, packed by hand.
+    """``EVALSHA SHA 1 key op interval burst keep now ...`` in RESP, packed by hand.
 
     redis-py's packer handles every argument type and encoding option; the
     script's arguments are only a key, an operation and whole numbers, and
-    the head of each command (operation, key, interval) is the same call
-    after call, so it is packed once and kept (for up to :attr:`MAX_HEADS`
-    of them).
+    the head of each command (operation, key, interval, burst, keep time) is
+    the same call after call, so it is packed once and kept (for up to
+    :attr:`MAX_HEADS` of them).
     """
 
     #: heads kept before the cache starts over (names are few; this bounds a process that makes many)
@@ -73,30 +89,38 @@ class Commands:
         """Encode keys as the client does (its ``encoding`` and ``encoding_errors``)."""
         self._encoding = encoding
         self._errors = errors
-        self._heads: dict[tuple[Operation, str, int], bytes] = {}
+        self._heads: dict[tuple[Operation, str, int, int, int], bytes] = {}
 
     def packed(
-        self, op: Operation, key: str, interval_us: int, now_us: int | None, args: tuple[int, ...]
+        self, op: Operation, key: str, terms: Terms, now_us: int | None, args: tuple[int, ...]
     ) -> list[bytes]:
-        """The command running ``op`` on ``key``, as ``send_packed_command`` takes it."""
-        head = self._heads.get((op, key, interval_us))
+        """The command running ``op`` on ``key``, as ``send_packed_command`` takes it.
+
+        ``args`` must be as many as ``op`` always takes (the kept head counts them).
+        """
+        head = self._heads.get((op, key, terms.interval_us, terms.burst, terms.keep_us))
         if head is None:
-            head = self._head(op, key, interval_us, len(args))
+            head = self._head(op, key, terms, len(args))
         head += _SERVER_CLOCK if now_us is None else _bulk(b"%d" % now_us)
         for value in args:
             head += _bulk(b"%d" % value)
         return [head]
 
-    def _head(self, op: Operation, key: str, interval_us: int, more: int) -> bytes:
+    def _head(self, op: Operation, key: str, terms: Terms, more: int) -> bytes:
         parts = (b"EVALSHA", SHA.encode(), b"1", key.encode(self._encoding, self._errors), op.encode())
-        head = b"*%d\r\n%b%b" % (7 + more, b"".join(map(_bulk, parts)), _bulk(b"%d" % interval_us))
+        numbers = (terms.interval_us, terms.burst, terms.keep_us)
+        head = b"*%d\r\n%b%b" % (
+            9 + more,
+            b"".join(map(_bulk, parts)),
+            b"".join(_bulk(b"%d" % number) for number in numbers),
+        )
         if len(self._heads) >= self.MAX_HEADS:
             self._heads.clear()
-        self._heads[(op, key, interval_us)] = head
+        self._heads[(op, key, *numbers)] = head
         return head
 
 
-#: ARGV[3] when the script reads the server's clock: an empty bulk string
+#: ARGV[5] when the script reads the server's clock: an empty bulk string
 _SERVER_CLOCK = b"$0\r\n\r\n"
 
 
@@ -121,7 +145,7 @@ _NONE = ("none", b"none")
 # reply that is not one string -- falls through to _refuse, which always raises.
 
 
-def parse_taken(reply: Reply, name: str, key: str, interval_us: int) -> Taken:
+def parse_taken(reply: Reply, name: str, key: str, terms: Terms) -> Taken:
     """The answer of ``take``: ``taken TICKET POS AT NOW``."""
     try:
         kind, ticket, pos, at, now = reply.split()
@@ -129,14 +153,14 @@ def parse_taken(reply: Reply, name: str, key: str, interval_us: int) -> Taken:
             return Taken(ticket=int(ticket), pos=int(pos), at=int(at), now=int(now))
     except (AttributeError, TypeError, ValueError):
         pass
-    _refuse(reply, name, key, interval_us)
+    _refuse(reply, name, key, terms)
 
 
-def parse_outcome(reply: Reply, name: str, key: str, interval_us: int) -> Outcome:
+def parse_outcome(reply: Reply, name: str, key: str, terms: Terms) -> Outcome:
     """The answer of ``try_start``, ``take_and_try`` or ``retime``: ``KIND TICKET VALUE NOW``.
 
     A kind other than ``started``, ``wait`` or ``passed`` raises: ``mismatch``
-    :class:`~ratequeue.errors.ConfigurationError`, anything else
+    (of the interval or the burst) :class:`~ratequeue.errors.ConfigurationError`, anything else
     :class:`~ratequeue.errors.StateCorrupted`.
     """
     try:
@@ -144,32 +168,41 @@ def parse_outcome(reply: Reply, name: str, key: str, interval_us: int) -> Outcom
         return _OUTCOMES[kind](int(ticket), int(value), int(now))
     except (AttributeError, TypeError, ValueError, KeyError):
         pass
-    _refuse(reply, name, key, interval_us)
+    _refuse(reply, name, key, terms)
 
 
-def parse_snapshot(reply: Reply, name: str, key: str, interval_us: int) -> Snapshot:
-    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL``, or ``none NOW``.
+def parse_snapshot(reply: Reply, name: str, key: str, terms: Terms) -> Snapshot:
+    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE``, or ``none NOW``.
 
-    (``name`` and ``interval_us`` are not needed: a read checks no interval.)
+    (``terms`` is not needed: a read checks none.)
     """
     try:
         kind, *numbers = reply.split()
         if kind in _NONE and len(numbers) == 1:
             return Snapshot(record=None, now=int(numbers[0]))
-        if kind in _RECORD and len(numbers) == 5:
-            now, ticket, pos, at, interval = (int(number) for number in numbers)
-            return Snapshot(record=Record(ticket=ticket, pos=pos, at=at, interval=interval), now=now)
+        if kind in _RECORD and len(numbers) == 7:
+            now, ticket, pos, at, interval, burst, due = (int(number) for number in numbers)
+            record = Record(ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due)
+            return Snapshot(record=record, now=now)
     except (AttributeError, TypeError, ValueError):
         pass
-    _refuse(reply, name, key, interval_us)
+    _refuse(reply, name, key, terms)
 
 
-def _refuse(reply: object, name: str, key: str, interval_us: int) -> NoReturn:
+def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
     """Raise the error a reply other than the answer expected stands for."""
     text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
     words = text.split(" ") if isinstance(text, str) else [""]
-    if words[0] == "mismatch" and len(words) == 2 and words[1].isdigit():
-        check_interval_matches(name, int(words[1]), interval_us)
+    if (
+        words[0] == "mismatch"
+        and len(words) == 3
+        and words[1] in ("interval", "burst")
+        and words[2].isdigit()
+    ):
+        # the stored interval or burst (the other one as expected), with the message base gives
+        stored = {"interval": terms.interval_us, "burst": terms.burst, words[1]: int(words[2])}
+        record = Record(ticket=1, pos=0, at=NEVER, interval=stored["interval"], burst=stored["burst"])
+        check_terms_match(name, record, terms)
     if words[0] == "unwritten" and len(words) == 4 and all(_is_decimal(word) for word in words[2:]):
         exc = Unwritten(words[1], int(words[2]), int(words[3]))
         raise unwritten(exc, f"Redis hash {key}", key)

@@ -8,29 +8,38 @@ One script serves every operation, chosen by ARGV[1], rather than one script per
 the record's reading and checks are written once (no script is assembled from shared pieces),
 and there is one SHA to send and one SCRIPT LOAD after a NOSCRIPT (a restart, SCRIPT FLUSH).
 
-KEYS[1]   the queue's hash: fields ticket, pos, at, interval, each a whole number in decimal
+KEYS[1]   the queue's hash: fields ticket, pos, at, interval, burst, due, each a whole number in
+          decimal (a hash written before bursts lacks burst and due: burst is 1, due is at)
 ARGV[1]   the operation: take, try_start, take_and_try, retime or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
-ARGV[3]   "" to read the server's TIME, or a fixed now (us) set by a test
-ARGV[4..] the operation's own arguments, as its Python method takes them:
-            try_start, retime: ticket, lead (us)
-            take_and_try:      lead (us)
+ARGV[3]   the burst the caller expects; a record created now gets it (read: ignored)
+ARGV[4]   the keep time (us): every write with keep > 0 keeps the key until keep after the later
+          of now and the record's expiry (protocol.expires), by a PEXPIRE relative to now; a write
+          with keep 0 PERSISTs the key, so it never expires (read: ignored)
+ARGV[5]   "" to read the server's TIME, or a fixed now (us) set by a test
+ARGV[6..] the operation's own arguments, as its Python method takes them:
+            take:              cost
+            try_start:         ticket, lead (us), cost
+            take_and_try:      lead (us), cost
+            retime:            ticket, lead (us)
 
 The reply is one string of words separated by single spaces (the client parses one bulk string
 in a fraction of the CPU an array of four or five items costs it); numbers are whole, in decimal:
   take                               "taken TICKET POS AT NOW"
   try_start, take_and_try, retime    "started TICKET START NOW", "wait TICKET SLOT NOW"
                                      or "passed TICKET POS NOW"
-  read                               "record NOW TICKET POS AT INTERVAL", or "none NOW"
+  read                               "record NOW TICKET POS AT INTERVAL BURST DUE", or "none NOW"
 and, changing nothing:
-  any operation but read, when the stored interval is not ARGV[2]:   "mismatch INTERVAL"
+  any operation but read, when the stored interval is not ARGV[2]:   "mismatch interval INTERVAL"
+  any operation but read, when the stored burst is not ARGV[3]:      "mismatch burst BURST"
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
   any operation, when `at` lies more than MAX_LEAD past now (no start the protocol grants
   does; see protocol.check):                                         "unwritten at AT NOW"
-  take and take_and_try, when ticket is the last one (LIMIT - 1):    "unwritten ticket TICKET NOW"
+  take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
 
-take, try_start, take_and_try and retime create a missing record (ticket 1, pos 0, at NEVER)
-and write the record back; read never writes.
+take, try_start, take_and_try and retime create a missing record (ticket 1, pos 0, at and due
+NEVER, with ARGV[2] and ARGV[3]) and write the record back, all six fields; read never writes.
+Numbers stay below 2^53, so every one is exact in a double.
 ]]
 
 -- ratequeue.protocol.NEVER, -2^52: the `at` of a record that has never started a job
@@ -40,15 +49,17 @@ local NEVER = -4503599627370496
 local LIMIT = 4503599627370496
 -- ratequeue.protocol.MAX_LEAD_US, an hour: no start lies further ahead of the clock it was granted on
 local MAX_LEAD = 3600000000
+-- ratequeue.state.base.MAX_BURST, 2^31
+local MAX_BURST = 2147483648
 
 local op = ARGV[1]
 
 local now
-if ARGV[3] == "" then
+if ARGV[5] == "" then
   local time = redis.call("TIME")
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
-  now = tonumber(ARGV[3])
+  now = tonumber(ARGV[5])
 end
 
 -- a whole number as the decimal text it is stored and answered as
@@ -56,93 +67,124 @@ local function decimal(value)
   return string.format("%.0f", value)
 end
 
-local FIELDS = {"ticket", "pos", "at", "interval"}
-local stored = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval")
-local ticket, pos, at, interval
-if not (stored[1] or stored[2] or stored[3] or stored[4]) then
+local FIELDS = {"ticket", "pos", "at", "interval", "burst", "due"}
+local stored = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval", "burst", "due")
+local ticket, pos, at, interval, burst, due
+if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
-  ticket, pos, at, interval = 1, 0, NEVER, tonumber(ARGV[2])
+  ticket, pos, at, interval, burst, due = 1, 0, NEVER, tonumber(ARGV[2]), tonumber(ARGV[3]), NEVER
 else
   local values = {}
-  for i = 1, 4 do
+  for i = 1, 6 do
     local text = stored[i]
-    if not text then
+    if text then
+      if not string.find(text, "^%-?%d+$") then
+        return "corrupt " .. FIELDS[i] .. " " .. text
+      end
+      values[i] = tonumber(text)
+    elseif i <= 4 then
       return "corrupt " .. FIELDS[i] .. " (missing)"
     end
-    if not string.find(text, "^%-?%d+$") then
-      return "corrupt " .. FIELDS[i] .. " " .. text
-    end
-    values[i] = tonumber(text)
   end
   ticket, pos, at, interval = values[1], values[2], values[3], values[4]
+  -- a record written before bursts lacks these two: burst 1, and due is at
+  burst, due = values[5] or 1, values[6] or at
   if not (0 <= pos and pos < ticket and ticket < LIMIT and 0 < interval and interval < LIMIT
           and NEVER <= at and at < LIMIT) then
-    return "corrupt ticket/pos/at/interval " .. table.concat(stored, "/")
+    return "corrupt ticket/pos/at/interval " .. table.concat(stored, "/", 1, 4)
   end
-  if op ~= "read" and interval ~= tonumber(ARGV[2]) then
-    return "mismatch " .. stored[4]
+  if not (1 <= burst and burst <= MAX_BURST and burst * interval < LIMIT) then
+    return "corrupt burst " .. tostring(stored[5])
+  end
+  if not (at <= due and due <= at + (burst - 1) * interval) then
+    return "corrupt due " .. tostring(stored[6])
+  end
+  if op ~= "read" then
+    if interval ~= tonumber(ARGV[2]) then
+      return "mismatch interval " .. stored[4]
+    end
+    if burst ~= tonumber(ARGV[3]) then
+      return "mismatch burst " .. decimal(burst)
+    end
   end
   if at > now + MAX_LEAD then
     return "unwritten at " .. stored[3] .. " " .. decimal(now)
   end
   if op == "read" then
-    return table.concat({"record", decimal(now), stored[1], stored[2], stored[3], stored[4]}, " ")
-  end
-  if (op == "take" or op == "take_and_try") and ticket + 1 >= LIMIT then
-    return "unwritten ticket " .. stored[1] .. " " .. decimal(now)
+    return table.concat({"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
+      decimal(burst), decimal(due)}, " ")
   end
 end
 
--- protocol.take: hand out the next ticket; first jump pos to the last one handed out if every
--- ticket since pos is at least one interval past its slot
-local function take()
+-- protocol.Record.slot: the strict slot of ticket t (> pos)
+local function slot(t)
+  return due + (t - pos) * interval
+end
+
+-- protocol.take: hand out the next ticket, holding `cost` numbers; first jump pos to the last one
+-- handed out if every ticket since pos is at least one interval past its slot
+local function take(cost)
+  if ticket + cost >= LIMIT then
+    return nil
+  end
   local last = ticket - 1
-  if last > pos and at + (last - pos) * interval + interval <= now then
+  if last > pos and slot(last) + interval <= now then
     pos = last
   end
-  ticket = ticket + 1
+  ticket = ticket + cost
   return last + 1
 end
 
--- protocol.try_start: start ticket t if its slot is at most `lead` us away
-local function try_start(t, lead)
+-- protocol.try_start: start ticket t, of `cost`, if its earliest start is at most `lead` us away
+local function try_start(t, lead, cost)
   if pos == t and t < ticket and now < at + interval then
     return "started", t, at -- the latest start asked for again (a lost reply): the same grant
   end
   if pos >= t or t >= ticket then
     return "passed", t, pos
   end
-  local slot = at + (t - pos) * interval
-  if now + lead >= slot then
-    pos, at = t, math.max(slot, now)
-    return "started", t, at
+  local strict = slot(t)
+  local earliest = math.max(strict - (burst - cost) * interval, at)
+  if now + lead >= earliest then
+    local start = math.max(earliest, now)
+    pos, at, due = t, start, math.max(strict, start)
+    return "started", t, start
   end
-  return "wait", t, slot
+  return "wait", t, earliest
 end
 
--- protocol.retime: move the latest start to now + lead at the earliest
+-- protocol.retime: move the latest start to now + lead at the earliest, and due with it
 local function retime(t, lead)
   if pos ~= t or t >= ticket then
     return "passed", t, pos
   end
   at = math.max(at, now + lead)
+  due = math.max(due, at)
   return "started", t, at
 end
 
 local reply
 if op == "take" then
-  local t = take()
+  local t = take(tonumber(ARGV[6]))
+  if not t then
+    return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+  end
   reply = {"taken", decimal(t), decimal(pos), decimal(at), decimal(now)}
 else
   local kind, t, value
   if op == "try_start" then
-    kind, t, value = try_start(tonumber(ARGV[4]), tonumber(ARGV[5]))
+    kind, t, value = try_start(tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
   elseif op == "take_and_try" then
-    kind, t, value = try_start(take(), tonumber(ARGV[4]))
+    local cost = tonumber(ARGV[7])
+    t = take(cost)
+    if not t then
+      return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+    end
+    kind, t, value = try_start(t, tonumber(ARGV[6]), cost)
   elseif op == "retime" then
-    kind, t, value = retime(tonumber(ARGV[4]), tonumber(ARGV[5]))
+    kind, t, value = retime(tonumber(ARGV[6]), tonumber(ARGV[7]))
   else
     return redis.error_reply("ratequeue: unknown operation " .. tostring(op))
   end
@@ -150,5 +192,23 @@ else
 end
 
 redis.call("HSET", KEYS[1], "ticket", decimal(ticket), "pos", decimal(pos), "at", decimal(at),
-  "interval", decimal(interval))
+  "interval", decimal(interval), "burst", decimal(burst), "due", decimal(due))
+
+-- the keep time: until keep after the later of now and protocol.expires (the slot of the next
+-- ticket, plus an interval), in whole milliseconds, rounded up, relative to now
+local keep = tonumber(ARGV[4])
+if keep > 0 then
+  -- (at most LIMIT us, some 142 years: a longer span is as good as forever, and stays exact)
+  local span = math.min(math.max(slot(ticket) + interval, now) + keep - now, LIMIT)
+  local ms = math.floor(span / 1000)
+  while ms * 1000 < span do
+    ms = ms + 1
+  end
+  while ms > 1 and (ms - 1) * 1000 >= span do
+    ms = ms - 1
+  end
+  redis.call("PEXPIRE", KEYS[1], decimal(ms))
+else
+  redis.call("PERSIST", KEYS[1])
+end
 return table.concat(reply, " ")

@@ -1,12 +1,19 @@
 """``redis://`` and ``rediss://``: the protocol run atomically inside Redis, on its clock.
 
 Each queue is one hash (``PREFIX + name``: ``ticket``, ``pos``, ``at``,
-``interval``), so every operation touches a single key (ready for Redis
+``interval``, ``burst``, ``due``; a hash written before bursts lacks the last
+two and reads as burst 1), so every operation touches a single key (ready for Redis
 Cluster, though ``RedisCluster`` clients are not supported yet). Every
 operation is one call of one Lua script (``redis.lua``), which reads the
 server's ``TIME`` itself, so hosts whose clocks disagree still share one
 rate. The script is sent by SHA and loaded again when the server answers
 NOSCRIPT (after a restart or ``SCRIPT FLUSH``).
+
+A write with a keep time (``keep_us``) sets the key's TTL in the same
+script (``PEXPIRE``, relative to its ``now``), so Redis deletes an idle
+queue's key by itself and :meth:`~ratequeue.state.State.sweep` has nothing
+to do; a write without one clears the TTL (``PERSIST``).
+:meth:`~ratequeue.state.State.names` lists the keys under the prefix with ``SCAN``.
 
 This module holds what the synchronous and the asyncio states share,
 written once: the codec (:mod:`ratequeue.state._redis_codec`) builds each
@@ -25,6 +32,7 @@ caching, a connection class of the user's own) go through redis-py's own
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import weakref
@@ -45,16 +53,18 @@ from .._redact import redact, scrub, secrets_kept_out
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
 from ..protocol import Outcome, Taken
 from ._redis_codec import (
+    READ_TERMS,
     SCRIPT,
     Commands,
     Operation,
     Parser,
+    glob_escape,
     parse_outcome,
     parse_snapshot,
     parse_taken,
     script_args,
 )
-from .base import Clock, Snapshot, State, StateBase, split_options
+from .base import Clock, Snapshot, State, StateBase, Terms, split_options
 
 try:
     from redis.credentials import StreamingCredentialProvider
@@ -434,19 +444,54 @@ class RedisStateBase(StateBase, Generic[C]):
         return StateUnavailable(f"Redis at {where} failed: {exc}", where=where)
 
     def _operation(
-        self, op: Operation, name: str, interval_us: int, args: tuple[int, ...], parse: Parser[R]
+        self, op: Operation, name: str, terms: Terms, args: tuple[int, ...], parse: Parser[R]
     ) -> Flow[R]:
         """Run the script's ``op`` on queue ``name``; its reply read by ``parse``, a parser of the codec."""
         key = self._prefix + name
         now_us = None if self._clock is None else self._clock()
         if self._lean is not None:
-            reply = yield Call(self._lean, (self._lean.commands.packed(op, key, interval_us, now_us, args),))
+            reply = yield Call(self._lean, (self._lean.commands.packed(op, key, terms, now_us, args),))
         else:
-            reply = yield Call(self._script, ([key], script_args(op, interval_us, now_us, args)))
-        return parse(reply, name, key, interval_us)
+            reply = yield Call(self._script, ([key], script_args(op, terms, now_us, args)))
+        return parse(reply, name, key, terms)
+
+    def _take_flow(self, name: str, terms: Terms, cost: int) -> Flow[Taken]:
+        return self._operation("take", name, terms, (cost,), parse_taken)
+
+    def _try_start_flow(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Flow[Outcome]:
+        return self._operation("try_start", name, terms, (ticket, lead_us, cost), parse_outcome)
+
+    def _take_and_try_flow(self, name: str, terms: Terms, lead_us: int, cost: int) -> Flow[Outcome]:
+        return self._operation("take_and_try", name, terms, (lead_us, cost), parse_outcome)
+
+    def _retime_flow(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Flow[Outcome]:
+        return self._operation("retime", name, terms, (ticket, lead_us), parse_outcome)
+
+    def _read_flow(self, name: str) -> Flow[Snapshot]:
+        return self._operation("read", name, READ_TERMS, (), parse_snapshot)
 
     def _reset_flow(self, name: str) -> Flow[bool]:
         return bool((yield Call(self._client.delete, (self._prefix + name,))))
+
+    def _names_flow(self, prefix: str) -> Flow[list[str]]:
+        """The names of the keys under the state's prefix that begin with ``prefix`` (``SCAN MATCH``).
+
+        Keys Redis has expired are not listed; a key SCAN meets twice (the
+        keyspace was rehashed meanwhile) is listed once.
+        """
+        kwargs = self._client.connection_pool.connection_kwargs
+        encoding, errors = kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
+        pattern = glob_escape(self._prefix + prefix) + "*"
+        scan = functools.partial(self._client.scan, match=pattern, count=1000)
+        found: set[str] = set()
+        cursor: int | str = 0
+        while True:
+            cursor, keys = yield Call(scan, (cursor,))
+            for key in keys:
+                text = key.decode(encoding, errors) if isinstance(key, bytes) else str(key)
+                found.add(text[len(self._prefix) :])
+            if int(cursor) == 0:
+                return list(found)
 
 
 class RedisState(RedisStateBase[redis.Redis], State):
@@ -462,20 +507,26 @@ class RedisState(RedisStateBase[redis.Redis], State):
             self._lean.close()  # the kept connections go back to the pool first
         self._client.close()
 
-    def _take(self, name: str, interval_us: int) -> Taken:
-        return run(self._operation("take", name, interval_us, (), parse_taken))
+    def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return run(self._take_flow(name, terms, cost))
 
-    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return run(self._operation("try_start", name, interval_us, (ticket, lead_us), parse_outcome))
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return run(self._try_start_flow(name, terms, ticket, lead_us, cost))
 
-    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
-        return run(self._operation("take_and_try", name, interval_us, (lead_us,), parse_outcome))
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return run(self._take_and_try_flow(name, terms, lead_us, cost))
 
-    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return run(self._operation("retime", name, interval_us, (ticket, lead_us), parse_outcome))
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return run(self._retime_flow(name, terms, ticket, lead_us))
 
     def _read(self, name: str) -> Snapshot:
-        return run(self._operation("read", name, 0, (), parse_snapshot))
+        return run(self._read_flow(name))
 
     def _reset(self, name: str) -> bool:
         return run(self._reset_flow(name))
+
+    def _names(self, prefix: str) -> list[str]:
+        return run(self._names_flow(prefix))
+
+    def _sweep(self) -> int:
+        return 0  # Redis deletes keys past their TTL itself
