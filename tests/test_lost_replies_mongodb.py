@@ -27,6 +27,7 @@ from ratequeue.errors import StateCorrupted, StateUnavailable
 from ratequeue.protocol import NEVER, Outcome, Record, Started, Taken
 from ratequeue.shard import Turn
 from ratequeue.state._mongodb_codec import parse_outcome, parse_taken
+from ratequeue.state.base import Terms
 from ratequeue.state.mongodb import MongoState
 
 from ._proxy import ReplyDropper
@@ -108,11 +109,11 @@ class LosingState(MongoState):
     proxy: ReplyDropper
     armed = False
 
-    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
         if not self.armed:
             self.armed = True
             self.proxy.drop_reply_to(UPDATE)
-        return super()._try_start(name, interval_us, ticket, lead_us)
+        return super()._try_start(name, terms, ticket, lead_us, cost)
 
 
 class AsyncLosingState(AsyncMongoState):
@@ -121,11 +122,11 @@ class AsyncLosingState(AsyncMongoState):
     proxy: ReplyDropper
     armed = False
 
-    async def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
+    async def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
         if not self.armed:
             self.armed = True
             self.proxy.drop_reply_to(UPDATE)
-        return await super()._try_start(name, interval_us, ticket, lead_us)
+        return await super()._try_start(name, terms, ticket, lead_us, cost)
 
 
 def test_a_limiter_loses_no_turn_to_a_lost_reply(proxy: ReplyDropper) -> None:

@@ -10,7 +10,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from .._flow import arun
 from ..protocol import Outcome, Taken
 from ..state._mongodb_codec import Document, Pipeline
-from ..state.base import Snapshot
+from ..state.base import Snapshot, Terms
 from ..state.mongodb import MongoStateBase, open_client
 from .state import AsyncState
 
@@ -39,20 +39,26 @@ class AsyncMongoState(MongoStateBase[AsyncMongoClient[Any]], AsyncState):
     async def _aggregate_list(self, steps: Pipeline) -> list[Document]:
         return [row async for row in await self._collection.aggregate(steps)]
 
-    async def _take(self, name: str, interval_us: int) -> Taken:
-        return await arun(self._take_flow(name, interval_us))
+    async def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return await arun(self._take_flow(name, terms, cost))
 
-    async def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return await arun(self._outcome_flow("try_start", name, interval_us, ticket, lead_us))
+    async def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return await arun(self._outcome_flow("try_start", name, terms, ticket, lead_us, cost))
 
-    async def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
-        return await arun(self._outcome_flow("take_and_try", name, interval_us, lead_us=lead_us))
+    async def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return await arun(self._outcome_flow("take_and_try", name, terms, lead_us=lead_us, cost=cost))
 
-    async def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return await arun(self._outcome_flow("retime", name, interval_us, ticket, lead_us))
+    async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return await arun(self._outcome_flow("retime", name, terms, ticket, lead_us))
 
     async def _read(self, name: str) -> Snapshot:
         return await arun(self._read_flow(name))
 
     async def _reset(self, name: str) -> bool:
         return await arun(self._reset_flow(name))
+
+    async def _names(self, prefix: str) -> list[str]:
+        return await arun(self._names_flow(prefix))
+
+    async def _sweep(self) -> int:
+        return await arun(self._sweep_flow())

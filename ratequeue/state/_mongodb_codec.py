@@ -7,14 +7,22 @@ around them, the parsing of the answer an operation leaves in its document
 (:func:`parse_taken`, :func:`parse_outcome`: anything unexpected raises
 :class:`StateCorrupted` naming where it is), and the URL handling.
 
-A queue's document is ``{_id: name, ticket, pos, at, interval, answer}``
-(integers, microseconds). ``$$NOW`` has millisecond resolution: every ``now``
-is a whole millisecond (in microseconds); intervals keep their microseconds.
+A queue's document is ``{_id: name, ticket, pos, at, interval, burst, due,
+answer, expires}`` (integers, microseconds). A queue of burst 1 keeps no
+``burst`` and no ``due`` (``due`` is then ``at``): its document is the one
+written before bursts, which every version reads and writes alike.
+``expires`` (a ``Date``; on a test clock, whole microseconds on it) is
+there while the record is kept for a while only
+(:class:`~ratequeue.state.base.Terms`' ``keep_us``): the collection's TTL
+index, and :func:`sweep_filter`, delete the document once it has passed.
+``$$NOW`` has millisecond resolution: every ``now`` is a whole millisecond
+(in microseconds); intervals keep their microseconds.
 """
 
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeGuard
 from urllib.parse import parse_qsl
@@ -25,7 +33,7 @@ from pymongo.errors import InvalidURI
 from .. import protocol
 from ..errors import StateCorrupted
 from ..protocol import MAX_LEAD_US, NEVER, Outcome, Passed, Record, Started, Taken, Unwritten, Wait
-from .base import MAX_US, check_record, split_options, unwritten
+from .base import MAX_US, Terms, check_record, split_options, unwritten
 
 DEFAULT_DATABASE = "ratequeue"
 DEFAULT_COLLECTION = "queues"
@@ -42,6 +50,18 @@ Document = Mapping[str, Any]
 #: an aggregation or update pipeline
 Pipeline = list[dict[str, Any]]
 
+#: the field holding when a record kept for a while may be deleted, and the TTL index on it
+EXPIRES = "expires"
+TTL_INDEX = "ratequeue_expires"
+
+#: the fields of a record, as :func:`~ratequeue.state.base.check_record` reads them
+RECORD_FIELDS = ("ticket", "pos", "at", "interval", "burst", "due")
+
+#: the fields a pipeline works in, gone from the document it leaves
+_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until"]
+
+_WHOLE = ["int", "long"]
+
 
 def _now_expression(fixed_us: int | None) -> Any:
     """The server clock in microseconds, or a fixed value (tests only)."""
@@ -51,31 +71,38 @@ def _now_expression(fixed_us: int | None) -> Any:
 
 
 def _slot(ticket: Any) -> Any:
-    """``at + (ticket - pos) * interval`` over the document's fields."""
-    return {"$add": ["$at", {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
+    """:meth:`~ratequeue.protocol.Record.slot`: ``due + (ticket - pos) * interval`` in fields."""
+    return {"$add": ["$due", {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
 
 
-def _open_stages(interval_us: int, now_us: int | None) -> Pipeline:
-    """Fill a new document's fields and read the clock into ``_now``."""
+def _open_stages(terms: Terms, now_us: int | None) -> Pipeline:
+    """Keep the document as read in ``_was``, fill a new document's fields and read the clock into ``_now``.
+
+    A record written before bursts has no ``burst`` (it is 1) and no ``due``
+    (it is ``at``).
+    """
     return [
+        {"$set": {"_was": "$$ROOT"}},
         {
             "$set": {
                 "_now": _now_expression(now_us),
                 "ticket": {"$ifNull": ["$ticket", 1]},
                 "pos": {"$ifNull": ["$pos", 0]},
                 "at": {"$ifNull": ["$at", {"$literal": NEVER}]},
-                "interval": {"$ifNull": ["$interval", {"$literal": interval_us}]},
+                "interval": {"$ifNull": ["$interval", {"$literal": terms.interval_us}]},
+                "burst": {"$ifNull": ["$burst", 1]},
+                "due": {"$ifNull": ["$due", "$at"]},
             }
-        }
+        },
     ]
 
 
-def _check_stages(op: Op) -> Pipeline:
+def _check_stages(op: Op, cost: int) -> Pipeline:
     """Name in ``_bad`` what the protocol refuses (:func:`ratequeue.protocol.check`, the last ticket).
 
     ``_bad`` is ``{kind: "unwritten", field, value, now}`` or ``""``; the
-    record's fields as read are kept in ``_was``, so :func:`_refuse_stages`
-    can put them back after the operation's stages.
+    document as read (``_was``) is put back after the operation's stages
+    (:func:`_refuse_stages`) if it names something.
     """
     branches = [
         {
@@ -86,38 +113,21 @@ def _check_stages(op: Op) -> Pipeline:
     if op in ("take", "take_and_try"):
         branches.append(
             {
-                "case": {"$gte": [{"$add": ["$ticket", 1]}, MAX_US]},
+                "case": {"$gte": [{"$add": ["$ticket", {"$literal": cost}]}, MAX_US]},
                 "then": {"kind": "unwritten", "field": "ticket", "value": "$ticket", "now": "$_now"},
             }
         )
-    return [
-        {
-            "$set": {
-                "_bad": {"$switch": {"branches": branches, "default": ""}},
-                "_was": {"ticket": "$ticket", "pos": "$pos", "at": "$at"},
-            }
-        }
-    ]
+    return [{"$set": {"_bad": {"$switch": {"branches": branches, "default": ""}}}}]
 
 
 def _refuse_stages() -> Pipeline:
-    """If ``_bad`` names a refusal, restore the record as it was read and answer ``_bad``."""
-    bad = {"$ne": ["$_bad", ""]}
-    return [
-        {
-            "$set": {
-                **{
-                    field: {"$cond": [bad, f"$_was.{field}", f"${field}"]}
-                    for field in ("ticket", "pos", "at")
-                },
-                "answer": {"$cond": [bad, "$_bad", "$answer"]},
-            }
-        }
-    ]
+    """If ``_bad`` names a refusal, put the document back as it was read, answering ``_bad``."""
+    refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
+    return [{"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}}]
 
 
-def _take_stages() -> Pipeline:
-    """``take``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``."""
+def _take_stages(cost: int) -> Pipeline:
+    """``take`` of ``cost``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``."""
     last = {"$subtract": ["$ticket", 1]}
     stale = {
         "$and": [
@@ -127,17 +137,18 @@ def _take_stages() -> Pipeline:
     }
     return [
         {"$set": {"pos": {"$cond": [stale, last, "$pos"]}}},
-        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", 1]}}},
+        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", {"$literal": cost}]}}},
     ]
 
 
-def _try_stages(lead_us: int) -> Pipeline:
-    """``try_start`` of ticket ``_t``: set ``answer`` and, if it starts now, ``pos`` and ``at``.
+def _try_stages(lead_us: int, cost: int) -> Pipeline:
+    """``try_start`` of ticket ``_t`` (of ``cost``): set ``answer``; if it starts, ``pos``, ``at``, ``due``.
 
-    The branches are those of :func:`ratequeue.protocol.try_start`, in its
-    order. The first, :func:`~ratequeue.protocol.is_same_grant`, answers a
-    repeated call for the latest start with that start and changes nothing
-    (``pos`` is ``_t`` and ``at`` the answer already), so a call re-sent
+    ``_s`` is the ticket's strict slot and ``_e`` its earliest start
+    (:meth:`~ratequeue.protocol.Record.earliest`). The branches are those of
+    :func:`ratequeue.protocol.try_start`, in its order. The first,
+    :func:`~ratequeue.protocol.is_same_grant`, answers a repeated call for
+    the latest start with that start and changes nothing, so a call re-sent
     after a lost reply keeps its turn. After ``take`` (``take_and_try``)
     ``_t`` is above ``pos``, and that branch never applies.
     """
@@ -149,9 +160,12 @@ def _try_stages(lead_us: int) -> Pipeline:
         ]
     }
     passed = {"$or": [{"$gte": ["$pos", "$_t"]}, {"$gte": ["$_t", "$ticket"]}]}
-    can_start = {"$gte": [{"$add": ["$_now", {"$literal": lead_us}]}, _slot("$_t")]}
-    start = {"$max": [_slot("$_t"), "$_now"]}
+    can_start = {"$gte": [{"$add": ["$_now", {"$literal": lead_us}]}, "$_e"]}
+    started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}]}  # not the same grant
+    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": cost}]}, "$interval"]}
     return [
+        {"$set": {"_s": _slot("$_t")}},
+        {"$set": {"_e": {"$max": [{"$subtract": ["$_s", early]}, "$at"]}}},
         {
             "$set": {
                 "answer": {
@@ -162,9 +176,16 @@ def _try_stages(lead_us: int) -> Pipeline:
                                 "then": {"kind": "started", "ticket": "$_t", "value": "$at"},
                             },
                             {"case": passed, "then": {"kind": "passed", "ticket": "$_t", "value": "$pos"}},
-                            {"case": can_start, "then": {"kind": "started", "ticket": "$_t", "value": start}},
+                            {
+                                "case": can_start,
+                                "then": {
+                                    "kind": "started",
+                                    "ticket": "$_t",
+                                    "value": {"$max": ["$_e", "$_now"]},
+                                },
+                            },
                         ],
-                        "default": {"kind": "wait", "ticket": "$_t", "value": _slot("$_t")},
+                        "default": {"kind": "wait", "ticket": "$_t", "value": "$_e"},
                     }
                 }
             }
@@ -172,15 +193,16 @@ def _try_stages(lead_us: int) -> Pipeline:
         {
             "$set": {
                 "answer.now": "$_now",
-                "pos": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$_t", "$pos"]},
-                "at": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$answer.value", "$at"]},
+                "pos": {"$cond": [started, "$_t", "$pos"]},
+                "at": {"$cond": [started, "$answer.value", "$at"]},
+                "due": {"$cond": [started, {"$max": ["$_s", "$answer.value"]}, "$due"]},
             }
         },
     ]
 
 
 def _retime_stages(ticket: int, lead_us: int) -> Pipeline:
-    """``retime`` of ``ticket``: while it is the latest start, move ``at`` to ``_now + lead_us`` or later."""
+    """``retime`` of ``ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``."""
     latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
     start = {"$max": ["$at", {"$add": ["$_now", {"$literal": lead_us}]}]}
     return [
@@ -199,32 +221,90 @@ def _retime_stages(ticket: int, lead_us: int) -> Pipeline:
             "$set": {
                 "answer.now": "$_now",
                 "at": {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$answer.value", "$at"]},
+                "due": {
+                    "$cond": [
+                        {"$eq": ["$answer.kind", "started"]},
+                        {"$max": ["$due", "$answer.value"]},
+                        "$due",
+                    ]
+                },
             }
         },
     ]
 
 
-def pipeline(op: Op, interval_us: int, now_us: int | None, *, ticket: int = 0, lead_us: int = 0) -> Pipeline:
+def _ceil_ms(us: Any) -> Any:
+    """``us`` (whole microseconds, an integer) in whole milliseconds, rounded up, as an integer.
+
+    In integers throughout (``$divide`` of an exact multiple of 1000), so
+    that no double rounds a keep time down.
+    """
+    rest = {"$mod": [us, 1000]}
+    whole = {"$toLong": {"$divide": [{"$subtract": [us, rest]}, 1000]}}
+    return {"$add": [whole, {"$cond": [{"$gt": [rest, 0]}, 1, 0]}]}
+
+
+def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
+    """Set ``expires`` to when the record written may be deleted; remove it when ``keep_us`` is 0.
+
+    That is ``keep_us`` after the later of ``_now`` and
+    :func:`ratequeue.protocol.expires` (``slot(ticket) + interval``), as a
+    ``Date`` rounded up to the millisecond. A test clock's (``fixed``) is
+    kept as whole microseconds on that clock instead: an integer, which the
+    server's TTL monitor (reading its real clock) leaves alone, and which
+    only :func:`sweep_filter` of a test clock deletes. A keep time past
+    ``MAX_US`` (about 2112) is none: the record is kept.
+    """
+    if not keep_us:
+        return [{"$unset": EXPIRES}]
+    expires = {"$add": [_slot("$ticket"), "$interval"]}
+    until = {"$add": [{"$max": [expires, "$_now"]}, {"$literal": keep_us}]}
+    stored = "$_until" if fixed else {"$toDate": _ceil_ms("$_until")}
+    return [
+        {"$set": {"_until": until}},
+        {"$set": {EXPIRES: {"$cond": [{"$lt": ["$_until", MAX_US]}, stored, "$$REMOVE"]}}},
+    ]
+
+
+def _burst_one_stages() -> Pipeline:
+    """A record of burst 1 is stored without ``burst`` and ``due`` (it is ``at``), as before bursts."""
+    one = {"$eq": ["$burst", 1]}
+    return [
+        {
+            "$set": {
+                "burst": {"$cond": [one, "$$REMOVE", "$burst"]},
+                "due": {"$cond": [one, "$$REMOVE", "$due"]},
+            }
+        }
+    ]
+
+
+def pipeline(
+    op: Op, terms: Terms, now_us: int | None, *, ticket: int = 0, lead_us: int = 0, cost: int = 1
+) -> Pipeline:
     """The update pipeline of ``op``; it leaves its answer in the document's ``answer``.
 
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     :param ticket: the ticket of ``try_start`` and ``retime``.
+    :param cost: the cost of the ticket taken (``take``, ``take_and_try``) or started (``try_start``).
     """
     if op == "take":
         answer = {"kind": "taken", "ticket": "$_t", "value": "$pos", "now": "$_now"}
-        stages = [*_take_stages(), {"$set": {"answer": answer}}]
+        stages = [*_take_stages(cost), {"$set": {"answer": answer}}]
     elif op == "retime":
         stages = _retime_stages(ticket, lead_us)
     elif op == "try_start":
-        stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead_us)]
+        stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(lead_us, cost)]
     else:
-        stages = [*_take_stages(), *_try_stages(lead_us)]
+        stages = [*_take_stages(cost), *_try_stages(lead_us, cost)]
     return [
-        *_open_stages(interval_us, now_us),
-        *_check_stages(op),
+        *_open_stages(terms, now_us),
+        *_check_stages(op, cost),
         *stages,
+        *_keep_stages(terms.keep_us, now_us is not None),
+        *_burst_one_stages(),
         *_refuse_stages(),
-        {"$unset": ["_now", "_t", "_bad", "_was"]},
+        {"$unset": _SCRATCH},
     ]
 
 
@@ -233,32 +313,89 @@ def read_pipeline(name: str, now_us: int | None) -> Pipeline:
     return [{"$match": {"_id": name}}, {"$set": {"_now": _now_expression(now_us)}}]
 
 
-def initial_document(name: str, interval_us: int) -> dict[str, Any]:
-    """The record of a queue that has handed out no ticket yet."""
-    return {"_id": name, "ticket": 1, "pos": 0, "at": NEVER, "interval": interval_us}
+def names_pipeline(prefix: str) -> Pipeline:
+    """An aggregation returning every ``_id`` that is a string beginning with ``prefix``."""
+    match: dict[str, Any] = {"$type": "string"}
+    if prefix:
+        match["$regex"] = "^" + re.escape(prefix)
+    return [{"$match": {"_id": match}}, {"$project": {"_id": 1}}]
 
 
-#: the filter every update adds: a record whose fields are not whole numbers in range matches
-#: nothing, so it is reported as corrupted (by the creation path) and never changed. What
-#: depends on the server clock (an ``at`` too far ahead of ``$$NOW``) is checked inside the
-#: pipeline instead (:func:`_check_stages`), where ``now`` is known and a test clock applies
-WELL_FORMED: dict[str, Any] = {
-    **{field: {"$type": ["int", "long"]} for field in ("ticket", "pos", "at")},
-    "$expr": {
-        "$and": [
-            {"$lte": [0, "$pos"]},
-            {"$lt": ["$pos", "$ticket"]},
-            {"$lt": ["$ticket", MAX_US]},
-            {"$lte": [NEVER, "$at"]},
-            {"$lt": ["$at", MAX_US]},
+def sweep_filter(now_us: int | None) -> dict[str, Any]:
+    """The documents whose keep time has passed on the server's clock (or on a fixed ``now_us``, tests only).
+
+    The comparison is of whole milliseconds (``$toLong`` of both dates):
+    secantusdb 0.7 compares a stored ``Date`` with ``$$NOW`` wrongly (every
+    one is found equal, and none older or newer), MongoDB either way.
+    """
+    if now_us is not None:  # a test clock keeps integers (see _keep_stages), never Dates
+        return {EXPIRES: {"$type": _WHOLE, "$lte": now_us}}
+    due = {"$lte": [{"$toLong": f"${EXPIRES}"}, {"$toLong": "$$NOW"}]}
+    return {
+        EXPIRES: {"$type": "date"},
+        "$expr": {"$cond": [{"$eq": [{"$type": f"${EXPIRES}"}, "date"]}, due, False]},
+    }
+
+
+def initial_document(name: str, terms: Terms) -> dict[str, Any]:
+    """The record of a queue that has handed out no ticket yet (burst 1: without ``burst`` and ``due``)."""
+    document: dict[str, Any] = {
+        "_id": name,
+        "ticket": 1,
+        "pos": 0,
+        "at": NEVER,
+        "interval": terms.interval_us,
+    }
+    if terms.burst != 1:
+        document.update(burst=terms.burst, due=NEVER)
+    return document
+
+
+def update_filter(name: str, terms: Terms) -> dict[str, Any]:
+    """The filter of every update: ``name``'s document, with that interval and burst, well formed.
+
+    A record whose fields are not whole numbers in range matches nothing, so
+    it is reported as corrupted (by the creation path) and never changed.
+    What depends on the server clock (an ``at`` too far ahead of ``$$NOW``)
+    is checked inside the pipeline instead (:func:`_check_stages`), where
+    ``now`` is known and a test clock applies. A record without ``burst``
+    (written before bursts) has burst 1, and one without ``due`` has ``due``
+    equal to ``at``.
+    """
+    burst: dict[str, Any] = {"$eq": terms.burst, "$type": _WHOLE}
+    late = {"$literal": (terms.burst - 1) * terms.interval_us}
+    due_ok = {
+        "$or": [
+            {"$eq": [{"$type": "$due"}, "missing"]},
+            {
+                "$and": [
+                    {"$in": [{"$type": "$due"}, _WHOLE]},
+                    {"$lte": ["$at", "$due"]},
+                    {"$lte": ["$due", {"$add": ["$at", late]}]},
+                ]
+            },
         ]
-    },
-}
-
-
-def update_filter(name: str, interval_us: int) -> dict[str, Any]:
-    """The filter of every update: ``name``'s document, with that interval, well formed."""
-    return {"_id": name, "interval": interval_us, **WELL_FORMED}
+    }
+    return {
+        "_id": name,
+        "interval": terms.interval_us,
+        **(
+            {"$or": [{"burst": {"$exists": False}}, {"burst": burst}]}
+            if terms.burst == 1
+            else {"burst": burst}
+        ),
+        **{field: {"$type": _WHOLE} for field in ("ticket", "pos", "at")},
+        "$expr": {
+            "$and": [
+                {"$lte": [0, "$pos"]},
+                {"$lt": ["$pos", "$ticket"]},
+                {"$lt": ["$ticket", MAX_US]},
+                {"$lte": [NEVER, "$at"]},
+                {"$lt": ["$at", MAX_US]},
+                due_ok,
+            ]
+        },
+    }
 
 
 def check_document(document: Document, where: str) -> Record:
@@ -267,8 +404,7 @@ def check_document(document: Document, where: str) -> Record:
     A document read with the server's clock (a :func:`read_pipeline` row,
     ``_now``) is also checked against it (:func:`ratequeue.protocol.check`).
     """
-    fields = {key: document.get(key) for key in ("ticket", "pos", "at", "interval") if key in document}
-    record = check_record(fields, where=where)
+    record = check_record({key: document[key] for key in RECORD_FIELDS if key in document}, where=where)
     now = document.get("_now")
     if _whole(now):
         try:
@@ -279,8 +415,8 @@ def check_document(document: Document, where: str) -> Record:
 
 
 def check_well_formed(document: Document, where: str) -> None:
-    """Raise :class:`StateCorrupted` if ``document`` would not match :data:`WELL_FORMED`."""
-    for field in ("ticket", "pos", "at"):
+    """Raise :class:`StateCorrupted` if ``document`` would not match :func:`update_filter` (terms aside)."""
+    for field in ("ticket", "pos", "at", *(field for field in ("burst", "due") if field in document)):
         value = document.get(field)
         if not _whole(value):
             raise StateCorrupted(f"record at {where} has {field}={value!r}; want a whole number", where=where)

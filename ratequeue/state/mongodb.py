@@ -1,14 +1,25 @@
 """``mongodb://`` and ``mongodb+srv://``: the protocol run atomically inside MongoDB, on its clock.
 
-Each queue is one document ``{_id: name, ticket, pos, at, interval, answer}``
-(integers, microseconds). Every operation is a single ``find_one_and_update``
-whose update pipeline reads ``$$NOW`` on the server, applies the protocol and
-leaves its answer in ``answer``: no read-then-write from the client and no
-transaction. The filter names the expected interval, so an operation on a
-record with another interval matches nothing and changes nothing; only then
-(and for a queue's first operation) does the client insert the initial
-record or report the mismatch. What is sent and how answers are read is in
+Each queue is one document ``{_id: name, ticket, pos, at, interval, burst,
+due, answer, expires}`` (integers, microseconds; a queue of burst 1 has no
+``burst`` and no ``due``, as before bursts). Every operation is a single
+``find_one_and_update`` whose update pipeline reads ``$$NOW`` on the server,
+applies the protocol and leaves its answer in ``answer``: no
+read-then-write from the client and no transaction. The filter names the
+expected interval and burst, so an operation on a record with others
+matches nothing and changes nothing; only then (and for a queue's first
+operation) does the client insert the initial record or report the
+mismatch. What is sent and how answers are read is in
 :mod:`ratequeue.state._mongodb_codec`.
+
+A write with a keep time (``keep_us``) sets the ``Date`` ``expires`` in the
+same pipeline, from the same ``$$NOW``; one without removes it. A TTL index
+on ``expires`` (created before a state's first write with a keep time) lets
+the server delete idle records; :meth:`MongoStateBase._sweep_flow` deletes
+them itself too, and runs now and then (:attr:`~MongoStateBase.sweep_every_us`)
+when an operation creates a record, for servers whose TTL monitor is slow
+or missing. A record past its keep time but not yet deleted behaves as a
+fresh one would (:func:`ratequeue.protocol.expires`), so reads show it.
 
 How an operation goes -- update, create the record, retry, read -- is
 written once, in :class:`MongoStateBase`, as :mod:`ratequeue._flow`
@@ -28,8 +39,10 @@ whole millisecond (in microseconds), and intervals keep their microseconds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from typing import Any, Generic, TypeVar
@@ -47,6 +60,8 @@ from ._mongodb_codec import (
     BAD_URL_ERRORS,
     DEFAULT_COLLECTION,
     DEFAULT_DATABASE,
+    EXPIRES,
+    TTL_INDEX,
     Document,
     Op,
     OutcomeOp,
@@ -56,16 +71,18 @@ from ._mongodb_codec import (
     client_options,
     datetime_us,
     initial_document,
+    names_pipeline,
     parse_outcome,
     parse_taken,
     pipeline,
     read_now,
     read_pipeline,
     split_url,
+    sweep_filter,
     update_filter,
     where_of,
 )
-from .base import Clock, Snapshot, State, StateBase, check_interval_matches
+from .base import Clock, Snapshot, State, StateBase, Terms, check_terms_match
 
 __all__ = ["MongoState", "MongoStateBase", "split_url"]
 
@@ -105,6 +122,10 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
 
     _driver_errors = (PyMongoError,)
 
+    #: how often (us) creating a record also sweeps the collection's records past their keep time
+    #: (on this host's monotonic clock, or a test clock); the server's TTL monitor deletes them too
+    sweep_every_us = 60_000_000
+
     _collection: Collection[Any] | AsyncCollection[Any]
 
     def __init__(
@@ -129,6 +150,9 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         self._clock = clock
         self._where = where_of(client)
         self.url = url or f"mongodb://{self._where}/?database={database}&collection={collection}"
+        #: when (:meth:`_sweep_clock`) this state last swept; whether it has made sure of the TTL index
+        self._swept: int | None = None
+        self._ttl_ready = False
 
     def _error_for(self, exc: Exception, name: str) -> RateQueueError:
         """:class:`StateUnavailable` naming the server (and the queue); never a password."""
@@ -153,53 +177,89 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
     def _record_where(self, name: str) -> str:
         return f"{self._collection.full_name}/{name}"
 
-    def _take_flow(self, name: str, interval_us: int) -> Flow[Taken]:
-        document = yield from self._update_flow("take", name, interval_us)
+    def _sweep_clock(self) -> int:
+        """The clock (us) that spaces automatic sweeps: the test clock, or this host's monotonic one."""
+        return self._clock() if self._clock is not None else time.monotonic_ns() // 1000
+
+    def _take_flow(self, name: str, terms: Terms, cost: int) -> Flow[Taken]:
+        document = yield from self._update_flow("take", name, terms, cost=cost)
         return parse_taken(document, self._record_where(name))
 
     def _outcome_flow(
-        self, op: OutcomeOp, name: str, interval_us: int, ticket: int = 0, lead_us: int = 0
+        self, op: OutcomeOp, name: str, terms: Terms, ticket: int = 0, lead_us: int = 0, cost: int = 1
     ) -> Flow[Outcome]:
-        document = yield from self._update_flow(op, name, interval_us, ticket, lead_us)
+        document = yield from self._update_flow(op, name, terms, ticket, lead_us, cost)
         return parse_outcome(document, self._record_where(name))
 
     def _update_flow(
-        self, op: Op, name: str, interval_us: int, ticket: int = 0, lead_us: int = 0
+        self, op: Op, name: str, terms: Terms, ticket: int = 0, lead_us: int = 0, cost: int = 1
     ) -> Flow[Document]:
         """Run ``op`` on ``name``'s document and return the document after it (with the answer).
 
         When the update matches nothing, the record is missing (it is then
-        inserted), or has another interval or is malformed (:meth:`_create_flow`
-        raises), and the update is sent again.
+        inserted), or has another interval or burst or is malformed
+        (:meth:`_create_flow` raises), and the update is sent again.
         """
-        steps = pipeline(op, interval_us, self._fixed_now(), ticket=ticket, lead_us=lead_us)
+        if terms.keep_us and not self._ttl_ready:
+            yield from self._ttl_index_flow()
+        steps = pipeline(op, terms, self._fixed_now(), ticket=ticket, lead_us=lead_us, cost=cost)
         update = functools.partial(self._collection.find_one_and_update, return_document=ReturnDocument.AFTER)
         for _ in range(CREATE_ATTEMPTS):
-            document: Document | None = yield from retrying(
-                Call(update, (update_filter(name, interval_us), steps))
-            )
+            document: Document | None = yield from retrying(Call(update, (update_filter(name, terms), steps)))
             if document is not None:
                 return document
-            yield from self._create_flow(name, interval_us)
+            yield from self._create_flow(name, terms)
         raise StateUnavailable(  # pragma: no cover - only if the document vanishes again and again
             f"MongoDB at {self._where}: queue {name!r} disappeared while being created", where=self._where
         )
 
-    def _create_flow(self, name: str, interval_us: int) -> Flow[None]:
-        """Create the record of ``name`` if it is missing; raise if it has another interval or is malformed.
+    def _create_flow(self, name: str, terms: Terms) -> Flow[None]:
+        """Create the record of ``name`` if it is missing; raise if it has other terms or is malformed.
 
         Not an upsert: under concurrent creation some MongoDB-compatible servers apply an
         upserting ``find_one_and_update`` yet return no document, and retrying it would apply
         the operation twice. Inserting the initial record first is correct everywhere.
+        Creating a record sweeps the collection when the last sweep is
+        :attr:`sweep_every_us` old (an error in that sweep is ignored: it
+        only tidies up).
         """
         try:
-            yield from retrying(Call(self._collection.insert_one, (initial_document(name, interval_us),)))
+            yield from retrying(Call(self._collection.insert_one, (initial_document(name, terms),)))
         except DuplicateKeyError:  # another shard created it (or our insert's reply was lost)
             stored: Document | None = yield from retrying(Call(self._collection.find_one, ({"_id": name},)))
             if stored is not None:
                 record = check_document(stored, self._record_where(name))
-                check_interval_matches(name, record.interval, interval_us)
+                check_terms_match(name, record, terms)
                 check_well_formed(stored, self._record_where(name))
+            return
+        if self._swept is None or self._sweep_clock() - self._swept >= self.sweep_every_us:
+            with contextlib.suppress(PyMongoError):
+                yield from self._sweep_flow(retries=False)
+
+    def _ttl_index_flow(self) -> Flow[None]:
+        """Make sure of the TTL index on ``expires``, once per state; if refused, sweeps do its work.
+
+        ``expireAfterSeconds=0``: the server deletes a document once its
+        ``expires`` has passed (MongoDB checks every minute, as secantusdb
+        does). Creating an index that exists is a no-op; a server without
+        TTL indexes, an index of that name with other options, or a user
+        not allowed to create indexes leaves expiry to :meth:`_sweep_flow`.
+        """
+        create = functools.partial(self._collection.create_index, name=TTL_INDEX, expireAfterSeconds=0)
+        with contextlib.suppress(OperationFailure):
+            yield from retrying(Call(create, ([(EXPIRES, 1)],)))
+        self._ttl_ready = True
+
+    def _names_flow(self, prefix: str) -> Flow[list[str]]:
+        rows: list[Document] = yield from retrying(Call(self._aggregate_list, (names_pipeline(prefix),)))
+        return [row["_id"] for row in rows]
+
+    def _sweep_flow(self, *, retries: bool = True) -> Flow[int]:
+        """Delete the records past their keep time on the server's clock (or the test clock); say how many."""
+        self._swept = self._sweep_clock()
+        call = Call(self._collection.delete_many, (sweep_filter(self._fixed_now()),))
+        result = yield from (retrying(call) if retries else _once(call))
+        return int(result.deleted_count)
 
     def _read_flow(self, name: str) -> Flow[Snapshot]:
         fixed_us = self._fixed_now()
@@ -217,6 +277,11 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
     def _reset_flow(self, name: str) -> Flow[bool]:
         result = yield from retrying(Call(self._collection.delete_one, ({"_id": name},)))
         return bool(result.deleted_count)
+
+
+def _once(call: Call) -> Flow[Any]:
+    """``call`` carried out, once."""
+    return (yield call)
 
 
 def open_client(url: str, client_class: type[ClientT]) -> tuple[ClientT, str, str]:
@@ -280,20 +345,26 @@ class MongoState(MongoStateBase[MongoClient[Any]], State):
     def _aggregate_list(self, steps: Pipeline) -> list[Document]:
         return list(self._collection.aggregate(steps))
 
-    def _take(self, name: str, interval_us: int) -> Taken:
-        return run(self._take_flow(name, interval_us))
+    def _take(self, name: str, terms: Terms, cost: int) -> Taken:
+        return run(self._take_flow(name, terms, cost))
 
-    def _try_start(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return run(self._outcome_flow("try_start", name, interval_us, ticket, lead_us))
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return run(self._outcome_flow("try_start", name, terms, ticket, lead_us, cost))
 
-    def _take_and_try(self, name: str, interval_us: int, lead_us: int) -> Outcome:
-        return run(self._outcome_flow("take_and_try", name, interval_us, lead_us=lead_us))
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return run(self._outcome_flow("take_and_try", name, terms, lead_us=lead_us, cost=cost))
 
-    def _retime(self, name: str, interval_us: int, ticket: int, lead_us: int) -> Outcome:
-        return run(self._outcome_flow("retime", name, interval_us, ticket, lead_us))
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return run(self._outcome_flow("retime", name, terms, ticket, lead_us))
 
     def _read(self, name: str) -> Snapshot:
         return run(self._read_flow(name))
 
     def _reset(self, name: str) -> bool:
         return run(self._reset_flow(name))
+
+    def _names(self, prefix: str) -> list[str]:
+        return run(self._names_flow(prefix))
+
+    def _sweep(self) -> int:
+        return run(self._sweep_flow())
