@@ -18,13 +18,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar, Union, overload
 
 from . import _validate
 from ._flow import Call, Flow
 from ._redact import redact
 from .errors import AcquireTimeout
 from .protocol import NEVER, US, Outcome
+from .rates import RateLike
 from .shard import (
     DEFAULT_MAX_LATE,
     Begin,
@@ -39,7 +40,7 @@ from .shard import (
     Turn,
     WaitForTurn,
 )
-from .state.base import Snapshot, StateBase
+from .state.base import Snapshot, StateBase, terms
 
 __all__ = ["LimiterBase", "ReservationBase", "Seconds", "Status", "TimedAnswer"]
 
@@ -51,6 +52,7 @@ Seconds = Union[float, datetime.timedelta]
 TimedAnswer = tuple[Outcome, float, float, Union[float, None]]
 
 S = TypeVar("S", bound=StateBase)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class Status:
     paused: bool
     #: the ticket this shard holds, if any
     held_ticket: int | None
+    #: how many starts may come at once after an idle spell
+    burst: int = 1
 
     @property
     def current(self) -> int:
@@ -95,6 +99,7 @@ class Status:
             waiting=shard.waiting,
             paused=shard.paused,
             held_ticket=shard.ticket,
+            burst=record.burst if record else 1,
         )
 
 
@@ -103,27 +108,40 @@ class LimiterBase(ABC, Generic[S]):
 
     #: the queue name
     name: str
-    #: seconds between two starts
+    #: seconds between two starts (of cost 1)
     interval: float
+    #: how many starts (of cost 1) may come at once after an idle spell
+    burst: int
+    #: seconds an idle queue's record is kept once forgetting it changes nothing; ``None``: for ever
+    keep: float | None
 
     def __init__(
         self,
         url: Any,
         *,
         name: str,
-        interval: Seconds,
+        interval: Seconds | None = None,
+        rate: RateLike | None = None,
+        burst: int = 1,
+        keep: Seconds | None = None,
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, interval, lead)
+        pace = _validate.pace(interval, rate)
+        self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, pace, lead)
+        self.burst, self.keep = _validate.burst(burst), _validate.keep(keep)
+        keep_us = 0 if self.keep is None else max(1, round(self.keep * US))
+        rule = terms(self._interval_us, self.burst, keep_us)  # checks burst * interval
+        #: the keyword arguments every state operation gets
+        self._terms = {"burst": rule.burst, "keep_us": rule.keep_us}
         self._max_late = _validate.max_late(max_late)
         self._clock = clock or time.monotonic
         self._state: S = self._open(url)
         #: whether this limiter opened the state (and so closes it); a state object passed in stays open
         self._owns_state = not isinstance(url, StateBase)
         checked = _validate.checked_lateness(self._max_late, self._state.clock_resolution)
-        self._shard = Shard(self.interval, lead=self._lead, max_late=checked)
+        self._shard = Shard(self.interval, lead=self._lead, max_late=checked, burst=self.burst)
 
     @property
     def state(self) -> S:
@@ -148,14 +166,40 @@ class LimiterBase(ABC, Generic[S]):
             self._changed()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self._state.url, self.name, self.interval, self._lead, self._max_late))
+        settings = (self.name, self.interval, self._lead, self._max_late, self.burst, self.keep)
+        return (_rebuild, (type(self), self._state.url, *settings))
 
     def __repr__(self) -> str:
         url = redact(self._state.url)
-        return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r})"
+        more = f", burst={self.burst!r}" if self.burst != 1 else ""
+        return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r}{more})"
 
     #: the name ``repr`` shows
     _display_name = "Limiter"
+
+    @abstractmethod
+    def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Any:
+        """Wait for this caller's turn (a coroutine on asyncio), and return it."""
+
+    @abstractmethod
+    def wrap(self, fn: F, *, cost: int = 1) -> F:
+        """``fn`` changed so that every call first waits for its turn, of ``cost``."""
+
+    @overload
+    def __call__(self, fn: F, /) -> F: ...
+
+    @overload
+    def __call__(self, fn: None = None, /, *, cost: int = 1) -> Callable[[F], F]: ...
+
+    def __call__(self, fn: F | None = None, /, *, cost: int = 1) -> F | Callable[[F], F]:
+        """Decorate ``fn`` so that every call waits for its turn (see :meth:`wrap`).
+
+        ``@limiter`` costs each call 1; ``@limiter(cost=3)`` costs it 3.
+        """
+        cost = _validate.cost(cost, self.burst)
+        if fn is None:
+            return lambda function: self.wrap(function, cost=cost)
+        return self.wrap(fn, cost=cost)
 
     @abstractmethod
     def _open(self, url: Any) -> S:
@@ -180,16 +224,25 @@ class LimiterBase(ABC, Generic[S]):
     def _wait_until(self, until: float, now: float, spin: bool) -> Any: ...
 
     @abstractmethod
-    def _call_state(self, operation: Callable[..., Any], args: tuple[int, ...]) -> Any: ...
+    def _wait_precisely(self, until: float) -> Any:
+        """Wait, holding no lock, until local time ``until``, as precisely as the driver can."""
 
-    def _operation(self, step: TakeAndTry | TryStart | Retime) -> tuple[Callable[..., Any], tuple[int, ...]]:
-        """The state method and arguments (after the name) that ``step`` calls for."""
+    @abstractmethod
+    def _call_state(
+        self, operation: Callable[..., Any], args: tuple[int, ...], kwargs: dict[str, int]
+    ) -> Any: ...
+
+    def _operation(
+        self, step: TakeAndTry | TryStart | Retime
+    ) -> tuple[Callable[..., Any], tuple[int, ...], dict[str, int]]:
+        """The state method, arguments (after the name) and keyword arguments that ``step`` calls for."""
         state: Any = self._state
         if isinstance(step, TakeAndTry):
-            return state.take_and_try, (self._interval_us, step.lead_us)
+            return state.take_and_try, (self._interval_us, step.lead_us), {**self._terms, "cost": step.cost}
         if isinstance(step, TryStart):
-            return state.try_start, (self._interval_us, step.ticket, step.lead_us)
-        return state.retime, (self._interval_us, step.ticket, step.lead_us)
+            args = (self._interval_us, step.ticket, step.lead_us)
+            return state.try_start, args, {**self._terms, "cost": step.cost}
+        return state.retime, (self._interval_us, step.ticket, step.lead_us), self._terms
 
     def _timeout_error(self, job: Job) -> AcquireTimeout:
         timeout = None if job.deadline is None else job.timeout
@@ -226,9 +279,9 @@ class LimiterBase(ABC, Generic[S]):
                 elif isinstance(step, BeginAt):
                     yield Call(self._wait_until, (step.until, now, step.spin))
                 else:
-                    operation, args = self._operation(step)
+                    call = self._operation(step)
                     try:
-                        outcome, sent, received, state_now = yield Call(self._call_state, (operation, args))
+                        outcome, sent, received, state_now = yield Call(self._call_state, call)
                     except BaseException:
                         self._shard.failed(job)
                         raise
@@ -241,12 +294,31 @@ class LimiterBase(ABC, Generic[S]):
             raise
 
     @abstractmethod
-    def reserve(self) -> ReservationBase[S]:
-        """Take a place in this shard's queue now, to wait for its turn later."""
+    def reserve(self, *, cost: int = 1) -> ReservationBase[S]:
+        """Take a place in this shard's queue now, for a job of ``cost``, to wait for its turn later."""
 
-    def _add_job(self) -> Job:
-        """A new job at the back of the shard's queue (holding the lock), for a reservation."""
-        return self._shard.add()
+    @abstractmethod
+    def _attempt(self, cost: int) -> Any:
+        """``(turn, None)`` if a turn of ``cost`` is free now, else ``(None, when)`` (a coroutine on asyncio).
+
+        ``when`` is the local time the state said this caller's slot comes,
+        or ``None`` if it did not say (another caller was ahead in this shard).
+        """
+
+    def _is_idle(self) -> bool:
+        """Whether nobody waits here and no call or begin is under way (a group may then drop it)."""
+        with self._locked():
+            return self._shard.idle
+
+    def _add_job(self, cost: int = 1) -> Job:
+        """A new job of ``cost`` at the back of the shard's queue (holding the lock), for a reservation."""
+        return self._shard.add(cost=cost)
+
+    def _new_job(self, timeout: Seconds | None, cost: int) -> Job:
+        """A new job at the back of the shard's queue (holding the lock), its arguments checked."""
+        seconds = _validate.timeout(timeout)
+        cost = _validate.cost(cost, self.burst)
+        return self._shard.add(None if seconds is None else self._clock() + seconds, seconds, cost)
 
 
 class ReservationBase(ABC, Generic[S]):
@@ -256,10 +328,11 @@ class ReservationBase(ABC, Generic[S]):
     the place up: a wait in progress then returns ``None``.
     """
 
-    def __init__(self, limiter: LimiterBase[S]) -> None:
+    def __init__(self, limiter: LimiterBase[S], cost: int = 1) -> None:
         self._limiter = limiter
+        cost = _validate.cost(cost, limiter.burst)
         with limiter._locked():
-            self._job = limiter._add_job()
+            self._job = limiter._add_job(cost)
 
     @property
     def turn(self) -> Turn | None:
@@ -306,5 +379,7 @@ def _rebuild(
     interval: float,
     lead: float | None,
     max_late: float | None = DEFAULT_MAX_LATE,
+    burst: int = 1,
+    keep: float | None = None,
 ) -> LimiterBase[Any]:
-    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late)
+    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late, burst=burst, keep=keep)

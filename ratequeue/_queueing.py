@@ -76,6 +76,8 @@ class Entry(Generic[FutureT]):
 
     future: FutureT
     call: Callable[[], Any]
+    #: how many starts of the queue's rate the job uses
+    cost: int = 1
 
 
 class QueueBase(ABC, Generic[L, FutureT]):
@@ -168,19 +170,25 @@ class QueueBase(ABC, Generic[L, FutureT]):
         if self._places is not None:
             self._places.release()
 
-    def _reserve(self) -> PlaceInQueue:
-        """A new place in the limiter's queue."""
-        return self._limiter.reserve()
+    def _reserve(self, cost: int) -> PlaceInQueue:
+        """A new place in the limiter's queue, for a job of ``cost``."""
+        return self._limiter.reserve(cost=cost)
 
     # Written once.
 
     def _add(
-        self, future: FutureT, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        future: FutureT,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cost: int = 1,
     ) -> None:
-        """Queue ``fn(*args, **kwargs)`` with ``future``, starting the pacer if none runs."""
+        """Queue ``fn(*args, **kwargs)`` of ``cost`` with ``future``, starting the pacer if none runs."""
         if not callable(fn):
             raise TypeError(f"add() needs a callable, got {type(fn).__name__}")
-        entry: Entry[FutureT] = Entry(future, functools.partial(fn, *args, **kwargs))
+        cost = _validate.cost(cost, self._limiter.burst)
+        entry: Entry[FutureT] = Entry(future, functools.partial(fn, *args, **kwargs), cost)
         with self._locked():
             if self._closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
@@ -229,7 +237,11 @@ class QueueBase(ABC, Generic[L, FutureT]):
                         return
                 yield Call(self._take_running_place)
                 with self._locked():
-                    reservation = self._reservation = self._reserve()
+                    if not self._pending:  # cancelled while a running place was awaited
+                        self._release_running_place()
+                        continue
+                    cost = self._pending[0].cost
+                    reservation = self._reservation = self._reserve(cost)
                 try:
                     turn: Turn | None = yield Call(reservation.wait)
                 except Exception as exc:  # the state failed: fail the head job, go on
@@ -242,8 +254,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
                     with self._locked():
                         self._reservation = None
                 backoff = _FAILURE_BACKOFF
-                entry = self._next_runnable() if turn is not None else None
-                if entry is None:  # every queued job was cancelled while we waited
+                entry = self._next_runnable(cost) if turn is not None else None
+                if entry is None:  # the queued jobs were cancelled while we waited, or cost more
                     self._release_running_place()
                     continue
                 self._start_job(entry)
@@ -272,10 +284,16 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 self._running -= 1
                 self._idle_changed()
 
-    def _next_runnable(self) -> Entry[FutureT] | None:
-        """Pop the first queued job that was not cancelled, counting it as running."""
+    def _next_runnable(self, cost: int) -> Entry[FutureT] | None:
+        """Pop the first queued job that was not cancelled, counting it as running.
+
+        ``None`` if there is none, or if it costs more than ``cost`` (the
+        turn's): it stays first, and the turn goes unused.
+        """
         with self._locked():
             while self._pending:
+                if self._pending[0].cost > cost:
+                    return None
                 entry = self._pending.popleft()
                 if self._claim(entry.future):
                     self._running += 1

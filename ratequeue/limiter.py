@@ -15,17 +15,21 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from . import _validate
 from ._flow import run
 from ._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
 from ._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from ._sleep import wait_until
+from .errors import AcquireTimeout
+from .rates import RateLike
 from .shard import DEFAULT_MAX_LATE, Turn
 from .state import State, StateLike, from_url
 
 __all__ = ["Limiter", "Reservation", "Status"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: the last part (s) of a precise wait that is busy-waited: more than a loaded host's wake-up lateness
+_SPIN = 0.0015
 
 
 class Limiter(LimiterBase[State]):
@@ -43,7 +47,10 @@ class Limiter(LimiterBase[State]):
         url: StateLike = None,
         *,
         name: str,
-        interval: Seconds,
+        interval: Seconds | None = None,
+        rate: RateLike | None = None,
+        burst: int = 1,
+        keep: Seconds | None = None,
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
@@ -55,6 +62,17 @@ class Limiter(LimiterBase[State]):
         :param name: the queue name; every limiter with the same state and
             name shares one rate.
         :param interval: seconds (or a ``timedelta``) between two starts.
+        :param rate: the pace as a rate instead: ``"5000/hour"``, ``(10,
+            timedelta(seconds=1))`` or :class:`ratequeue.Rate`; its interval is
+            ``period / count``. Give ``interval`` or ``rate``, not both.
+        :param burst: how many starts may come at once after an idle spell (1:
+            none closer than the interval). Any ``k`` consecutive starts span at
+            least ``(k - burst)`` intervals (docs/rates.md). Fixed per queue
+            name, as the interval is.
+        :param keep: seconds an idle queue's record is kept once forgetting it
+            changes nothing (then it is deleted, and the queue starts afresh,
+            exactly as if it had been kept); ``None`` keeps it for ever.
+            :class:`ratequeue.LimiterGroup` sets it for its keys.
         :param lead: how early a caller may reserve its slot before sleeping
             until it; ``None`` adapts it to the state's round-trip time.
         :param max_late: seconds a caller may begin after its granted start
@@ -68,24 +86,53 @@ class Limiter(LimiterBase[State]):
             must tick at the rate of real time (tests shift it).
         """
         self._cond = threading.Condition()
-        super().__init__(url, name=name, interval=interval, lead=lead, max_late=max_late, clock=clock)
+        super().__init__(
+            url,
+            name=name,
+            interval=interval,
+            rate=rate,
+            burst=burst,
+            keep=keep,
+            lead=lead,
+            max_late=max_late,
+            clock=clock,
+        )
 
-    def acquire(self, timeout: Seconds | None = None) -> Turn:
+    def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
         """Block until this caller's global turn, and return it.
 
         :param timeout: seconds to wait at most; ``None`` waits for ever, ``0``
             only takes a turn that is free now.
+        :param cost: how many starts of the rate this call uses (1 to the burst).
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
         """
-        seconds = _validate.timeout(timeout)
         with self._cond:
-            job = self._shard.add(None if seconds is None else self._clock() + seconds, seconds)
-            turn = run(self._acquire_flow(job))
+            turn = run(self._acquire_flow(self._new_job(timeout, cost)))
         assert turn is not None, "only a withdrawn job has no turn, and this one is nobody else's"
         return turn
 
-    def reserve(self) -> Reservation:
+    def try_acquire(self, *, cost: int = 1) -> Turn | None:
+        """This caller's turn if one is free now, else ``None``; never waits for a turn.
+
+        It makes at most two calls to the state (the shard's held ticket
+        tried, then a new one taken). Without a turn, a ticket taken stays
+        with this shard for its next caller, costing nobody anything.
+
+        :raises StateUnavailable: if the state cannot be reached.
+        """
+        return self._attempt(cost)[0]
+
+    def _attempt(self, cost: int) -> tuple[Turn | None, float | None]:
+        """:meth:`try_acquire`, and without a turn the local time its slot comes, if the state said."""
+        with self._cond:
+            job = self._new_job(0, cost)
+            try:
+                return run(self._acquire_flow(job)), None
+            except AcquireTimeout:
+                return None, job.expected
+
+    def reserve(self, *, cost: int = 1) -> Reservation:
         """Take a place in this shard's queue now, to :meth:`Reservation.wait` for its turn later.
 
         Another thread may :meth:`Reservation.cancel` it. While a reservation
@@ -93,7 +140,7 @@ class Limiter(LimiterBase[State]):
         wait too: wait for it, or cancel it (``with limiter.reserve() as r:``
         cancels on exit).
         """
-        return Reservation(self)
+        return Reservation(self, cost)
 
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
@@ -101,8 +148,8 @@ class Limiter(LimiterBase[State]):
         with self._cond:
             return Status.of(self.name, self.interval, snapshot, self._shard)
 
-    def wrap(self, fn: F) -> F:
-        """``fn`` changed so that every call first waits for its turn.
+    def wrap(self, fn: F, *, cost: int = 1) -> F:
+        """``fn`` changed so that every call first waits for its turn (of ``cost``).
 
         Works on functions, methods and coroutine functions (their wait runs
         in a worker thread, so the event loop is not blocked; a cancelled
@@ -113,7 +160,7 @@ class Limiter(LimiterBase[State]):
 
             @functools.wraps(fn)
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
-                reservation = Reservation(self)
+                reservation = Reservation(self, cost)
                 try:
                     await asyncio.to_thread(reservation.wait)
                 except BaseException:
@@ -125,14 +172,10 @@ class Limiter(LimiterBase[State]):
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self.acquire()
+            self.acquire(cost=cost)
             return fn(*args, **kwargs)
 
         return cast(F, wrapped)
-
-    def __call__(self, fn: F) -> F:
-        """Decorate ``fn`` so that every call waits for its turn (see :meth:`wrap`)."""
-        return self.wrap(fn)
 
     def __enter__(self) -> Turn:
         return self.acquire()
@@ -167,11 +210,18 @@ class Limiter(LimiterBase[State]):
         finally:
             self._cond.acquire()
 
-    def _call_state(self, operation: Callable[..., Any], args: tuple[int, ...]) -> TimedAnswer:
+    def _wait_precisely(self, until: float) -> None:
+        if until - self._clock() > _SPIN:
+            wait_until(until - _SPIN, self._clock)
+        wait_until(until, self._clock, spin=True)
+
+    def _call_state(
+        self, operation: Callable[..., Any], args: tuple[int, ...], kwargs: dict[str, int]
+    ) -> TimedAnswer:
         self._cond.release()
         try:
             sent = self._clock()
-            outcome = operation(self.name, *args)
+            outcome = operation(self.name, *args, **kwargs)
             received = self._clock()
             return outcome, sent, received, self._state.local_now()
         finally:

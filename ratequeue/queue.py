@@ -20,6 +20,7 @@ from ._flow import run
 from ._limiting import Seconds
 from ._queueing import Entry, QueueBase
 from .limiter import Limiter, Status
+from .rates import RateLike
 from .state import State, StateLike
 
 __all__ = ["Queue"]
@@ -40,7 +41,9 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
         url: StateLike = None,
         *,
         name: str,
-        interval: Seconds,
+        interval: Seconds | None = None,
+        rate: RateLike | None = None,
+        burst: int = 1,
         lead: Seconds | None = None,
         max_running: int | None = None,
     ) -> None:
@@ -49,10 +52,14 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
         :param name: the queue name; every queue and limiter with the same
             state and name shares one rate.
         :param interval: seconds (or a ``timedelta``) between two starts.
+        :param rate: the pace as a rate instead (``"5000/hour"``), as for :class:`~ratequeue.Limiter`.
+        :param burst: how many starts may come at once after an idle spell (see
+            :class:`~ratequeue.Limiter`).
         :param lead: as for :class:`~ratequeue.Limiter`.
         :param max_running: how many jobs may run at once; ``None`` for no limit.
         """
-        super().__init__(Limiter(url, name=name, interval=interval, lead=lead), max_running)
+        limiter = Limiter(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
+        super().__init__(limiter, max_running)
         self._lock = threading.Condition()
         self._semaphore = threading.BoundedSemaphore(self._max_running) if self._max_running else None
         self._places = self._semaphore
@@ -62,15 +69,18 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
         """The state this queue uses."""
         return self._limiter.state
 
-    def add(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+    def add(self, fn: Callable[..., T], /, *args: Any, cost: int = 1, **kwargs: Any) -> Future[T]:
         """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future.
 
         Cancelling the future before the job starts removes it from the queue.
+        ``cost`` is how many starts of the rate the job uses (1 to the
+        burst); it is not passed on to ``fn`` (wrap ``fn`` in
+        :func:`functools.partial` to give it an argument named ``cost``).
 
         :raises QueueClosed: if the queue is closed.
         """
         future: Future[T] = Future()
-        self._add(future, fn, args, kwargs)
+        self._add(future, fn, args, kwargs, cost)
         return future
 
     def join(self, timeout: Seconds | None = None) -> bool:

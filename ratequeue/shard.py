@@ -116,6 +116,8 @@ class Job:
     deadline: float | None = None
     #: the timeout (s) the deadline was set from, for messages
     timeout: float | None = None
+    #: how many starts of the queue's rate the job uses (1 to the queue's burst)
+    cost: int = 1
     #: set once the job's turn has been granted
     turn: Turn | None = field(default=None, init=False)
     #: whether the job is in its shard's queue
@@ -126,10 +128,14 @@ class Job:
     retimes: int = field(default=0, init=False)
     #: turns given up because the job woke too late to begin them
     given_up: int = field(default=0, init=False)
+    #: set when a late turn of a queue with a burst could not be moved: it begins late
+    begins_late: bool = field(default=False, init=False)
     #: local time the job's driver was told to wake at before its start, while it sleeps
     wake: float | None = field(default=None, init=False)
     #: set when the job was withdrawn (its reservation cancelled): its driver stops, turnless
     withdrawn: bool = field(default=False, init=False)
+    #: the local time of the slot the state last told this job to wait for, if it did
+    expected: float | None = field(default=None, init=False)
 
 
 @dataclass(frozen=True)
@@ -151,17 +157,23 @@ class SleepUntil:
 
 @dataclass(frozen=True)
 class TakeAndTry:
-    """Call ``state.take_and_try(name, interval_us, lead_us)`` and report the answer."""
+    """Call ``state.take_and_try(name, interval_us, lead_us, cost=cost)`` and report the answer."""
 
     lead_us: int
+    cost: int = 1
 
 
 @dataclass(frozen=True)
 class TryStart:
-    """Call ``state.try_start(name, interval_us, ticket, lead_us)`` and report the answer."""
+    """Call ``state.try_start(name, interval_us, ticket, lead_us, cost=cost)`` and report the answer.
+
+    ``cost`` is the cost the ticket was taken for, which may exceed the
+    head job's (the ticket was taken for a job that has left since).
+    """
 
     ticket: int
     lead_us: int
+    cost: int = 1
 
 
 @dataclass(frozen=True)
@@ -213,6 +225,7 @@ class Shard:
         lead: float | None = None,
         jitter: float = DEFAULT_JITTER,
         max_late: float | None = DEFAULT_MAX_LATE,
+        burst: int = 1,
     ) -> None:
         """
         :param interval: the queue's interval in seconds.
@@ -223,7 +236,15 @@ class Shard:
             begin; a later wake-up moves the start (or gives the turn up)
             instead. ``None``, or an interval under four times this, turns
             the check off.
+        :param burst: the queue's burst. With a burst, a late turn whose start
+            cannot be moved (another start followed it, inside the burst) is
+            begun late rather than given up: giving it up would hand its place
+            in the burst to nobody, and churn every burst after an idle spell
+            (each start granted "now" arrives a round-trip late). The state's
+            window bound holds all the same; as the service sees it, by the
+            wake-up lateness.
         """
+        self.burst = burst
         self.interval = interval
         self._fixed_lead = lead
         self._jitter = jitter
@@ -233,8 +254,11 @@ class Shard:
         #: how late recent sleeps before a begin woke up (s)
         self._wake_lateness: deque[float] = deque(maxlen=_WAKE_SAMPLES)
         self._paused = False
-        #: the ticket this shard holds, and the local time of its slot if known
+        #: the ticket this shard holds, the cost it was taken for, and the local time of its slot if known
         self._ticket: int | None = None
+        self._ticket_cost = 1
+        #: the cost of the ticket the call in flight takes or tries
+        self._call_cost = 1
         self._slot: float | None = None
         #: local time of the answer that gave the held ticket's slot
         self._asked: float | None = None
@@ -249,6 +273,16 @@ class Shard:
     def waiting(self) -> int:
         """How many jobs wait here for their turn."""
         return len(self._jobs)
+
+    @property
+    def rtt(self) -> float:
+        """The smoothed round-trip time (s) of this shard's calls to the state (0 before the first)."""
+        return self._rtt if self._rtt is not None else 0.0
+
+    @property
+    def idle(self) -> bool:
+        """Whether no job waits or holds an unbegun turn, and no call is in flight."""
+        return not self._jobs and self._granted is None and self._in_flight is None
 
     @property
     def paused(self) -> bool:
@@ -289,9 +323,9 @@ class Shard:
         ordered = sorted(self._wake_lateness)
         return min(ordered[len(ordered) // 2], self.interval, _MAX_EARLY)
 
-    def add(self, deadline: float | None = None, timeout: float | None = None) -> Job:
-        """Queue a new job at the back; ``deadline`` is local time (set from ``timeout`` s, for messages)."""
-        job = Job(deadline=deadline, timeout=timeout)
+    def add(self, deadline: float | None = None, timeout: float | None = None, cost: int = 1) -> Job:
+        """Queue a new job of ``cost`` at the back; ``deadline`` is local time (set from ``timeout`` s)."""
+        job = Job(deadline=deadline, timeout=timeout, cost=cost)
         job.queued = True
         self._jobs.append(job)
         return job
@@ -360,9 +394,14 @@ class Shard:
             job.late_calls += 1
         lead = self.lead if deadline is None else max(0.0, min(self.lead, deadline - now))
         lead_us = round(lead * US)  # not truncated: 0.000999999 s is the 1000 us it stands for
+        if self._ticket is not None and job.cost > self._ticket_cost:
+            # taken for a cheaper job that has left: starting it at this cost would overlap the
+            # next ticket's units, so it is dropped (it is passed, as a dead shard's ticket is)
+            self._ticket = self._slot = None
         if self._ticket is None:
             self._in_flight = job
-            return TakeAndTry(lead_us)
+            self._call_cost = job.cost
+            return TakeAndTry(lead_us, job.cost)
         if self._slot is not None:
             if deadline is not None and self._slot > deadline:
                 return Expired()
@@ -372,7 +411,8 @@ class Shard:
             if now < wake:
                 return SleepUntil(wake)
         self._in_flight = job
-        return TryStart(self._ticket, lead_us)
+        self._call_cost = self._ticket_cost
+        return TryStart(self._ticket, lead_us, self._ticket_cost)
 
     def _granted_step(self, job: Job, turn: Turn, now: float) -> Step | None:
         """The step of a job holding a granted turn; ``None`` once it has given the turn up."""
@@ -391,7 +431,7 @@ class Shard:
                 job.wake = wake
                 return BeginAt(wake)
             return BeginAt(turn.local_start, spin=True)
-        if self.max_late is None or now - turn.local_start <= self.max_late + _RESOLUTION:
+        if self.max_late is None or job.begins_late or now - turn.local_start <= self.max_late + _RESOLUTION:
             self._granted = None
             return Begin(turn)
         # Too late: a late begin shortens the gap to the next one (G7). Move the start
@@ -401,6 +441,9 @@ class Shard:
             self._in_flight = job
             self._retiming = True
             return Retime(turn.ticket, round(self._retime_lead * US))
+        if self.burst > 1:
+            self._granted = None
+            return Begin(turn)
         self._give_up(job)
         return None
 
@@ -434,19 +477,25 @@ class Shard:
                 return  # the turn was abandoned meanwhile
             if isinstance(outcome, Started):
                 job.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
+            elif self.burst > 1:
+                job.begins_late = True
             else:
                 self._give_up(job)
         elif isinstance(outcome, Started):
             self._ticket = self._slot = None
-            if not self._jobs:
-                return  # the job left meanwhile and nobody else waits: the turn is unused
+            if not self._jobs or self._jobs[0].cost > self._call_cost:
+                # the job left meanwhile and nobody else waits, or the next job costs more than
+                # the turn was granted for: the turn is unused
+                return
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False
             head.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
             self._granted = head
         elif isinstance(outcome, Wait):
+            if outcome.ticket != self._ticket:  # a new ticket, from TakeAndTry
+                self._ticket_cost = self._call_cost
             self._ticket = outcome.ticket
-            self._slot = outcome.slot / US + offset
+            self._slot = job.expected = outcome.slot / US + offset
             self._asked = received
         elif isinstance(outcome, Passed):
             self._ticket = self._slot = None

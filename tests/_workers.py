@@ -95,3 +95,43 @@ def hold_lock_and_stop(lock_path: str, conn: Any) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
     lock.release()
     conn.send("released")
+
+
+def acquire_bursts(
+    url: str, name: str, rate: str, burst: int, count: int, index: int, barrier: Any, reports: Any
+) -> None:
+    """After ``barrier``, acquire ``count`` turns of ``rate`` with ``burst``; report as ``acquire_many``."""
+    from ratequeue import Limiter
+
+    error = ""
+    try:
+        limiter = Limiter(url, name=name, rate=rate, burst=burst)
+        barrier.wait(60)
+        for _ in range(count):
+            turn = limiter.acquire(timeout=60)
+            reports.put((index, turn.ticket, turn.start_us))
+        limiter.close()
+    except Exception as exc:  # reported to the test, which fails
+        error = f"{type(exc).__name__}: {exc}"
+    reports.put((index, None, error))
+
+
+def acquire_keys(
+    url: str, group: str, rate: str, keys: list[str], rounds: int, index: int, barrier: Any, reports: Any
+) -> None:
+    """After ``barrier``, acquire ``rounds`` turns of each of ``keys`` in a group.
+
+    Reports ``(index, key, start_us)`` per turn, then ``(index, None, error)`` at the end.
+    """
+    from ratequeue import LimiterGroup
+
+    error = ""
+    try:
+        with LimiterGroup(url, name=group, rate=rate) as limiters:
+            barrier.wait(60)
+            for _ in range(rounds):
+                for key in keys:
+                    reports.put((index, key, limiters[key].acquire(timeout=60).start_us))
+    except Exception as exc:  # reported to the test, which fails
+        error = f"{type(exc).__name__}: {exc}"
+    reports.put((index, None, error))

@@ -79,6 +79,38 @@ CASES: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "queue max_running zero": (queue(max_running=0), "max_running"),
     "queue interval zero": (queue(interval=0), "interval"),
+    "rate with an unknown unit": (limiter(interval=None, rate="10/fortnight"), "unknown unit 'fortnight'"),
+    "rate zero": (limiter(interval=None, rate="0/s"), "whole number >= 1, got 0"),
+    "rate negative": (limiter(interval=None, rate="-1/s"), "whole number >= 1, got -1"),
+    "rate a float count": (limiter(interval=None, rate=(2.5, 1)), "whole number >= 1"),
+    "rate a bare number": (limiter(interval=None, rate=10), "rate must be 'N/UNIT'"),
+    "rate beside an interval": (limiter(rate="10/s"), "not both"),
+    "neither interval nor rate": (limiter(interval=None), "give interval="),
+    "burst zero": (limiter(burst=0), "burst must be an integer >= 1"),
+    "burst a float": (limiter(burst=2.0), "burst must be an integer >= 1"),
+    "burst too long for the record": (limiter(interval=86400, burst=2**31), r"burst \* interval"),
+    "keep negative": (limiter(keep=-1), "keep"),
+    "keep NaN": (limiter(keep=math.nan), "keep"),
+    "queue rate unreadable": (queue(interval=None, rate="ten per second"), "cannot read rate"),
+    "group keep None": (
+        lambda: ratequeue.LimiterGroup("memory://", name="g", rate="1/s", keep=None),  # type: ignore[arg-type]
+        "must expire",
+    ),
+    "group max_keys zero": (
+        lambda: ratequeue.LimiterGroup("memory://", name="g", rate="1/s", max_keys=0),
+        "max_keys",
+    ),
+    "group key empty": (lambda: ratequeue.LimiterGroup("memory://", name="g", rate="1/s")[""], "key"),
+    "group key not a string": (lambda: ratequeue.LimiterGroup("memory://", name="g", rate="1/s")[7], "key"),  # type: ignore[index]
+    "cost above the burst": (
+        lambda: ratequeue.Limiter("memory://", name="c", rate="1/s").acquire(cost=2),
+        "cost",
+    ),
+    "cost zero": (
+        lambda: ratequeue.Limiter("memory://", name="c", rate="1/s", burst=3).try_acquire(cost=0),
+        "cost",
+    ),
+    "all_of nothing": (lambda: ratequeue.all_of(), "at least one"),
 }
 
 
@@ -134,6 +166,14 @@ def test_interval_mismatch_names_both_and_changes_nothing(tmp_path: Path) -> Non
         (lambda s: s.retime("q", 1000, 1, -5), "lead_us"),
         (lambda s: s.read(""), "empty"),
         (lambda s: s.reset("x" * 500), "at most"),
+        (lambda s: s.take("q", 1000, burst=0), "burst"),
+        (lambda s: s.take("q", 1000, cost=2), r"cost .* burst \(1\)"),
+        (lambda s: s.take_and_try("q", 1000, 0, burst=3, cost=4), "cost"),
+        (lambda s: s.try_start("q", 1000, 1, 0, burst=2, cost=0), "cost"),
+        (lambda s: s.take("q", 1000, keep_us=-1), "keep_us"),
+        (lambda s: s.retime("q", 2**40, 1, 0, burst=2**20), r"burst \* interval"),
+        (lambda s: s.names("bad\nprefix"), "printable"),
+        (lambda s: s.names(5), "prefix must be a string"),
     ],
 )
 def test_state_operations_check_their_arguments(

@@ -467,6 +467,18 @@ def test_a_late_turn_that_cannot_move_is_given_up_for_a_new_ticket() -> None:
     assert isinstance(shard.step(other, 10.007), WaitForTurn)
 
 
+def test_a_late_turn_inside_a_burst_that_cannot_move_begins_late_instead() -> None:
+    """With a burst, another start may follow at once: a late turn that cannot move is not thrown away."""
+    shard = Shard(0.01, lead=0.002, max_late=0.0003, burst=5)
+    job = shard.add()
+    granted(shard, job, start=10_005_000, now=10.0)
+    assert isinstance(shard.step(job, 10.007), Retime)
+    shard.receive(job, protocol.Passed(ticket=1, pos=2, now=10_007_000), 10.007, 10.007)
+    assert job.turn is not None
+    assert job.given_up == 0
+    assert shard.step(job, 10.0071) == Begin(job.turn), "begun, late by the wake-up, not given up"
+
+
 def test_a_paused_shard_gives_a_late_turn_up_without_calling() -> None:
     """G6 with G7: a paused shard whose job wakes late makes no call; the job waits at the head."""
     shard = Shard(0.01, lead=0.002, max_late=0.0003)

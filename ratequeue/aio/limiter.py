@@ -16,11 +16,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from .. import _validate
 from .._flow import arun
 from .._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from .._sleep import wait_until
+from ..errors import AcquireTimeout
+from ..rates import RateLike
 from ..shard import DEFAULT_MAX_LATE, Turn
 from .state import AsyncState, AsyncStateLike, from_url
 
@@ -48,7 +49,10 @@ class Limiter(LimiterBase[AsyncState]):
         url: AsyncStateLike = None,
         *,
         name: str,
-        interval: Seconds,
+        interval: Seconds | None = None,
+        rate: RateLike | None = None,
+        burst: int = 1,
+        keep: Seconds | None = None,
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
@@ -62,34 +66,55 @@ class Limiter(LimiterBase[AsyncState]):
         :class:`AsyncState` object passed in is left open by :meth:`close`.
         """
         self._waiters: list[asyncio.Future[None]] = []
-        super().__init__(url, name=name, interval=interval, lead=lead, max_late=max_late, clock=clock)
+        super().__init__(
+            url,
+            name=name,
+            interval=interval,
+            rate=rate,
+            burst=burst,
+            keep=keep,
+            lead=lead,
+            max_late=max_late,
+            clock=clock,
+        )
 
-    async def acquire(self, timeout: Seconds | None = None) -> Turn:
+    async def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
         """Wait until this task's global turn, and return it.
 
         :param timeout: seconds to wait at most; ``None`` waits for ever, ``0``
             only takes a turn that is free now.
+        :param cost: how many starts of the rate this call uses (1 to the burst).
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         """
-        seconds = _validate.timeout(timeout)
-        job = self._shard.add(None if seconds is None else self._clock() + seconds, seconds)
-        turn = await arun(self._acquire_flow(job))
+        turn = await arun(self._acquire_flow(self._new_job(timeout, cost)))
         assert turn is not None, "only a withdrawn job has no turn, and this one is nobody else's"
         return turn
 
-    def reserve(self) -> Reservation:
+    async def try_acquire(self, *, cost: int = 1) -> Turn | None:
+        """This task's turn if one is free now, else ``None`` (see :meth:`ratequeue.Limiter.try_acquire`)."""
+        return (await self._attempt(cost))[0]
+
+    async def _attempt(self, cost: int) -> tuple[Turn | None, float | None]:
+        """:meth:`try_acquire`, and without a turn the local time its slot comes, if the state said."""
+        job = self._new_job(0, cost)
+        try:
+            return await arun(self._acquire_flow(job)), None
+        except AcquireTimeout:
+            return None, job.expected
+
+    def reserve(self, *, cost: int = 1) -> Reservation:
         """Take a place in this shard's queue now, to await :meth:`Reservation.wait` later.
 
         As :meth:`ratequeue.Limiter.reserve`; cancel it from the event loop's thread.
         """
-        return Reservation(self)
+        return Reservation(self, cost)
 
     async def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
         return Status.of(self.name, self.interval, await self._state.read(self.name), self._shard)
 
-    def wrap(self, fn: F) -> F:
-        """``fn`` as a coroutine function whose every call first awaits its turn.
+    def wrap(self, fn: F, *, cost: int = 1) -> F:
+        """``fn`` as a coroutine function whose every call first awaits its turn (of ``cost``).
 
         A coroutine function is awaited after the turn; a plain function is
         called after it (the wrapper is a coroutine function either way).
@@ -99,15 +124,11 @@ class Limiter(LimiterBase[AsyncState]):
 
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            await self.acquire()
+            await self.acquire(cost=cost)
             result = fn(*args, **kwargs)
             return await result if is_coroutine else result
 
         return cast(F, wrapped)
-
-    def __call__(self, fn: F) -> F:
-        """Decorate ``fn`` so that every call awaits its turn (see :meth:`wrap`)."""
-        return self.wrap(fn)
 
     async def __aenter__(self) -> Turn:
         return await self.acquire()
@@ -150,9 +171,14 @@ class Limiter(LimiterBase[AsyncState]):
             await asyncio.sleep(until - now - _LOOP_RESOLUTION)
         wait_until(until, self._clock, spin=spin)
 
-    async def _call_state(self, operation: Callable[..., Any], args: tuple[int, ...]) -> TimedAnswer:
+    async def _wait_precisely(self, until: float) -> None:
+        await self._wait_until(until, self._clock(), spin=True)
+
+    async def _call_state(
+        self, operation: Callable[..., Any], args: tuple[int, ...], kwargs: dict[str, int]
+    ) -> TimedAnswer:
         sent = self._clock()
-        outcome = await operation(self.name, *args)
+        outcome = await operation(self.name, *args, **kwargs)
         received = self._clock()
         return outcome, sent, received, self._state.local_now()
 

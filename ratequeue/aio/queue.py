@@ -17,6 +17,7 @@ from .. import _validate
 from .._flow import arun
 from .._limiting import Seconds, Status
 from .._queueing import Entry, QueueBase
+from ..rates import RateLike
 from .limiter import Limiter
 from .state import AsyncState, AsyncStateLike
 
@@ -36,12 +37,15 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
         url: AsyncStateLike = None,
         *,
         name: str,
-        interval: Seconds,
+        interval: Seconds | None = None,
+        rate: RateLike | None = None,
+        burst: int = 1,
         lead: Seconds | None = None,
         max_running: int | None = None,
     ) -> None:
         """See :class:`ratequeue.Queue`."""
-        super().__init__(Limiter(url, name=name, interval=interval, lead=lead), max_running)
+        limiter = Limiter(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
+        super().__init__(limiter, max_running)
         self._semaphore = asyncio.Semaphore(self._max_running) if self._max_running else None
         self._places = self._semaphore
         #: the pacer and job tasks, kept so that they are not collected while they run
@@ -55,16 +59,16 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
         """The state this queue uses."""
         return self._limiter.state
 
-    def add(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+    def add(self, fn: Callable[..., Any], /, *args: Any, cost: int = 1, **kwargs: Any) -> asyncio.Future[Any]:
         """Queue ``fn(*args, **kwargs)`` (awaited if it is a coroutine function); return its future.
 
         Call from a running event loop. Cancelling the future before the job
-        starts removes it from the queue.
+        starts removes it from the queue. ``cost`` is as for :meth:`ratequeue.Queue.add`.
 
         :raises QueueClosed: if the queue is closed.
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._add(future, fn, args, kwargs)
+        self._add(future, fn, args, kwargs, cost)
         self._idle.clear()
         return future
 
