@@ -5,13 +5,14 @@ state (a JSON file, memory, Redis or MongoDB)::
 
     import ratequeue
 
-    limiter = ratequeue.Limiter(name="github", interval=0.1)
+    limiter = ratequeue.Limiter(name="github", rate="10/second")
     with limiter:
         call_the_api()
 """
 
 from __future__ import annotations
 
+from .combined import all_of
 from .errors import (
     AcquireTimeout,
     ConfigurationError,
@@ -20,8 +21,10 @@ from .errors import (
     StateCorrupted,
     StateUnavailable,
 )
+from .group import LimiterGroup
 from .limiter import Limiter, Reservation, Status
 from .queue import Queue
+from .rates import Rate, parse_rate
 from .shard import Turn
 from .state import Snapshot, State
 from .state import from_url as open_state
@@ -36,8 +39,10 @@ __all__ = [
     "AcquireTimeout",
     "ConfigurationError",
     "Limiter",
+    "LimiterGroup",
     "Queue",
     "QueueClosed",
+    "Rate",
     "RateQueueError",
     "Reservation",
     "Snapshot",
@@ -47,8 +52,10 @@ __all__ = [
     "Status",
     "Turn",
     "__version__",
+    "all_of",
     "from_url",
     "open_state",
+    "parse_rate",
 ]
 
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
 """The ``ratequeue`` command (also ``python -m ratequeue``).
 
 ``demo`` starts several processes that share one rate and shows their starts
-live; ``status`` and ``reset`` inspect and clear a queue's shared record.
+live; ``status`` and ``reset`` inspect and clear a queue's shared record;
+``keys`` lists the queues that have one (the live keys of a limiter group).
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("name", metavar="NAME", help="queue name")
     status.set_defaults(run=_status)
 
+    keys = commands.add_parser(
+        "keys",
+        help="list the queue names that have a record (a group's live keys: PREFIX = 'GROUP:')",
+        description="List, sorted, the names of the queues that have a record in the state and begin "
+        "with PREFIX. A LimiterGroup named G keeps key K as queue 'G:K', so PREFIX 'G:' lists its live keys.",
+    )
+    keys.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
+    keys.add_argument(
+        "prefix", metavar="PREFIX", nargs="?", default="", help="beginning of the names (default: all)"
+    )
+    keys.set_defaults(run=_keys)
+
     reset = commands.add_parser("reset", help="delete a queue's shared record")
     reset.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
     reset.add_argument("name", metavar="NAME", help="queue name")
@@ -92,6 +105,7 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
             print("record:     none (no ticket handed out yet)", file=out)
             return 0
         print(f"interval:   {record.interval / US:g} s", file=out)
+        print(f"burst:      {record.burst}", file=out)
         print(f"tickets:    {record.ticket - 1} handed out, {record.pos} is the latest started", file=out)
         if record.at == NEVER:
             print("last start: never", file=out)
@@ -100,6 +114,15 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
             print(f"last start: {ago:.3f} s ago (state clock)", file=out)
         waiting = record.ticket - 1 - record.pos
         print(f"unstarted:  {waiting} ticket(s) handed out and not started", file=out)
+    return 0
+
+
+def _keys(args: argparse.Namespace, out: TextIO) -> int:
+    with _open(args.url) as state:
+        names = state.names(args.prefix)
+    for name in names:
+        print(name, file=out)
+    print(f"{len(names)} queue(s) with a record beginning with {args.prefix!r}", file=sys.stderr)
     return 0
 
 

@@ -351,3 +351,21 @@ def test_demo_shows_a_password_url_redacted(cli: Cli, redis_server: servers.Serv
     assert result.returncode == 0, result.stdout + result.stderr
     assert "password=***" in result.stdout
     assert SECRET not in result.stdout + result.stderr
+
+
+def test_keys_lists_a_groups_live_keys_and_status_shows_the_burst(cli: Cli, state_url: str) -> None:
+    import ratequeue
+
+    group = ratequeue.LimiterGroup(state_url, name="tenants", rate="100/s", burst=3)
+    for key in ("acme", "globex"):
+        group[key].acquire()
+    ratequeue.Limiter(state_url, name="other", interval=0.1).acquire()
+    group.close()
+    listed = cli("keys", state_url, "tenants:")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert listed.stdout.splitlines() == ["tenants:acme", "tenants:globex"]
+    assert "2 queue(s)" in listed.stderr
+    everything = cli("keys", state_url)
+    assert everything.stdout.splitlines() == ["other", "tenants:acme", "tenants:globex"]
+    status = cli("status", state_url, "tenants:acme")
+    assert re.search(r"^burst:\s+3$", status.stdout, re.MULTILINE), status.stdout

@@ -14,6 +14,8 @@ states run in a thread.
 
 from __future__ import annotations
 
+from .combined import all_of
+from .group import LimiterGroup
 from .limiter import Limiter, Reservation
 from .queue import Queue
 from .state import AsyncState, ThreadedState
@@ -22,4 +24,14 @@ from .state import from_url as open_state
 #: the older name of :func:`open_state`, kept working
 from_url = open_state
 
-__all__ = ["AsyncState", "Limiter", "Queue", "Reservation", "ThreadedState", "from_url", "open_state"]
+__all__ = [
+    "AsyncState",
+    "Limiter",
+    "LimiterGroup",
+    "Queue",
+    "Reservation",
+    "ThreadedState",
+    "all_of",
+    "from_url",
+    "open_state",
+]

@@ -1,0 +1,36 @@
+"""aio.LimiterGroup: the asyncio twin of :class:`ratequeue.LimiterGroup`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._grouping import SEPARATOR, GroupBase
+from .limiter import Limiter
+from .state import AsyncState, from_url
+
+__all__ = ["LimiterGroup"]
+
+
+class LimiterGroup(GroupBase[Limiter, AsyncState]):
+    """One :class:`aio.Limiter <ratequeue.aio.Limiter>` per key: see :class:`ratequeue.LimiterGroup`."""
+
+    async def keys(self) -> list[str]:
+        """The keys that have a record in the state now, sorted (see :meth:`ratequeue.LimiterGroup.keys`)."""
+        return self._keys_of(await self._state.names(f"{self.name}{SEPARATOR}"))
+
+    async def close(self) -> None:
+        """Close the state if this group opened it from a URL."""
+        if self._owns_state:
+            await self._state.close()
+
+    async def __aenter__(self) -> LimiterGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _limiter_class(self) -> type[Limiter]:
+        return Limiter
+
+    def _open(self, url: Any) -> AsyncState:
+        return from_url(url)

@@ -1,0 +1,207 @@
+"""Per-key limiters (LimiterGroup) and several limits at once (all_of): issue 12."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from ratequeue import ConfigurationError, Limiter, LimiterGroup, aio, all_of
+from ratequeue._combined import order
+from ratequeue.state.memory import MemoryState
+
+from . import _workers
+from .backends import Backend
+
+LONG = 30.0
+
+
+def test_each_key_has_its_own_rate_and_keys_do_not_wait_for_each_other() -> None:
+    state = MemoryState(private=True)
+    group = LimiterGroup(state, name="api", interval=3600)
+    first_a = group["a"].acquire()
+    first_b = group["b"].acquire(timeout=0)  # another key: free at once, though "a" waits an hour
+    assert group["a"].try_acquire() is None
+    assert first_b.start_us >= first_a.start_us
+    assert group["a"] is group["a"]
+    assert group.keys() == ["a", "b"]
+    assert state.names() == ["api:a", "api:b"]
+
+
+def test_bad_keys_and_settings_are_refused_at_the_boundary() -> None:
+    state = MemoryState(private=True)
+    with pytest.raises(ConfigurationError, match="must expire"):
+        LimiterGroup(state, name="g", rate="1/s", keep=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="rate"):
+        LimiterGroup(state, name="g", rate="1/fortnight")
+    with pytest.raises(ConfigurationError, match="max_keys"):
+        LimiterGroup(state, name="g", rate="1/s", max_keys=0)
+    group = LimiterGroup(state, name="g", rate="1/s")
+    for key in ("", 42, None, "tab\there", "x" * 300):
+        with pytest.raises(ConfigurationError, match="key"):
+            group[key]  # type: ignore[index]
+    assert state.names() == []
+
+
+def test_only_the_most_recent_idle_limiters_stay_in_the_process() -> None:
+    group = LimiterGroup(MemoryState(private=True), name="lru", rate="1000/s", max_keys=3)
+    for key in map(str, range(10)):
+        group[key].acquire()
+    assert len(group) == 3
+    kept = group["9"]
+    assert group["9"] is kept
+    assert len(group.keys()) == 10  # the records stay in the state until they expire
+
+
+def test_a_limiter_someone_waits_on_is_never_dropped() -> None:
+    group = LimiterGroup(MemoryState(private=True), name="busy", interval=3600, max_keys=1)
+    busy = group["busy"]
+    busy.acquire()
+    reservation = busy.reserve()  # a caller waiting there
+    for key in map(str, range(5)):
+        group[key]
+    assert group["busy"] is busy
+    reservation.cancel()
+
+
+def test_idle_keys_expire_and_leave_no_record() -> None:
+    """Keys used once go keep seconds after forgetting them changes nothing (memory state, sweep)."""
+    state = MemoryState(private=True)
+    group = LimiterGroup(state, name="once", rate="100/s", keep=0.05)
+    for key in map(str, range(100)):
+        group[key].acquire()
+    assert len(group.keys()) == 100
+    assert _swept_until_empty(state, group) == []
+
+
+def _swept_until_empty(state: object, group: LimiterGroup, deadline: float = LONG) -> list[str]:
+    end = time.monotonic() + deadline
+    while True:
+        state.sweep()  # type: ignore[attr-defined]
+        keys = group.keys()
+        if not keys or time.monotonic() > end:
+            return keys
+        time.sleep(0.05)  # waiting for the keep time to pass, not for another thread
+
+
+def test_thousand_keys_used_once_expire_on_each_backend(shared_backend: Backend) -> None:
+    """1000 keys used once leave no records behind once idle past the keep time (Redis: by itself)."""
+    state = shared_backend.open()
+    name = shared_backend.fresh_name()
+    group = LimiterGroup(state, name=name, rate="100/s", keep=0.5)
+    for key in range(1000):
+        group[f"k{key}"].acquire(timeout=LONG)
+    # (the first keys may have gone already: a slow server takes longer than the keep time to make them all)
+    assert group.keys()
+    assert len(group) <= 1024
+    assert _swept_until_empty(state, group, deadline=60) == []
+    assert state.names(name) == []
+
+
+def test_fifty_keys_in_four_processes_keep_their_own_rate(shared_backend: Backend) -> None:
+    name = shared_backend.fresh_name()
+    keys = [f"customer-{i}" for i in range(50)]
+    context = multiprocessing.get_context("spawn")
+    reports = context.Queue()
+    barrier = context.Barrier(4)
+    processes = [
+        context.Process(
+            target=_workers.acquire_keys,
+            args=(shared_backend.url, name, "20/second", keys, 2, index, barrier, reports),
+        )
+        for index in range(4)
+    ]
+    for process in processes:
+        process.start()
+    starts: dict[str, list[int]] = defaultdict(list)
+    errors: list[str] = []
+    done = 0
+    while done < 4:
+        _, key, value = reports.get(timeout=180)
+        if key is None:
+            done += 1
+            if value:
+                errors.append(value)
+        else:
+            starts[key].append(value)
+    for process in processes:
+        process.join(30)
+    assert not errors
+    assert sorted(starts) == sorted(keys)
+    for key, times in starts.items():
+        times.sort()
+        assert len(times) == 8, key  # 4 processes x 2 rounds: nothing lost
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= 50_000, (key, gaps)  # each key its own 20/s, on the state's clock
+
+
+def test_all_of_waits_scarcest_first_and_begins_every_turn_at_its_start() -> None:
+    state = MemoryState(private=True)
+    per_second = Limiter(state, name="per-second", rate="50/second")
+    per_minute = Limiter(state, name="per-minute", rate="20/second", burst=3)
+    assert order([per_second, per_minute]) == [1, 0]  # the longer interval first
+    begins: list[float] = []
+    turns_seen = []
+    for _ in range(8):
+        turns = all_of(per_second, per_minute, timeout=LONG)
+        begins.append(time.monotonic())
+        turns_seen.append(turns)
+        for turn in turns:  # each turn begins at its start, on every limit (G7's max_late)
+            assert begins[-1] - turn.local_start <= 0.05
+    fast = [turns[0].start_us for turns in turns_seen]
+    slow = [turns[1].start_us for turns in turns_seen]
+    assert min(b - a for a, b in itertools.pairwise(fast)) >= 20_000
+    # no turn wasted: each limit handed out exactly one start per call
+    for name, count in (("per-second", 8), ("per-minute", 8)):
+        record = state.read(name).record
+        assert record is not None
+        assert record.pos == count, (name, record)
+    assert slow == sorted(slow)
+
+
+def test_all_of_in_opposite_orders_from_two_threads_does_not_deadlock() -> None:
+    state = MemoryState(private=True)
+    a = Limiter(state, name="a", rate="200/second")
+    b = Limiter(state, name="b", rate="100/second")
+    done: list[int] = []
+
+    def caller(limiters: tuple[Limiter, Limiter]) -> None:
+        for _ in range(10):
+            all_of(*limiters, timeout=LONG)
+        done.append(1)
+
+    threads = [threading.Thread(target=caller, args=(pair,)) for pair in ((a, b), (b, a))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LONG)
+    assert done == [1, 1]
+
+
+def test_all_of_refuses_nothing_to_wait_for_and_the_same_limiter_twice() -> None:
+    limiter = Limiter(MemoryState(private=True), name="x", rate="10/s")
+    with pytest.raises(ConfigurationError, match="at least one"):
+        all_of()
+    with pytest.raises(ConfigurationError, match="same limiter twice"):
+        all_of(limiter, limiter)
+
+
+def test_asyncio_group_and_all_of() -> None:
+    async def main() -> None:
+        state = MemoryState(private=True)
+        group = aio.LimiterGroup(state, name="g", rate="100/s", burst=2, keep=1)
+        await group["k"].acquire(cost=2)
+        assert await group["k"].try_acquire() is None
+        assert await group.keys() == ["k"]
+        x = aio.Limiter(state, name="x", rate="100/s")
+        y = aio.Limiter(state, name="y", rate="50/s")
+        turns = await aio.all_of(x, y, timeout=LONG)
+        assert [turn.ticket for turn in turns] == [1, 1]
+        await group.close()
+
+    asyncio.run(main())
