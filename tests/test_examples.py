@@ -128,7 +128,38 @@ def check_reservation(output: str) -> None:
     assert float(match[3]) >= INTERVAL_MS
 
 
+def check_rates_and_bursts(output: str) -> None:
+    match = search(r"(\d+) starts, (\d+) in the first interval, windows over the bound: (\d+)", output)
+    assert int(match[1]) == 10
+    assert 1 <= int(match[2]) <= 5, "at most the burst in the first interval"
+    assert int(match[3]) == 0
+    # one unit comes back an interval after the whole burst was used, two more two intervals later
+    # (later, never sooner, if a busy host made a wake-up late)
+    match = search(r"cost 3, then 1, then 2: ([\d.]+) and ([\d.]+) intervals apart", output)
+    assert float(match[1]) >= 1
+    assert float(match[2]) >= 2
+    search(r"try_acquire right after: None \(no turn free, no wait\)", output)
+
+
+def check_per_key(output: str) -> None:
+    assert len(re.findall(r"^\w+ +4 starts", output, re.MULTILINE)) == 3
+    assert float(search(r"smallest gap within one customer: ([\d.]+) ms", output)[1]) >= INTERVAL_MS
+    search(r"live keys: acme, globex, initech", output)
+    search(r"after the keep time: 0 live keys", output)
+
+
+def check_several_limits(output: str) -> None:
+    search(r"10 calls, none deadlocked", output)
+    for name, interval in (("fast", 50.0), ("slow", 100.0)):
+        match = search(rf"{name}: (\d+) starts for 10 calls, smallest gap ([\d.]+) ms", output)
+        assert int(match[1]) >= 10
+        assert float(match[2]) >= interval
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "rates_and_bursts.py": check_rates_and_bursts,
+    "per_key.py": check_per_key,
+    "several_limits.py": check_several_limits,
     "reservation.py": check_reservation,
     "asyncio_tasks.py": check_asyncio_tasks,
     "limiter_basic.py": check_limiter_basic,
