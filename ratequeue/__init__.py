@@ -12,11 +12,13 @@ state (a JSON file, memory, Redis or MongoDB)::
 
 from __future__ import annotations
 
+from ._jobs import Backoff, DeadLetter
 from .combined import all_of
 from .errors import (
     AcquireTimeout,
     ConfigurationError,
     QueueClosed,
+    QueueFull,
     RateQueueError,
     StateCorrupted,
     StateUnavailable,
@@ -37,11 +39,14 @@ from_url = open_state
 # the state contract with its opener for tools that read or reset records directly.
 __all__ = [
     "AcquireTimeout",
+    "Backoff",
     "ConfigurationError",
+    "DeadLetter",
     "Limiter",
     "LimiterGroup",
     "Queue",
     "QueueClosed",
+    "QueueFull",
     "Rate",
     "RateQueueError",
     "Reservation",

@@ -1,13 +1,18 @@
 """What the thread and asyncio queues share: the queued jobs, the pacer, the run of a job.
 
-A queue is a limiter plus a list of jobs added and not yet started. A
-*pacer* (a thread, or a task) takes each job's turn through a reservation
-of the limiter and starts the job on its own (a thread, or a task), so a
-slow job never delays the next start. The pacer runs only while jobs are
-queued (guarantee G5). The pacer's loop and the run of one job are written
-here once, as :mod:`ratequeue._flow` generators; :class:`ratequeue.Queue`
-and :class:`ratequeue.aio.Queue` supply the lock, the futures, the running
-limit and how a job is started.
+A queue is a limiter plus the jobs added and not yet started
+(:class:`ratequeue._jobs.PendingJobs`, which states their order: priority,
+then the order added; held until ``not_before`` or a retry's backoff). A
+*pacer* (a thread, or a task) takes the turn of the next ready job through a
+reservation of the limiter and starts the job on its own (a thread, or a
+task), so a slow job never delays the next start. A failed job may be tried
+again (each try takes a new turn) and, when its retries run out, is handed to
+a dead-letter handler. The pacer runs only while jobs are queued (guarantee
+G5); while every queued job is held, it waits without a turn or a ticket.
+The pacer's loop and the run of one job are written here once, as
+:mod:`ratequeue._flow` generators; :class:`ratequeue.Queue` and
+:class:`ratequeue.aio.Queue` supply the lock, the futures, the running limit
+and how a job is started.
 """
 
 from __future__ import annotations
@@ -15,21 +20,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _validate
 from ._flow import Call, Flow, Sleep
+from ._jobs import Job, JobOptions, PendingJobs, check_bound, check_priority, delay_until
 from ._limiting import LimiterBase, Status
 from ._redact import redact
-from .errors import QueueClosed
+from .errors import QueueClosed, QueueFull
 from .shard import Turn
 
 __all__ = ["Entry", "QueueBase"]
+
+_log = logging.getLogger("ratequeue")
 
 #: the pause between two failed turns of the pacer (the state is failing), doubling up to the cap
 _FAILURE_BACKOFF = 0.05
@@ -70,14 +77,8 @@ FutureT = TypeVar("FutureT", bound=JobFuture)
 L = TypeVar("L", bound=LimiterBase[Any])
 
 
-@dataclass(eq=False)
-class Entry(Generic[FutureT]):
-    """A job added to a queue: its call and the future of its result."""
-
-    future: FutureT
-    call: Callable[[], Any]
-    #: how many starts of the queue's rate the job uses
-    cost: int = 1
+#: a job of a queue whose futures are ``FutureT`` (the name the drivers use)
+Entry = Job
 
 
 class QueueBase(ABC, Generic[L, FutureT]):
@@ -89,14 +90,26 @@ class QueueBase(ABC, Generic[L, FutureT]):
     interval: float
     _limiter: L
 
-    def __init__(self, limiter: L, max_running: int | None) -> None:
+    def __init__(
+        self,
+        limiter: L,
+        max_running: int | None,
+        options: JobOptions | None = None,
+        max_waiting: int | None = None,
+        overflow: str = "reject",
+    ) -> None:
         self._limiter = limiter
         self.name = limiter.name
         self.interval = limiter.interval
         self._max_running = (
             None if max_running is None else _validate.positive_int("max_running", max_running)
         )
-        self._pending: deque[Entry[FutureT]] = deque()
+        #: the retry settings of a job added without its own
+        self._options = options or JobOptions()
+        self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
+        self._pending: PendingJobs[FutureT] = PendingJobs()
+        #: counts the jobs added (and retried): a pacer waiting for held jobs wakes when it moves
+        self._generation = 0
         #: jobs started and not finished
         self._running = 0
         #: whether a pacer runs
@@ -162,6 +175,19 @@ class QueueBase(ABC, Generic[L, FutureT]):
         """Mark a queued job's future running; ``False`` if it was cancelled."""
 
     @abstractmethod
+    def _wait_for_jobs(self, timeout: float, seen: int) -> Any:
+        """Wait (plain or coroutine) until ``_generation`` is no longer ``seen``, or ``timeout`` s pass."""
+
+    @abstractmethod
+    def _wake_pacer(self) -> None:
+        """Wake a pacer in :meth:`_wait_for_jobs`; called holding the lock."""
+
+    def _jobs_added(self) -> None:
+        """A job was added or queued again (holding the lock): a waiting pacer looks again."""
+        self._generation += 1
+        self._wake_pacer()
+
+    @abstractmethod
     def _take_running_place(self) -> Any:
         """Wait (plain or coroutine) until fewer than ``max_running`` jobs run, and count one more."""
 
@@ -183,19 +209,59 @@ class QueueBase(ABC, Generic[L, FutureT]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         cost: int = 1,
+        *,
+        priority: int = 0,
+        not_before: object = None,
+        retries: int | None = None,
+        backoff: object = None,
+        retry_on: object = None,
+        dead_letter: object = None,
     ) -> None:
-        """Queue ``fn(*args, **kwargs)`` of ``cost`` with ``future``, starting the pacer if none runs."""
+        """Queue ``fn(*args, **kwargs)`` with ``future``, starting the pacer if none runs.
+
+        Every option is checked before anything is queued; an option left
+        ``None`` is the queue's.
+        """
         if not callable(fn):
             raise TypeError(f"add() needs a callable, got {type(fn).__name__}")
         cost = _validate.cost(cost, self._limiter.burst)
-        entry: Entry[FutureT] = Entry(future, functools.partial(fn, *args, **kwargs), cost)
+        base = self._options
+        options = JobOptions.checked(
+            base.retries if retries is None else retries,
+            base.backoff if backoff is None else backoff,
+            base.retry_on if retry_on is None else retry_on,
+            base.dead_letter if dead_letter is None else dead_letter,
+        )
+        entry: Entry[FutureT] = Entry(
+            future,
+            functools.partial(fn, *args, **kwargs),
+            cost,
+            check_priority(priority),
+            options,
+            delay_until(not_before, self._limiter._clock),
+        )
+        dropped: Entry[FutureT] | None = None
         with self._locked():
             if self._closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
-            self._pending.append(entry)
+            if self._max_waiting is not None and len(self._pending) >= self._max_waiting:
+                if self._overflow == "reject":
+                    raise QueueFull(f"queue {self.name!r} holds max_waiting={self._max_waiting} jobs")
+                dropped = self._pending.oldest()
+                if dropped is not None:
+                    self._pending.remove(dropped)
+            entry.seq = self._pending.number()
+            self._pending.push(entry)
+            self._jobs_added()
             if not self._pacing:
                 self._pacing = True
                 self._start_pacer()
+        if dropped is not None and self._takes(dropped):
+            dropped.future.set_exception(
+                QueueFull(
+                    f"dropped from queue {self.name!r}: max_waiting={self._max_waiting} and a newer job came"
+                )
+            )
         future.add_done_callback(lambda _: self._forget_if_cancelled(entry))
 
     def _is_idle(self) -> bool:
@@ -216,8 +282,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
         """Accept no more jobs, cancelling the queued ones if asked; the state is closed once idle."""
         with self._locked():
             self._closed = True
-            while cancel_pending and self._pending:
-                self._pending.popleft().future.cancel()
+            for entry in self._pending.drain() if cancel_pending else ():
+                entry.future.cancel()
             self._idle_changed()
         if cancel_pending:
             self._withdraw_if_idle()
@@ -230,17 +296,26 @@ class QueueBase(ABC, Generic[L, FutureT]):
         while failures follow each other.
         """
         backoff = _FAILURE_BACKOFF
+        clock = self._limiter._clock
         try:
             while True:
                 with self._locked():
                     if not self._pending:
                         return
+                    self._pending.release_due(clock())
+                    due = self._pending.next_due() if self._pending.head() is None else None
+                    seen = self._generation
+                if due is not None:  # every queued job is held: wait for the first, or a new job
+                    yield Call(self._wait_for_jobs, (_validate.wait(max(0.0, due - clock())), seen))
+                    continue
                 yield Call(self._take_running_place)
                 with self._locked():
-                    if not self._pending:  # cancelled while a running place was awaited
+                    self._pending.release_due(clock())
+                    head = self._pending.head()
+                    if head is None:  # cancelled, or only held jobs, while a running place was awaited
                         self._release_running_place()
                         continue
-                    cost = self._pending[0].cost
+                    cost = head.cost
                     reservation = self._reservation = self._reserve(cost)
                 try:
                     turn: Turn | None = yield Call(reservation.wait)
@@ -265,16 +340,30 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 self._idle_changed()
 
     def _job_flow(self, entry: Entry[FutureT]) -> Flow[None]:
-        """Run one started job and settle its future; a coroutine's result is awaited (asyncio)."""
+        """Run one started job and settle its future; a coroutine's result is awaited (asyncio).
+
+        A failure its options retry puts it back among the queued jobs,
+        held for its backoff (the future stays pending); one that is not
+        retried any more goes to the dead-letter handler (if it was retried
+        or a handler is set) and fails the future.
+        """
         future = entry.future
+        entry.attempts += 1
         try:
             result = yield Call(entry.call)
         except asyncio.CancelledError:
             future.cancel()
             raise
         except BaseException as exc:
-            if not future.done():
-                future.set_exception(exc)
+            if not future.done() and not self._retried(entry, exc):
+                options = entry.options
+                if options.dead_letter is not None:
+                    try:
+                        yield Call(options.dead_letter, (entry.dead_letter(exc),))
+                    except Exception:  # the handler's own failure must not lose the job's
+                        _log.exception("the dead-letter handler of queue %r failed", self.name)
+                if not future.done():
+                    future.set_exception(exc)
         else:
             if not future.done():
                 future.set_result(result)
@@ -284,30 +373,53 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 self._running -= 1
                 self._idle_changed()
 
+    def _retried(self, entry: Entry[FutureT], exc: BaseException) -> bool:
+        """Queue ``entry`` again after its backoff if its options retry ``exc``; say whether it was."""
+        options = entry.options
+        if entry.attempts > options.retries or not isinstance(exc, options.retry_on):
+            return False
+        entry.not_before = self._limiter._clock() + options.backoff.delay(entry.attempts)
+        with self._locked():
+            self._pending.push(entry)  # its own place in the order; not counted against max_waiting
+            self._jobs_added()
+            if not self._pacing:
+                self._pacing = True
+                self._start_pacer()
+        return True
+
     def _next_runnable(self, cost: int) -> Entry[FutureT] | None:
-        """Pop the first queued job that was not cancelled, counting it as running.
+        """Pop the next ready job that was not cancelled, counting it as running.
 
         ``None`` if there is none, or if it costs more than ``cost`` (the
         turn's): it stays first, and the turn goes unused.
         """
         with self._locked():
-            while self._pending:
-                if self._pending[0].cost > cost:
+            self._pending.release_due(self._limiter._clock())
+            while (head := self._pending.head()) is not None:
+                if head.cost > cost:
                     return None
-                entry = self._pending.popleft()
-                if self._claim(entry.future):
+                entry = self._pending.pop_head()
+                # a retry's future already runs (a thread future cannot be claimed twice)
+                if self._takes(entry):
                     self._running += 1
                     return entry
             self._idle_changed()
             return None
+
+    def _takes(self, entry: Entry[FutureT]) -> bool:
+        """Claim ``entry``'s future for a start or a failure; ``False`` if it was cancelled.
+
+        A retried job's future was claimed at its first start (a thread
+        future cannot be claimed twice): it only must not be done.
+        """
+        return self._claim(entry.future) if entry.attempts == 0 else not entry.future.done()
 
     def _forget_if_cancelled(self, entry: Entry[FutureT]) -> None:
         """Drop a job whose future was cancelled before it started."""
         if not entry.future.cancelled():
             return
         with self._locked():
-            if entry in self._pending:
-                self._pending.remove(entry)
+            if self._pending.remove(entry):
                 self._idle_changed()
         self._withdraw_if_idle()
 
@@ -320,8 +432,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
 
     def _fail_head(self, exc: Exception) -> None:
         with self._locked():
-            if self._pending:
-                entry = self._pending.popleft()
-                if self._claim(entry.future):
+            if self._pending.head() is not None:
+                entry = self._pending.pop_head()
+                if self._takes(entry):
                     entry.future.set_exception(exc)
             self._idle_changed()

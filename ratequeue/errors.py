@@ -14,6 +14,7 @@ __all__ = [
     "AcquireTimeout",
     "ConfigurationError",
     "QueueClosed",
+    "QueueFull",
     "RateQueueError",
     "StateCorrupted",
     "StateUnavailable",
@@ -82,6 +83,10 @@ class AcquireTimeout(RateQueueError, TimeoutError):
 
 class QueueClosed(RateQueueError, RuntimeError):
     """A job was added to a closed queue."""
+
+
+class QueueFull(RateQueueError, RuntimeError):
+    """A queue held ``max_waiting`` jobs: a new one was refused, or the oldest was dropped for it."""
 
 
 def _rebuild(cls: type[Exception], args: tuple[Any, ...], attrs: dict[str, Any]) -> Exception:

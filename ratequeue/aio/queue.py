@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _validate
 from .._flow import arun
+from .._jobs import Backoff, DeadLetter, JobOptions, NotBefore
 from .._limiting import Seconds, Status
 from .._queueing import Entry, QueueBase
 from ..rates import RateLike
@@ -42,15 +43,24 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
         burst: int = 1,
         lead: Seconds | None = None,
         max_running: int | None = None,
+        retries: int = 0,
+        backoff: Backoff | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+        dead_letter: Callable[[DeadLetter], Any] | None = None,
+        max_waiting: int | None = None,
+        overflow: str = "reject",
     ) -> None:
         """See :class:`ratequeue.Queue`."""
         limiter = Limiter(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
-        super().__init__(limiter, max_running)
+        options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
+        super().__init__(limiter, max_running, options, max_waiting, overflow)
         self._semaphore = asyncio.Semaphore(self._max_running) if self._max_running else None
         self._places = self._semaphore
         #: the pacer and job tasks, kept so that they are not collected while they run
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
+        #: set when a job is added, for a pacer waiting for held jobs
+        self._added = asyncio.Event()
         self._idle.set()
         self._state_closing: asyncio.Task[None] | None = None
 
@@ -59,16 +69,40 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
         """The state this queue uses."""
         return self._limiter.state
 
-    def add(self, fn: Callable[..., Any], /, *args: Any, cost: int = 1, **kwargs: Any) -> asyncio.Future[Any]:
+    def add(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        cost: int = 1,
+        priority: int = 0,
+        not_before: NotBefore | None = None,
+        retries: int | None = None,
+        backoff: Backoff | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        dead_letter: Callable[[DeadLetter], Any] | None = None,
+        **kwargs: Any,
+    ) -> asyncio.Future[Any]:
         """Queue ``fn(*args, **kwargs)`` (awaited if it is a coroutine function); return its future.
 
-        Call from a running event loop. Cancelling the future before the job
-        starts removes it from the queue. ``cost`` is as for :meth:`ratequeue.Queue.add`.
-
-        :raises QueueClosed: if the queue is closed.
+        Call from a running event loop. The options are those of
+        :meth:`ratequeue.Queue.add`; a ``dead_letter`` handler may be a
+        coroutine function.
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._add(future, fn, args, kwargs, cost)
+        self._add(
+            future,
+            fn,
+            args,
+            kwargs,
+            cost,
+            priority=priority,
+            not_before=not_before,
+            retries=retries,
+            backoff=backoff,
+            retry_on=retry_on,
+            dead_letter=dead_letter,
+        )
         self._idle.clear()
         return future
 
@@ -127,6 +161,16 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
 
     def _claim(self, future: asyncio.Future[Any]) -> bool:
         return not future.cancelled()
+
+    async def _wait_for_jobs(self, timeout: float, seen: int) -> None:
+        if self._generation != seen:
+            return
+        self._added.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._added.wait(), timeout)
+
+    def _wake_pacer(self) -> None:
+        self._added.set()
 
     async def _take_running_place(self) -> None:
         if self._semaphore is not None:

@@ -1,0 +1,281 @@
+"""A queue's jobs between ``add`` and their start: order, holds, retries and the bound on their number.
+
+The order, stated once (docs/queues.md):
+
+- a job is *held* until its ``not_before`` time, or until its retry's
+  backoff has passed; a held job takes no turn and holds no ticket;
+- among the jobs not held, the pacer starts the one of highest
+  ``priority``, and among equal priorities the one added first; a retried
+  job keeps the place it was added in;
+- with ``max_waiting``, a queue holding that many jobs (held or not)
+  refuses another (``overflow="reject"``: :class:`~ratequeue.QueueFull`) or
+  drops its oldest to make room (``"drop_oldest"``: the dropped job's
+  future fails with :class:`~ratequeue.QueueFull`). Retries are not
+  counted against it: their jobs were accepted already.
+"""
+
+from __future__ import annotations
+
+import datetime
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, Union
+
+from .errors import ConfigurationError
+
+__all__ = ["OVERFLOW_RULES", "Backoff", "DeadLetter", "Job", "JobOptions", "PendingJobs", "delay_until"]
+
+#: what ``overflow=`` accepts
+OVERFLOW_RULES = ("reject", "drop_oldest")
+
+F = TypeVar("F")
+
+#: a ``not_before``: a wall-clock datetime, or seconds (or a timedelta) from now
+NotBefore = Union[datetime.datetime, datetime.timedelta, float]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a failed job waits before its next try: ``base * factor ** (n - 1)`` s before try ``n + 1``.
+
+    Never more than ``max`` seconds. With ``jitter``, up to half as much
+    again is added at random (still never past ``max``), so that jobs that
+    failed together do not all come back at once; a retry never comes
+    sooner than its delay without jitter.
+    """
+
+    base: float = 1.0
+    factor: float = 2.0
+    max: float = 60.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        for name, value, low in (
+            ("base", self.base, 0.0),
+            ("factor", self.factor, 1.0),
+            ("max", self.max, 0.0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
+                raise ConfigurationError(f"Backoff {name} must be a finite number >= {low:g}, got {value!r}")
+        if not isinstance(self.jitter, bool):
+            raise ConfigurationError(f"Backoff jitter must be True or False, got {self.jitter!r}")
+
+    def delay(self, retry: int, draw: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
+        plain = min(self.max, self.base * self.factor ** min(retry - 1, 1000))
+        if not self.jitter:
+            return plain
+        return min(self.max, plain * (1 + draw() / 2)) if plain < self.max else plain
+
+    def least(self, retry: int) -> float:
+        """The shortest wait before retry number ``retry``, whatever the jitter draws."""
+        return min(self.max, self.base * self.factor ** min(retry - 1, 1000))
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """What a queue's dead-letter handler receives: a job whose retries ran out."""
+
+    #: the function the job called, and its arguments
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    #: the exception of its last try
+    exception: BaseException
+    #: how many times it ran
+    attempts: int
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """A job's retry settings (checked)."""
+
+    #: how many times a failed job is tried again (0: never)
+    retries: int = 0
+    backoff: Backoff = field(default_factory=Backoff)
+    #: the exceptions that are retried; others fail the job at once
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    #: called with a :class:`DeadLetter` when a job fails for good after retries (or a coroutine function)
+    dead_letter: Callable[[DeadLetter], Any] | None = None
+
+    @classmethod
+    def checked(
+        cls,
+        retries: object = 0,
+        backoff: object = None,
+        retry_on: object = (Exception,),
+        dead_letter: object = None,
+    ) -> JobOptions:
+        """Options from user input; :class:`ConfigurationError` for anything wrong."""
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigurationError(f"retries must be a whole number >= 0, got {retries!r}")
+        if backoff is None:
+            backoff = Backoff()
+        if not isinstance(backoff, Backoff):
+            raise ConfigurationError(f"backoff must be a ratequeue.Backoff, got {type(backoff).__name__}")
+        if isinstance(retry_on, type):
+            retry_on = (retry_on,)
+        if not (
+            isinstance(retry_on, tuple)
+            and retry_on
+            and all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in retry_on)
+        ):
+            raise ConfigurationError(
+                f"retry_on must be an exception class or a tuple of them, got {retry_on!r}"
+            )
+        if dead_letter is not None and not callable(dead_letter):
+            raise ConfigurationError(f"dead_letter must be callable, got {type(dead_letter).__name__}")
+        return cls(retries, backoff, retry_on, dead_letter)
+
+
+@dataclass(eq=False)
+class Job(Generic[F]):
+    """A job added to a queue: its call, its future, and where it stands."""
+
+    future: F
+    call: Callable[[], Any]
+    #: how many starts of the queue's rate it uses
+    cost: int = 1
+    priority: int = 0
+    options: JobOptions = field(default_factory=JobOptions)
+    #: local (monotonic) time before which it is held, or ``None``
+    not_before: float | None = None
+    #: how many times it has run
+    attempts: int = 0
+    #: the order it was added in
+    seq: int = 0
+
+    def dead_letter(self, exception: BaseException) -> DeadLetter:
+        """The :class:`DeadLetter` of this job failing for good with ``exception``."""
+        call: Any = self.call
+        fn, args, kwargs = (
+            getattr(call, "func", call),
+            getattr(call, "args", ()),
+            getattr(call, "keywords", {}),
+        )
+        return DeadLetter(fn, tuple(args), dict(kwargs), exception, self.attempts)
+
+
+class PendingJobs(Generic[F]):
+    """The jobs of one queue object waiting to start, in the order of this module's rules."""
+
+    def __init__(self) -> None:
+        self._ready: list[tuple[int, int, Job[F]]] = []  # (-priority, seq, job)
+        self._held: list[tuple[float, int, Job[F]]] = []  # (not_before, seq, job)
+        self._gone: set[int] = set()  # seqs removed while still in a heap
+        self._count = 0
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def number(self) -> int:
+        """A new order number for a job added now."""
+        return next(self._seq)
+
+    def push(self, job: Job[F]) -> None:
+        """Add ``job`` (new, or back for a retry, keeping its order number)."""
+        self._gone.discard(job.seq)
+        if job.not_before is not None:
+            heapq.heappush(self._held, (job.not_before, job.seq, job))
+        else:
+            heapq.heappush(self._ready, (-job.priority, job.seq, job))
+        self._count += 1
+
+    def release_due(self, now: float) -> None:
+        """Move the held jobs whose time has come (local time ``now``) among the ready ones."""
+        while self._held and self._held[0][0] <= now:
+            _, seq, job = heapq.heappop(self._held)
+            if seq in self._gone:
+                self._gone.discard(seq)
+                continue
+            heapq.heappush(self._ready, (-job.priority, seq, job))
+
+    def head(self) -> Job[F] | None:
+        """The ready job to start next, if any."""
+        self._drop_gone(self._ready)
+        return self._ready[0][2] if self._ready else None
+
+    def next_due(self) -> float | None:
+        """The local time the first held job is released, if any is held."""
+        self._drop_gone(self._held)
+        return self._held[0][0] if self._held else None
+
+    def pop_head(self) -> Job[F]:
+        """Take :meth:`head` out."""
+        self._drop_gone(self._ready)
+        _, _, job = heapq.heappop(self._ready)
+        self._count -= 1
+        return job
+
+    def remove(self, job: Job[F]) -> bool:
+        """Take ``job`` out wherever it is; ``False`` if it is not here."""
+        if job.seq in self._gone or not any(
+            entry[2] is job for entry in itertools.chain(self._ready, self._held)
+        ):
+            return False
+        self._gone.add(job.seq)
+        self._count -= 1
+        return True
+
+    def oldest(self) -> Job[F] | None:
+        """The job added first among those here."""
+        jobs = [entry[2] for entry in itertools.chain(self._ready, self._held) if entry[1] not in self._gone]
+        return min(jobs, key=lambda job: job.seq, default=None)
+
+    def drain(self) -> Iterator[Job[F]]:
+        """Take every job out, in no particular order."""
+        jobs = [entry[2] for entry in itertools.chain(self._ready, self._held) if entry[1] not in self._gone]
+        self._ready.clear()
+        self._held.clear()
+        self._gone.clear()
+        self._count = 0
+        return iter(jobs)
+
+    def _drop_gone(self, heap: list[Any]) -> None:
+        while heap and heap[0][1] in self._gone:
+            self._gone.discard(heapq.heappop(heap)[1])
+
+
+def delay_until(value: object, clock: Callable[[], float]) -> float | None:
+    """A ``not_before`` (datetime, timedelta or seconds from now) as local time on ``clock``; checked."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        now = datetime.datetime.now(value.tzinfo) if value.tzinfo else datetime.datetime.now()
+        seconds = (value - now).total_seconds()
+    elif isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"not_before must be a datetime, a timedelta or seconds from now, got {type(value).__name__}"
+        )
+    if math.isnan(seconds) or seconds == math.inf:
+        raise ConfigurationError(f"not_before must be a finite time, got {value!r}")
+    if isinstance(value, (int, float, datetime.timedelta)) and seconds < 0:
+        raise ConfigurationError(f"not_before in seconds from now must be >= 0, got {value!r}")
+    return clock() + max(0.0, seconds) if seconds > 0 else None
+
+
+def check_priority(value: object) -> int:
+    """``value`` as a job's priority: a whole number (higher starts first)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"priority must be a whole number (higher starts first), got {value!r}")
+    return value
+
+
+def check_bound(max_waiting: object, overflow: object) -> tuple[int | None, str]:
+    """A queue's ``max_waiting`` and ``overflow`` rule, checked."""
+    if max_waiting is not None and (
+        isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1
+    ):
+        raise ConfigurationError(f"max_waiting must be None or a whole number >= 1, got {max_waiting!r}")
+    if overflow not in OVERFLOW_RULES:
+        raise ConfigurationError(f"overflow must be one of {', '.join(OVERFLOW_RULES)}, got {overflow!r}")
+    return max_waiting, str(overflow)
