@@ -259,7 +259,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
         if dropped is not None and self._takes(dropped):
             dropped.future.set_exception(
                 QueueFull(
-                    f"dropped from queue {self.name!r}: max_waiting={self._max_waiting} and a newer job came"
+                    f"dropped from queue {self.name!r}: it held max_waiting={self._max_waiting} jobs "
+                    f"and a newer one came"
                 )
             )
         future.add_done_callback(lambda _: self._forget_if_cancelled(entry))

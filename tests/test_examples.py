@@ -156,7 +156,28 @@ def check_several_limits(output: str) -> None:
         assert float(match[2]) >= interval
 
 
+def check_retries(output: str) -> None:
+    assert len(re.findall(r"^call \d+: ok on try \d+$", output, re.MULTILINE)) == 5
+    search(r"call 4: failed for good \(call 4: try 4 refused\)", output)
+    search(r"dead letter: fetch\(4,\) after 4 tries: call 4: try 4 refused", output)
+    search(r"13 tries took 13 turns; every retry waited its backoff: True", output)
+
+
+def check_scheduling(output: str) -> None:
+    lines = re.findall(r"^\d\. (.*)$", output, re.MULTILINE)
+    assert lines == [
+        "password reset (priority 5)",
+        "invoice (priority 5)",
+        "newsletter (priority 0)",
+        "report (held 0.2 s, priority 9)",
+    ]
+    search(r"job 1: dropped from queue 'examples-bounded'", output)
+    search(r"jobs 2 and 3 ran: 2, 3", output)
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "retries.py": check_retries,
+    "scheduling.py": check_scheduling,
     "rates_and_bursts.py": check_rates_and_bursts,
     "per_key.py": check_per_key,
     "several_limits.py": check_several_limits,
