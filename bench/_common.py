@@ -377,6 +377,9 @@ class CountingState(State):
     def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         return self.inner._retime(name, terms, ticket, lead_us)
 
+    def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
+        return self.inner._set_paused(name, terms, paused)
+
     def _read(self, name: str) -> Snapshot:
         return self.read(name)
 

@@ -79,6 +79,8 @@ class Status:
     held_ticket: int | None
     #: how many starts may come at once after an idle spell
     burst: int = 1
+    #: whether the queue is paused for every shard (its record's flag; ``paused`` is this shard's)
+    paused_everywhere: bool = False
 
     @property
     def current(self) -> int:
@@ -100,6 +102,7 @@ class Status:
             paused=shard.paused,
             held_ticket=shard.ticket,
             burst=record.burst if record else 1,
+            paused_everywhere=record.paused if record else False,
         )
 
 
@@ -164,6 +167,17 @@ class LimiterBase(ABC, Generic[S]):
         with self._locked():
             self._shard.resume()
             self._changed()
+
+    def _set_paused_everywhere(self, paused: bool) -> Any:
+        """Set the queue's shared pause flag (:meth:`ratequeue.state.State.set_paused`): whether it changed.
+
+        A coroutine on asyncio. The record is created with this limiter's
+        terms if it is missing. Only the flag changes: this shard keeps
+        running, and its waiting head is told to wait, a second at a time,
+        like every other shard's.
+        """
+        state: Any = self._state
+        return state.set_paused(self.name, self._interval_us, paused, **self._terms)
 
     def __reduce__(self) -> tuple[Any, ...]:
         settings = (self.name, self.interval, self._lead, self._max_late, self.burst, self.keep)

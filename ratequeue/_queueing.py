@@ -28,10 +28,21 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from . import _validate
 from ._flow import Call, Flow, Sleep
-from ._jobs import Job, JobOptions, PendingJobs, check_bound, check_priority, delay_until
-from ._limiting import LimiterBase, Status
+from ._jobs import (
+    Backoff,
+    DeadLetter,
+    Job,
+    JobOptions,
+    NotBefore,
+    PendingJobs,
+    check_bound,
+    check_priority,
+    delay_until,
+)
+from ._limiting import LimiterBase, Seconds, Status
 from ._redact import redact
 from .errors import QueueClosed, QueueFull
+from .rates import RateLike
 from .shard import Turn
 
 __all__ = ["Entry", "QueueBase"]
@@ -92,21 +103,55 @@ class QueueBase(ABC, Generic[L, FutureT]):
 
     def __init__(
         self,
-        limiter: L,
-        max_running: int | None,
-        options: JobOptions | None = None,
+        url: Any = None,
+        *,
+        name: str,
+        interval: Seconds | None = None,
+        rate: RateLike | None = None,
+        burst: int = 1,
+        lead: Seconds | None = None,
+        max_running: int | None = None,
+        retries: int = 0,
+        backoff: Backoff | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+        dead_letter: Callable[[DeadLetter], Any] | None = None,
         max_waiting: int | None = None,
         overflow: str = "reject",
     ) -> None:
-        self._limiter = limiter
-        self.name = limiter.name
-        self.interval = limiter.interval
+        """
+        :param url: the state, as for :class:`~ratequeue.Limiter`.
+        :param name: the queue name; every queue and limiter with the same
+            state and name shares one rate.
+        :param interval: seconds (or a ``timedelta``) between two starts.
+        :param rate: the pace as a rate instead (``"5000/hour"``), as for :class:`~ratequeue.Limiter`.
+        :param burst: how many starts may come at once after an idle spell (see
+            :class:`~ratequeue.Limiter`).
+        :param lead: as for :class:`~ratequeue.Limiter`.
+        :param max_running: how many jobs may run at once; ``None`` for no limit.
+        :param retries: how many times a failed job is tried again (0: never);
+            each try takes a new turn, after its ``backoff``. Jobs may set their own.
+        :param backoff: the wait before each retry (:class:`~ratequeue.Backoff`;
+            by default 1 s doubling up to 60 s, with jitter).
+        :param retry_on: the exceptions that are retried (all by default); others fail the job at once.
+        :param dead_letter: called with a :class:`~ratequeue.DeadLetter` when a
+            job fails for good (its retries ran out, or it was not retried);
+            its future fails all the same. On asyncio it may be a coroutine function.
+        :param max_waiting: the most jobs this queue object holds waiting
+            (``None``: no limit); see ``overflow``.
+        :param overflow: when ``max_waiting`` jobs wait: ``"reject"`` the new one
+            (:class:`~ratequeue.QueueFull`) or ``"drop_oldest"`` (its future fails with ``QueueFull``).
+        """
+        # every setting is checked before the limiter opens its state
+        #: the retry settings of a job added without its own
+        self._options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
         self._max_running = (
             None if max_running is None else _validate.positive_int("max_running", max_running)
         )
-        #: the retry settings of a job added without its own
-        self._options = options or JobOptions()
         self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
+        limiter = self._limiter_class()(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
+        self._limiter = limiter
+        self.name = limiter.name
+        self.interval = limiter.interval
         self._pending: PendingJobs[FutureT] = PendingJobs()
         #: counts the jobs added (and retried): a pacer waiting for held jobs wakes when it moves
         self._generation = 0
@@ -121,6 +166,56 @@ class QueueBase(ABC, Generic[L, FutureT]):
         self._closed = False
         #: whether the state has been closed (once the queue is closed and idle)
         self._state_closed = False
+        self._init_driver()
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        cost: int = 1,
+        priority: int = 0,
+        not_before: NotBefore | None = None,
+        retries: int | None = None,
+        backoff: Backoff | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        dead_letter: Callable[[DeadLetter], Any] | None = None,
+        **kwargs: Any,
+    ) -> FutureT:
+        """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future at once.
+
+        On asyncio, call it from the running loop; ``fn`` may be a coroutine
+        function (awaited). Cancelling the future before the job starts
+        removes it from the queue. The keyword arguments below are the
+        queue's, not passed on to ``fn`` (wrap ``fn`` in
+        :func:`functools.partial` to give it one of these names):
+
+        :param cost: how many starts of the rate the job uses (1 to the burst).
+        :param priority: a whole number; higher starts first (then the order added).
+        :param not_before: hold the job until then: a ``datetime`` (wall
+            clock), or seconds (or a ``timedelta``) from now. It takes no turn
+            and holds no ticket meanwhile.
+        :param retries: ``backoff``, ``retry_on``, ``dead_letter``: this job's own, in
+            place of the queue's (see the constructor).
+        :raises QueueClosed: if the queue is closed.
+        :raises QueueFull: if ``max_waiting`` jobs wait and ``overflow`` is ``"reject"``.
+        :raises ConfigurationError: for a bad option.
+        """
+        future = self._new_future()
+        self._add(
+            future,
+            fn,
+            args,
+            kwargs,
+            cost,
+            priority=priority,
+            not_before=not_before,
+            retries=retries,
+            backoff=backoff,
+            retry_on=retry_on,
+            dead_letter=dead_letter,
+        )
+        return future
 
     @property
     def pending(self) -> int:
@@ -149,6 +244,18 @@ class QueueBase(ABC, Generic[L, FutureT]):
     _display_name = "Queue"
 
     # What a driver supplies.
+
+    @abstractmethod
+    def _limiter_class(self) -> type[L]:
+        """The limiter class of this driver."""
+
+    @abstractmethod
+    def _init_driver(self) -> None:
+        """Set up the driver's own parts (lock, semaphore, events); the end of the constructor."""
+
+    @abstractmethod
+    def _new_future(self) -> FutureT:
+        """A new, pending future for a job being added."""
 
     @abstractmethod
     def _locked(self) -> AbstractContextManager[Any]:

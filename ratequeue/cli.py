@@ -2,7 +2,9 @@
 
 ``demo`` starts several processes that share one rate and shows their starts
 live; ``status`` and ``reset`` inspect and clear a queue's shared record;
-``keys`` lists the queues that have one (the live keys of a limiter group).
+``pause`` and ``resume`` stop and restart a queue's starts in every shard at
+once (the pause flag in its record); ``keys`` lists the queues that have one
+(the live keys of a limiter group).
 """
 
 from __future__ import annotations
@@ -84,6 +86,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     keys.set_defaults(run=_keys)
 
+    for verb, paused in (("pause", True), ("resume", False)):
+        command = commands.add_parser(
+            verb,
+            help=(
+                "pause a queue everywhere: no shard, in any process, starts a job until resumed"
+                if paused
+                else "resume a queue paused everywhere"
+            ),
+            description=(
+                "Set the pause flag in the queue's shared record: no shard starts a job while it is "
+                "set (waiting shards ask again once a second), and tickets held meanwhile keep their "
+                "places. The stored interval and burst are used; --interval (and --burst) are needed "
+                "only to create the record of a queue that has none, paused."
+                if paused
+                else "Clear the pause flag in the queue's shared record: every waiting shard starts "
+                "again within about a second, at the rate. A queue without a record is not paused."
+            ),
+        )
+        command.add_argument(
+            "url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file"
+        )
+        command.add_argument("name", metavar="NAME", help="queue name")
+        command.add_argument(
+            "--interval",
+            type=float,
+            metavar="SECONDS",
+            help="the queue's interval, to create a missing record (else the stored one; it must match)",
+        )
+        command.add_argument(
+            "--burst", type=int, metavar="N", help="the queue's burst, to create a missing record (default 1)"
+        )
+        command.set_defaults(run=_pause if paused else _resume)
+
     reset = commands.add_parser("reset", help="delete a queue's shared record")
     reset.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
     reset.add_argument("name", metavar="NAME", help="queue name")
@@ -114,6 +149,45 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
             print(f"last start: {ago:.3f} s ago (state clock)", file=out)
         waiting = record.ticket - 1 - record.pos
         print(f"unstarted:  {waiting} ticket(s) handed out and not started", file=out)
+        print(f"paused everywhere: {'yes' if record.paused else 'no'}", file=out)
+    return 0
+
+
+def _pause(args: argparse.Namespace, out: TextIO) -> int:
+    return _set_paused(args, out, True)
+
+
+def _resume(args: argparse.Namespace, out: TextIO) -> int:
+    return _set_paused(args, out, False)
+
+
+def _set_paused(args: argparse.Namespace, out: TextIO, paused: bool) -> int:
+    """Set or clear the pause flag of queue ``args.name``, with the stored terms if it has a record."""
+    name = _validate.name(args.name)
+    interval_us = None if args.interval is None else _validate.interval_us(_validate.interval(args.interval))
+    burst = None if args.burst is None else _validate.burst(args.burst)
+    with _open(args.url) as state:
+        where = redact(state.url)
+        record = state.read(name).record
+        if record is None and not paused:
+            print(f"no record for queue {name!r} in {where}: it is not paused", file=out)
+            return 0
+        if record is None and interval_us is None:
+            raise ConfigurationError(
+                f"queue {name!r} has no record in {where} yet: give --interval (and --burst, if not 1) "
+                f"to create it paused"
+            )
+        # given terms must match a stored record (set_paused says so); left out, the stored ones apply
+        interval = interval_us if interval_us is not None else record.interval if record else 0
+        burst = burst if burst is not None else record.burst if record else 1
+        changed = state.set_paused(name, interval, paused, burst=burst)
+        now = state.read(name).now
+    verb = "paused" if paused else "resumed"
+    if changed:
+        print(f"{verb} queue {name!r} everywhere in {where}", file=out)
+    else:
+        print(f"queue {name!r} in {where} was {'paused already' if paused else 'not paused'}", file=out)
+    print(f"state clock: {now} us", file=out)
     return 0
 
 

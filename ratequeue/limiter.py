@@ -142,6 +142,41 @@ class Limiter(LimiterBase[State]):
         """
         return Reservation(self, cost)
 
+    def pause(self, *, everywhere: bool = False) -> None:
+        """Pause this shard: its callers keep their places, and it stops calling the state.
+
+        With ``everywhere=True``, pause the whole queue instead: a flag in
+        its shared record (one call to the state) that stops every shard, in
+        every process, from starting a job until :meth:`resume` with
+        ``everywhere=True``. This shard is not paused itself: like every
+        other, its waiting caller is told to wait and asks again once a
+        second. A caller whose timeout ends within that second gets
+        :class:`AcquireTimeout` at once.
+        """
+        if everywhere:
+            self._set_paused_everywhere(True)
+        else:
+            super().pause()
+
+    def resume(self, *, everywhere: bool = False) -> None:
+        """Resume this shard after :meth:`pause`; with ``everywhere=True``, the whole queue.
+
+        Resumed everywhere, every shard's waiting caller starts within about
+        a second (its next ask), at the rate, in ticket order.
+        """
+        if everywhere:
+            self._set_paused_everywhere(False)
+        else:
+            super().resume()
+
+    def pause_everywhere(self) -> bool:
+        """:meth:`pause` with ``everywhere=True``; whether the queue was not paused already."""
+        return bool(self._set_paused_everywhere(True))
+
+    def resume_everywhere(self) -> bool:
+        """:meth:`resume` with ``everywhere=True``; whether the queue was paused."""
+        return bool(self._set_paused_everywhere(False))
+
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
         snapshot = self._state.read(self.name)

@@ -17,6 +17,12 @@ interval between any two starts (G1), and this is the protocol of DESIGN.md §3.
 A record whose ``at`` is :data:`NEVER` has never started a job, so every
 ticket's slot lies far in the past and it may start at once.
 
+A record can be **paused** for every shard at once (:func:`set_paused`,
+DESIGN.md §7b): while it is, no ticket starts (:func:`try_start` answers
+:class:`Wait`, at least :data:`PAUSED_RECHECK_US` ahead), while tickets are
+still handed out and earlier grants still repeated. See :func:`set_paused`
+for what becomes of the tickets held meanwhile.
+
 Times and intervals are whole **microseconds**: integer arithmetic keeps
 guarantee G1 exact (no start closer than ``interval`` by a rounding error)
 and gives every backend -- Python, Lua, MongoDB's int64 -- the same answers.
@@ -30,6 +36,7 @@ from typing import Union
 __all__ = [
     "MAX_LEAD_US",
     "NEVER",
+    "PAUSED_RECHECK_US",
     "TICKET_LIMIT",
     "US",
     "Micros",
@@ -45,6 +52,7 @@ __all__ = [
     "is_same_grant",
     "new_record",
     "retime",
+    "set_paused",
     "take",
     "take_and_try",
     "try_start",
@@ -65,6 +73,10 @@ MAX_LEAD_US = 3600 * US
 #: tickets stay below this (2**52, as every time and interval does): a record holding the last
 #: ticket, ``TICKET_LIMIT - 1``, hands out no more (:func:`take` raises :class:`Unwritten`)
 TICKET_LIMIT = 2**52
+
+#: how far ahead (us) a paused record answers :class:`Wait` at the least: a shard whose head
+#: job waits asks again once a second while the queue is paused (an idle shard asks nothing)
+PAUSED_RECHECK_US = US
 
 #: a time or a duration in whole microseconds: every time, interval and lead in this
 #: module and in the states is one (a name ending in ``_us`` says so where seconds are near)
@@ -93,6 +105,9 @@ class Record:
     #: (by how much the start came early, using the burst); every later slot counts from it.
     #: Left out, it is ``at`` (always so when ``burst`` is 1).
     due: Micros = _AS_AT
+    #: whether the queue is paused for every shard (:func:`set_paused`): no ticket starts meanwhile.
+    #: A record written before pauses has none: it is not paused.
+    paused: bool = False
 
     def __post_init__(self) -> None:
         if self.due == _AS_AT:
@@ -231,6 +246,11 @@ def try_start(
 
     ``lead`` is at most :data:`MAX_LEAD_US` (the states refuse more), so
     every start written lies at most that far past ``now``.
+
+    While the record is paused (:func:`set_paused`) a ticket that would
+    start, or wait, is answered :class:`Wait` with its earliest start or
+    ``now + PAUSED_RECHECK_US``, whichever is later, and nothing changes;
+    the same grant and :class:`Passed` are answered as ever.
     """
     check(record, now)
     if is_same_grant(record, ticket, now):
@@ -238,6 +258,8 @@ def try_start(
     if record.pos >= ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
     earliest = record.earliest(ticket, cost)
+    if record.paused:
+        return record, Wait(ticket=ticket, slot=max(earliest, now + PAUSED_RECHECK_US), now=now)
     if now + lead >= earliest:
         start = max(earliest, now)
         due = max(record.slot(ticket), start)
@@ -276,6 +298,30 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     return replace(record, at=start, due=max(record.due, start)), Started(ticket=ticket, start=start, now=now)
 
 
+def set_paused(record: Record, paused: bool, now: Micros) -> tuple[Record, bool]:
+    """``record`` paused (or resumed) for every shard, and whether that changed it.
+
+    Only the flag changes. While it is set no ticket starts
+    (:func:`try_start`); tickets are still handed out (:func:`take`, and the
+    take of :func:`take_and_try`: a ticket costs nothing) and a start
+    granted before the pause is still granted again to a client that lost
+    the reply (:func:`is_same_grant`). :func:`retime` is unchanged: it only
+    moves an already granted start later.
+
+    The tickets held during a pause are kept. On resume each starts at its
+    earliest start, which lies in the past after a long pause, so their
+    holders start one after another at the rate (as the burst allows), in
+    ticket order; a holder that left meanwhile costs nothing once every
+    ticket is an interval past its slot, since :func:`take` then passes them
+    all (G4). A paused record never expires (:func:`expires`): forgetting it
+    would forget the pause.
+    """
+    check(record, now)
+    if record.paused == paused:
+        return record, False
+    return replace(record, paused=paused), True
+
+
 def expires(record: Record) -> Micros:
     """The state-clock time from which a fresh record would do what ``record`` does.
 
@@ -284,5 +330,8 @@ def expires(record: Record) -> Micros:
     again, so deleting the record loses nothing: an idle queue's record may
     be dropped (a per-key limiter's keys expire so). A holder of an old
     ticket is then answered :class:`Passed` and takes a new one.
+
+    A paused record is not such a record (a fresh one is not paused): the
+    states keep it, whatever the keep time, until it is resumed.
     """
     return record.slot(record.ticket) + record.interval

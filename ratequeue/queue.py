@@ -11,18 +11,15 @@ The pacer and the run of a job are written once for both queues
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from . import _validate
 from ._flow import run
-from ._jobs import Backoff, DeadLetter, JobOptions, NotBefore
 from ._limiting import Seconds
 from ._queueing import Entry, QueueBase
 from .limiter import Limiter, Status
-from .rates import RateLike
-from .state import State, StateLike
+from .state import State
 
 __all__ = ["Queue"]
 
@@ -39,104 +36,10 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
     its turn only when it could run. docs/queues.md states the rules.
     """
 
-    def __init__(
-        self,
-        url: StateLike = None,
-        *,
-        name: str,
-        interval: Seconds | None = None,
-        rate: RateLike | None = None,
-        burst: int = 1,
-        lead: Seconds | None = None,
-        max_running: int | None = None,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
-        dead_letter: Callable[[DeadLetter], Any] | None = None,
-        max_waiting: int | None = None,
-        overflow: str = "reject",
-    ) -> None:
-        """
-        :param url: the state, as for :class:`~ratequeue.Limiter`.
-        :param name: the queue name; every queue and limiter with the same
-            state and name shares one rate.
-        :param interval: seconds (or a ``timedelta``) between two starts.
-        :param rate: the pace as a rate instead (``"5000/hour"``), as for :class:`~ratequeue.Limiter`.
-        :param burst: how many starts may come at once after an idle spell (see
-            :class:`~ratequeue.Limiter`).
-        :param lead: as for :class:`~ratequeue.Limiter`.
-        :param max_running: how many jobs may run at once; ``None`` for no limit.
-        :param retries: how many times a failed job is tried again (0: never);
-            each try takes a new turn, after its ``backoff``. Jobs may set their own.
-        :param backoff: the wait before each retry (:class:`~ratequeue.Backoff`;
-            by default 1 s doubling up to 60 s, with jitter).
-        :param retry_on: the exceptions that are retried (all by default); others fail the job at once.
-        :param dead_letter: called with a :class:`~ratequeue.DeadLetter` when a
-            job fails for good (its retries ran out, or it was not retried);
-            its future fails all the same.
-        :param max_waiting: the most jobs this queue object holds waiting
-            (``None``: no limit); see ``overflow``.
-        :param overflow: when ``max_waiting`` jobs wait: ``"reject"`` the new one
-            (:class:`~ratequeue.QueueFull`) or ``"drop_oldest"`` (its future fails with ``QueueFull``).
-        """
-        limiter = Limiter(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
-        options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
-        super().__init__(limiter, max_running, options, max_waiting, overflow)
-        self._lock = threading.Condition()
-        self._semaphore = threading.BoundedSemaphore(self._max_running) if self._max_running else None
-        self._places = self._semaphore
-
     @property
     def state(self) -> State:
         """The state this queue uses."""
         return self._limiter.state
-
-    def add(
-        self,
-        fn: Callable[..., T],
-        /,
-        *args: Any,
-        cost: int = 1,
-        priority: int = 0,
-        not_before: NotBefore | None = None,
-        retries: int | None = None,
-        backoff: Backoff | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
-        dead_letter: Callable[[DeadLetter], Any] | None = None,
-        **kwargs: Any,
-    ) -> Future[T]:
-        """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future.
-
-        Cancelling the future before the job starts removes it from the queue.
-        The keyword arguments below are the queue's, not passed on to ``fn``
-        (wrap ``fn`` in :func:`functools.partial` to give it one of these names):
-
-        :param cost: how many starts of the rate the job uses (1 to the burst).
-        :param priority: a whole number; higher starts first (then the order added).
-        :param not_before: hold the job until then: a ``datetime`` (wall
-            clock), or seconds (or a ``timedelta``) from now. It takes no turn
-            and holds no ticket meanwhile.
-        :param retries: ``backoff``, ``retry_on``, ``dead_letter``: this job's own, in
-            place of the queue's (see :class:`Queue`).
-        :raises QueueClosed: if the queue is closed.
-        :raises QueueFull: if ``max_waiting`` jobs wait and ``overflow`` is ``"reject"``.
-        :raises ConfigurationError: for a bad option.
-        """
-        future: Future[T] = Future()
-        self._add(
-            future,
-            fn,
-            args,
-            kwargs,
-            cost,
-            priority=priority,
-            not_before=not_before,
-            retries=retries,
-            backoff=backoff,
-            retry_on=retry_on,
-            dead_letter=dead_letter,
-        )
-        return future
 
     def join(self, timeout: Seconds | None = None) -> bool:
         """Wait until every added job has finished; return ``False`` if ``timeout`` passed first."""
@@ -164,6 +67,17 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _limiter_class(self) -> type[Limiter]:
+        return Limiter
+
+    def _init_driver(self) -> None:
+        self._lock = threading.Condition()
+        self._semaphore = threading.BoundedSemaphore(self._max_running) if self._max_running else None
+        self._places = self._semaphore
+
+    def _new_future(self) -> Future[Any]:
+        return Future()
 
     def _locked(self) -> threading.Condition:
         return self._lock

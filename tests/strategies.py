@@ -17,12 +17,18 @@ epochs_us = st.one_of(st.integers(0, 10**9), st.integers(1_700_000_000_000_000, 
 clock_steps_us = st.one_of(st.integers(0, 200_000), st.integers(-2_000_000, 0))
 
 
-def operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[tuple[object, ...]]]:
+#: ``("pause",)`` and ``("resume",)``: the queue paused, or resumed, for every shard (``set_paused``)
+_pauses = [st.tuples(st.just("pause")), st.tuples(st.just("resume"))]
+
+
+def operations(
+    *, max_size: int, reads: bool = False, pauses: bool = False
+) -> st.SearchStrategy[list[tuple[object, ...]]]:
     """Sequences of protocol operations and clock moves.
 
     Each is ``("take",)``, ``("try", n, lead)`` (``n`` picks a ticket among those
     handed out, or one more), ``("take_and_try", lead)``, ``("clock", step)``,
-    and, with ``reads``, ``("read",)``.
+    with ``reads`` ``("read",)``, and with ``pauses`` ``("pause",)`` and ``("resume",)``.
     """
     kinds = [
         st.tuples(st.just("take")),
@@ -33,6 +39,8 @@ def operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[
     ]
     if reads:
         kinds.append(st.tuples(st.just("read")))
+    if pauses:
+        kinds.extend(_pauses)
     return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)
 
 
@@ -45,12 +53,14 @@ def retime_ticket(n: int, pos: int, ticket: int) -> int:
 bursts = st.one_of(st.integers(1, 4), st.sampled_from([10, 100]))
 
 
-def burst_operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy[list[tuple[object, ...]]]:
+def burst_operations(
+    *, max_size: int, reads: bool = False, pauses: bool = False
+) -> st.SearchStrategy[list[tuple[object, ...]]]:
     """Like :func:`operations`, with a cost seed on the operations that take a ticket.
 
     ``("take", c)`` and ``("take_and_try", lead, c)``: ``c`` picks the cost
     (``1 + c % burst``); ``("try", n, lead)`` picks a ticket handed out (with
-    the cost it was taken for), or one never handed out.
+    the cost it was taken for), or one never handed out. ``pauses`` as in :func:`operations`.
     """
     kinds = [
         st.tuples(st.just("take"), st.integers(0, 200)),
@@ -61,6 +71,8 @@ def burst_operations(*, max_size: int, reads: bool = False) -> st.SearchStrategy
     ]
     if reads:
         kinds.append(st.tuples(st.just("read")))
+    if pauses:
+        kinds.extend(_pauses)
     return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)
 
 

@@ -23,7 +23,7 @@ from .strategies import operations as ops_strategy
 
 LONG = 30.0
 
-operations = ops_strategy(max_size=20)
+operations = ops_strategy(max_size=20, pauses=True)
 
 
 @settings(max_examples=30)
@@ -42,6 +42,9 @@ def test_async_backend_answers_as_the_reference(
             kind, now = op[0], clock[0]
             if kind == "clock":
                 clock[0] = max(0, now + int(op[1]))  # type: ignore[call-overload]
+            elif kind in ("pause", "resume"):
+                reference, changed = protocol.set_paused(reference, kind == "pause", now)
+                assert await state.set_paused(name, interval, kind == "pause") is changed
             elif kind == "take":
                 reference, taken = protocol.take(reference, now)
                 assert await state.take(name, interval) == taken

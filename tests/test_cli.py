@@ -369,3 +369,58 @@ def test_keys_lists_a_groups_live_keys_and_status_shows_the_burst(cli: Cli, stat
     assert everything.stdout.splitlines() == ["other", "tenants:acme", "tenants:globex"]
     status = cli("status", state_url, "tenants:acme")
     assert re.search(r"^burst:\s+3$", status.stdout, re.MULTILINE), status.stdout
+
+
+def test_pause_and_resume_a_queue_everywhere(cli: Cli, state_url: str) -> None:
+    """``pause`` creates a missing record with --interval and --burst; ``status`` shows the flag."""
+    missing = cli("pause", state_url, "q")
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "--interval" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert re.search(r"^record:\s+none", cli("status", state_url, "q").stdout, re.MULTILINE)
+
+    paused = cli("pause", state_url, "q", "--interval", "0.05", "--burst", "2")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    assert paused.stdout.startswith(f"paused queue 'q' everywhere in {state_url}"), paused.stdout
+    assert re.search(r"^state clock: \d+ us$", paused.stdout, re.MULTILINE), paused.stdout
+    status = cli("status", state_url, "q").stdout
+    assert re.search(r"^interval:\s+0\.05 s$", status, re.MULTILINE), status
+    assert re.search(r"^burst:\s+2$", status, re.MULTILINE), status
+    assert re.search(r"^paused everywhere: yes$", status, re.MULTILINE), status
+
+    limiter = ratequeue.Limiter(state_url, name="q", interval=0.05, burst=2)
+    assert limiter.try_acquire() is None, "paused everywhere: no turn"
+    assert limiter.status().paused_everywhere
+    assert not limiter.paused
+
+    again = cli("pause", state_url, "q")  # the stored terms: no --interval needed
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "was paused already" in again.stdout
+
+    resumed = cli("resume", state_url, "q")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.startswith(f"resumed queue 'q' everywhere in {state_url}"), resumed.stdout
+    assert re.search(r"^paused everywhere: no$", cli("status", state_url, "q").stdout, re.MULTILINE)
+    assert "was not paused" in cli("resume", state_url, "q").stdout
+    # this shard was told to wait a second on (a paused queue's recheck): its turn comes by then
+    assert limiter.acquire(timeout=3).start_us <= limiter.status().now * 1e6
+    assert not limiter.status().paused_everywhere
+    limiter.close()
+
+
+def test_pause_refuses_terms_other_than_the_stored_ones(cli: Cli, state_url: str) -> None:
+    ratequeue.Limiter(state_url, name="q", interval=0.1).acquire()
+    wrong = cli("pause", state_url, "q", "--interval", "0.2")
+    assert wrong.returncode == 2, wrong.stdout + wrong.stderr
+    assert "interval 0.1 s" in wrong.stderr, wrong.stderr
+    assert re.search(r"^paused everywhere: no$", cli("status", state_url, "q").stdout, re.MULTILINE)
+    right = cli("pause", state_url, "q", "--interval", "0.1")
+    assert right.returncode == 0, right.stdout + right.stderr
+
+
+def test_resume_of_a_queue_without_a_record_creates_none(cli: Cli, state_url: str) -> None:
+    result = cli("resume", state_url, "q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no record for queue 'q'" in result.stdout
+    assert "not paused" in result.stdout
+    assert re.search(r"^record:\s+none", cli("status", state_url, "q").stdout, re.MULTILINE)

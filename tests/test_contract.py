@@ -26,7 +26,7 @@ from .backends import Backend
 from .strategies import burst_operations, bursts, epochs_us, intervals_us, pick_ticket, retime_ticket
 from .strategies import operations as ops_strategy
 
-operations = ops_strategy(max_size=25, reads=True)
+operations = ops_strategy(max_size=25, reads=True, pauses=True)
 
 
 @given(interval=intervals_us, epoch=epochs_us, ops=operations)
@@ -47,6 +47,9 @@ def test_backend_answers_as_the_reference(
             assert snapshot.now == now
             assert snapshot.record == (reference if created else None)
             continue
+        elif kind in ("pause", "resume"):
+            reference, changed = protocol.set_paused(reference, kind == "pause", now)
+            assert state.set_paused(name, interval, kind == "pause") is changed
         elif kind == "take":
             reference, expected_taken = protocol.take(reference, now)
             assert state.take(name, interval) == expected_taken
@@ -70,7 +73,12 @@ def test_backend_answers_as_the_reference(
     state.reset(name)  # keep the store small: secantusdb slows down as its documents add up
 
 
-@given(interval=intervals_us, burst=bursts, epoch=epochs_us, ops=burst_operations(max_size=25, reads=True))
+@given(
+    interval=intervals_us,
+    burst=bursts,
+    epoch=epochs_us,
+    ops=burst_operations(max_size=25, reads=True, pauses=True),
+)
 def test_backend_answers_as_the_reference_with_bursts_and_costs(
     backend: Backend, interval: int, burst: int, epoch: int, ops: list[tuple[object, ...]]
 ) -> None:
@@ -92,7 +100,10 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
             assert snapshot.now == now
             assert snapshot.record == (reference if created else None)
             continue
-        if kind == "take":
+        if kind in ("pause", "resume"):
+            reference, changed = protocol.set_paused(reference, kind == "pause", now)
+            assert state.set_paused(name, interval, kind == "pause", burst=burst, keep_us=keep) is changed
+        elif kind == "take":
             cost = 1 + int(op[1]) % burst  # type: ignore[call-overload]
             reference, expected_taken = protocol.take(reference, now, cost)
             assert state.take(name, interval, burst=burst, cost=cost, keep_us=keep) == expected_taken
@@ -121,6 +132,58 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
     state.reset(name)  # keep the store small: secantusdb slows down as its documents add up
 
 
+def test_pause_and_resume_create_a_missing_record_with_their_terms(backend: Backend) -> None:
+    """``set_paused`` creates a missing record with its terms; a mismatch is refused, changing nothing."""
+    state, clock = backend.clocked()
+    clock[0] = 10**15
+    paused, resumed = backend.fresh_name(), backend.fresh_name()
+    assert state.set_paused(paused, 20_000, True, burst=3) is True
+    assert state.read(paused).record == protocol.Record(
+        ticket=1, pos=0, at=protocol.NEVER, interval=20_000, burst=3, due=protocol.NEVER, paused=True
+    )
+    assert state.set_paused(resumed, 20_000, False) is False, "created, not paused: the flag did not change"
+    assert state.read(resumed).record == protocol.new_record(20_000)
+    before = state.read(paused).record
+    for call in (
+        lambda: state.set_paused(paused, 10_000, False, burst=3),
+        lambda: state.set_paused(paused, 10_000, True, burst=3),
+    ):
+        with pytest.raises(ConfigurationError, match=r"interval 0\.02 s .* not 0\.01 s"):
+            call()
+    with pytest.raises(ConfigurationError, match="burst 3"):
+        state.set_paused(paused, 20_000, False)
+    assert state.read(paused).record == before
+    # paused: tickets are handed out, none starts; resumed: the first starts at once
+    assert state.take_and_try(paused, 20_000, 0, burst=3) == protocol.Wait(1, 10**15 + protocol.US, 10**15)
+    assert state.set_paused(paused, 20_000, False, burst=3) is True
+    assert state.try_start(paused, 20_000, 1, 0, burst=3) == Started(1, 10**15, 10**15)
+    state.reset(paused)
+    state.reset(resumed)
+
+
+def test_a_paused_record_with_a_keep_time_is_kept_until_resumed(backend: Backend) -> None:
+    """A paused record never expires (forgetting it would forget the pause); resumed, it expires again."""
+    state, clock = backend.clocked()
+    clock[0] = 10**15
+    name = backend.fresh_name()
+    keep = 10**9 if backend.kind == "redis" else 5000
+    state.take_and_try(name, 1000, 0, keep_us=keep)
+    state.set_paused(name, 1000, True, keep_us=keep)
+    if isinstance(state, RedisState):
+        assert state.client.pttl(state.key(name)) == -1, "paused: no TTL"
+        state.set_paused(name, 1000, False, keep_us=keep)
+        assert state.client.pttl(state.key(name)) > 0, "resumed: a TTL again"
+        state.reset(name)
+        return
+    clock[0] += 10**9
+    state.sweep()
+    assert state.names(name) == [name], "paused: kept, however long idle"
+    state.set_paused(name, 1000, False, keep_us=keep)
+    clock[0] += keep + 1
+    state.sweep()
+    assert state.names(name) == [], "resumed: gone once idle past the keep time"
+
+
 def test_burst_mismatch_changes_nothing(backend: Backend) -> None:
     state = backend.open()
     name = backend.fresh_name()
@@ -131,6 +194,7 @@ def test_burst_mismatch_changes_nothing(backend: Backend) -> None:
         lambda: state.take_and_try(name, 10_000, 0, burst=4),
         lambda: state.try_start(name, 10_000, 1, 0, burst=2),
         lambda: state.retime(name, 10_000, 1, 0),
+        lambda: state.set_paused(name, 10_000, True),
     ):
         with pytest.raises(ConfigurationError, match="burst 3"):
             call()
@@ -174,6 +238,7 @@ def test_interval_mismatch_changes_nothing(backend: Backend) -> None:
         lambda: state.take_and_try(name, 20_000, 0),
         lambda: state.try_start(name, 20_000, 1, 0),
         lambda: state.retime(name, 20_000, 1, 0),
+        lambda: state.set_paused(name, 20_000, True),
     ):
         with pytest.raises(ConfigurationError, match=r"interval 0\.01 s .* not 0\.02 s"):
             call()

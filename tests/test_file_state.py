@@ -104,6 +104,29 @@ def test_many_queues_one_small_file_each_in_a_readable_format(path: Path) -> Non
     assert len(list(records.glob("*.json"))) == 2
 
 
+def test_a_paused_record_says_so_and_a_resumed_one_is_written_as_before(path: Path) -> None:
+    """``"paused": true`` is written only while paused: resumed, the record file is byte-identical again."""
+    state = FileState(path)
+    with freeze_time(T0):
+        state.take_and_try("q", INTERVAL, 0)
+        file = state.record_files("q")[0]
+        before = file.read_bytes()
+        assert state.set_paused("q", INTERVAL, True) is True
+        fields = {"ticket": 2, "pos": 1, "at": T0_US, "interval": INTERVAL, "paused": True}
+        assert json.loads(file.read_text()) == {"name": "q", "record": fields}
+        assert state.set_paused("q", INTERVAL, True) is False
+        assert state.take_and_try("q", INTERVAL, 0) == Wait(ticket=2, slot=T0_US + 1_000_000, now=T0_US)
+        assert state.set_paused("q", INTERVAL, False) is True
+        del fields["paused"]
+        fields["ticket"] = 3
+        assert json.loads(file.read_text()) == {"name": "q", "record": fields}
+        state.reset("q")
+        state.take_and_try("q", INTERVAL, 0)
+        state.set_paused("q", INTERVAL, True)
+        state.set_paused("q", INTERVAL, False)
+        assert file.read_bytes() == before
+
+
 def test_file_and_lock_are_private_to_the_user(path: Path) -> None:
     """Every file is 0600 and the record directory 0700, whatever the umask."""
     old = os.umask(0)

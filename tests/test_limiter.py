@@ -209,3 +209,50 @@ def test_no_thread_is_left_behind() -> None:
     for _ in range(5):
         limiter.acquire()
     assert threading.active_count() == before
+
+
+def test_pause_everywhere_stops_every_shard_and_resume_restarts_them() -> None:
+    """A flag in the shared record: another shard gets no turn while it is set, and one soon after resume."""
+    state = MemoryState(private=True)
+    one = Limiter(state, name="q", interval=0.01)
+    other = Limiter(state, name="q", interval=0.01)
+    one.acquire()
+    one.pause(everywhere=True)
+    assert not one.paused, "no shard is paused itself"
+    assert not other.paused
+    assert one.status().paused_everywhere
+    assert other.status().paused_everywhere
+    assert other.try_acquire() is None
+    with pytest.raises(AcquireTimeout):
+        other.acquire(timeout=0.2)  # told to wait a second on: past its deadline, it fails at once
+    assert one.pause_everywhere() is False, "paused already"
+    got: list[float] = []
+    waiter = threading.Thread(target=lambda: got.append((other.acquire(timeout=10), time.monotonic())[1]))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while state.read("q").record.ticket < 4 and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)  # the waiter holds a ticket and waits
+    assert not got, "no turn while paused"
+    resumed = time.monotonic()
+    assert one.resume_everywhere() is True
+    waiter.join(timeout=10)
+    assert got, "the waiter never started"
+    assert got[0] - resumed <= 1.5, "the waiter starts within a recheck of the resume"
+    one.resume(everywhere=True)  # resumed already: nothing changes
+    assert not other.status().paused_everywhere
+
+
+def test_pause_everywhere_on_asyncio() -> None:
+    async def run() -> None:
+        state = MemoryState(private=True)
+        limiter = ratequeue.aio.Limiter(state, name="q", interval=0.01)
+        assert await limiter.pause_everywhere() is True
+        assert (await limiter.status()).paused_everywhere
+        assert await limiter.try_acquire() is None
+        limiter.pause()  # this shard only, a plain method as ever
+        limiter.resume()
+        assert await limiter.resume_everywhere() is True
+        await limiter.acquire(timeout=5)
+        assert not (await limiter.status()).paused_everywhere
+
+    asyncio.run(run())

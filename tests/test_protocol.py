@@ -9,12 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratequeue import protocol
-from ratequeue.protocol import NEVER, Passed, Record, Started, Wait
+from ratequeue.protocol import NEVER, PAUSED_RECHECK_US, Passed, Record, Started, Wait
 
 from .strategies import epochs_us, intervals_us, leads_us, retime_ticket
 from .strategies import operations as ops_strategy
 
-operations = ops_strategy(max_size=60)
+operations = ops_strategy(max_size=60, pauses=True)
 
 
 @dataclass
@@ -35,7 +35,11 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
             now = max(0, now + int(op[1]))  # type: ignore[call-overload]
             continue
         before = record
-        if kind == "take":
+        if kind in ("pause", "resume"):
+            record, changed = protocol.set_paused(record, kind == "pause", now)
+            assert changed is (before.paused != (kind == "pause"))
+            assert record == Record(**{**before.__dict__, "paused": kind == "pause"}), "only the flag changes"
+        elif kind == "take":
             record, taken = protocol.take(record, now)
             assert taken.ticket == before.ticket
             assert taken.now == now
@@ -61,6 +65,13 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
 def check_outcome(
     before: Record, after: Record, outcome: object, ticket: int, lead: int, now: int, history: History
 ) -> None:
+    if before.paused:
+        assert after.paused
+        assert not isinstance(outcome, Started) or protocol.is_same_grant(before, ticket, now), (
+            "while paused, nothing starts but the same grant again"
+        )
+        if isinstance(outcome, Wait):
+            assert outcome.slot >= now + PAUSED_RECHECK_US, "a paused queue is asked again a second on"
     if isinstance(outcome, Started) and protocol.is_same_grant(before, ticket, now):
         assert outcome.start == before.at, "asked again, the latest start is the same grant"
         assert after == before, "a repeated grant changes nothing"
@@ -86,7 +97,9 @@ def check_retime(
     if isinstance(outcome, Started):
         assert before.pos == ticket, "only the latest start moves"
         assert outcome.start == max(before.at, now + lead), "forward only, to now + lead at the earliest"
-        assert after == Record(before.ticket, before.pos, outcome.start, before.interval)
+        assert after == Record(
+            before.ticket, before.pos, outcome.start, before.interval, paused=before.paused
+        )
         if history.starts and history.starts[-1][0] == ticket:
             history.starts[-1] = (ticket, outcome.start)
         else:  # pos was jumped to and never started: a retime starts it, at least 2 intervals on
@@ -194,3 +207,95 @@ def test_a_ticket_jumped_to_is_never_granted(
     assert record.pos == abandoned + 1, "pos jumped to the last abandoned ticket"
     _, outcome = protocol.try_start(record, abandoned + 1, lead, now)
     assert outcome == Passed(ticket=abandoned + 1, pos=abandoned + 1, now=now)
+
+
+def ask(record: Record, ticket: int | None, now: int) -> tuple[Record, object]:
+    """A shard's head asking, lead 0: its held ticket tried, or (none held) a new one taken and tried."""
+    if ticket is None:
+        return protocol.take_and_try(record, 0, now)
+    return protocol.try_start(record, ticket, 0, now)
+
+
+@given(intervals_us, epochs_us, st.integers(0, 10_000_000), st.integers(1, 5), st.integers(0, 30_000_000))
+def test_shards_waiting_through_a_pause_start_at_the_rate_on_resume(
+    interval: int, epoch: int, before_pause: int, shards: int, paused_for: int
+) -> None:
+    """Paused, every waiting shard is told to wait (a second on, at least); resumed, all start, spaced.
+
+    Tickets are still handed out while paused, and take's jump (G4) may pass
+    a ticket held through the pause: its holder takes a new one, as ever.
+    """
+    record, first = protocol.take_and_try(protocol.new_record(interval), 0, epoch)
+    assert isinstance(first, Started)
+    now = epoch + before_pause
+    record, changed = protocol.set_paused(record, True, now)
+    assert changed
+    assert record.paused
+    held: list[int | None] = [None] * shards
+    for moment in (now, now + paused_for):  # each shard asks, then asks again later, still paused
+        for shard in range(shards):
+            record, outcome = ask(record, held[shard], moment)
+            if isinstance(outcome, Passed):  # passed by a take's jump: take a new ticket
+                record, outcome = ask(record, None, moment)
+            assert isinstance(outcome, Wait), "nothing starts while paused"
+            assert outcome.slot >= moment + PAUSED_RECHECK_US
+            held[shard] = outcome.ticket
+    now += paused_for
+    resumed = now
+    record, changed = protocol.set_paused(record, False, now)
+    assert changed
+    assert not record.paused
+    starts = [first.start]
+    waiting = set(range(shards))
+    for _ in range(10 * shards):
+        slots = []
+        for shard in sorted(waiting):
+            record, outcome = ask(record, held[shard], now)
+            if isinstance(outcome, Passed):
+                record, outcome = ask(record, None, now)
+            if isinstance(outcome, Started):
+                starts.append(outcome.start)
+                waiting.discard(shard)
+                held[shard] = None
+            else:
+                assert isinstance(outcome, Wait)
+                held[shard] = outcome.ticket
+                slots.append(outcome.slot)
+        if not waiting:
+            break
+        now = max(now, min(slots))
+    assert not waiting, "every shard waiting through the pause starts once resumed"
+    for earlier, later in itertools.pairwise(starts):
+        assert later - earlier >= interval, "G1 after resume"
+    assert starts[-1] <= max(resumed, first.start + (shards + 1) * interval) + shards * interval, "no stall"
+
+
+@given(intervals_us, epochs_us, st.integers(1, 5), st.integers(0, 10_000_000))
+def test_a_paused_queue_still_passes_tickets_whose_holders_left(
+    interval: int, epoch: int, abandoned: int, paused_for: int
+) -> None:
+    """G4 holds through a pause: a new ticket taken after resume does not wait behind stale ones."""
+    record, _ = protocol.take_and_try(protocol.new_record(interval), 0, epoch)
+    record, _ = protocol.set_paused(record, True, epoch)
+    for _ in range(abandoned):
+        record, _ = protocol.take_and_try(record, 0, epoch)
+    now = epoch + (abandoned + 1) * interval + paused_for
+    record, _ = protocol.set_paused(record, False, now)
+    record, outcome = protocol.take_and_try(record, 0, now)
+    assert outcome == Started(ticket=abandoned + 2, start=now, now=now)
+
+
+@given(intervals_us, epochs_us, leads_us, st.integers(0, 10_000_000))
+def test_a_grant_from_before_the_pause_is_granted_again(
+    interval: int, epoch: int, lead: int, later: int
+) -> None:
+    """A start granted before the pause, asked again after a lost reply, is the same grant."""
+    record, _first = protocol.take_and_try(protocol.new_record(interval), 0, epoch)
+    record, _ = protocol.set_paused(record, True, epoch)
+    now = epoch + later
+    again, outcome = protocol.try_start(record, 1, lead, now)
+    assert again == record
+    if now < epoch + interval:
+        assert outcome == Started(ticket=1, start=epoch, now=now)
+    else:
+        assert outcome == Passed(ticket=1, pos=1, now=now)

@@ -90,6 +90,7 @@ def operations(name: str, interval: int) -> dict[str, Callable[[State], object]]
         "take_and_try": lambda s: s.take_and_try(name, interval, 0),
         "try_start": lambda s: s.try_start(name, interval, 2, 0),
         "retime": lambda s: s.retime(name, interval, 1, 0),
+        "set_paused": lambda s: s.set_paused(name, interval, True),
         "read": lambda s: s.read(name),
     }
 
@@ -251,6 +252,35 @@ def test_wrong_types_are_refused(backend: Backend, fields: dict[str, Any], patte
     poke(backend, state, name, fields)
     assert_refused(state, name, operations(name, INTERVAL), pattern)
     assert_reset_clears(state, name)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None], ids=["text", "one", "zero", "null"])
+def test_a_paused_flag_that_is_not_a_boolean_is_refused(backend: Backend, value: object) -> None:
+    """``paused`` is missing, true or false (Redis: absent or "1"); anything else is refused by name."""
+    if backend.kind == "memory":
+        pytest.skip("the memory state stores Record objects ratequeue made, never raw fields")
+    if backend.kind == "redis" and value in (None, 1):
+        pytest.skip('a Redis hash has no null (absent: not paused), and "1" is how it says paused')
+    state = backend.open()
+    name = backend.fresh_name()
+    poke(backend, state, name, {"ticket": 3, "pos": 1, "at": 5, "interval": INTERVAL, "paused": value})
+    shown = repr(str(value) if backend.kind == "redis" else value)  # Redis keeps text
+    assert_refused(state, name, operations(name, INTERVAL), rf"paused={re.escape(shown)}")
+    assert_reset_clears(state, name)
+
+
+def test_a_paused_record_is_read_by_every_backend(backend: Backend) -> None:
+    """A stored paused flag (file and MongoDB: ``true``, Redis: ``"1"``) reads as paused; false as not."""
+    state = backend.open()
+    name = backend.fresh_name()
+    stored: object = "1" if backend.kind == "redis" else True
+    fields = {"ticket": 3, "pos": 1, "at": 5, "interval": INTERVAL}
+    poke(backend, state, name, {**fields, "paused": stored})
+    assert state.read(name).record == Record(**fields, paused=True)
+    if backend.kind in ("file", "mongodb"):
+        poke(backend, state, name, {**fields, "paused": False})
+        assert state.read(name).record == Record(**fields)
+    assert state.reset(name) is True
 
 
 def test_states_refuse_a_lead_past_the_limit(backend: Backend) -> None:

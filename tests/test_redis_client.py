@@ -778,10 +778,15 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     taken = codec.parse_taken(f"taken 1 0 {never} 9", "q", "k", TERMS)
     assert taken == Taken(ticket=1, pos=0, at=never, now=9)
     assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
-    for reply in (b"record 5 3 2 1 10 4 21", "record 5 3 2 1 10 4 21"):
+    for reply in (b"record 5 3 2 1 10 4 21 0", "record 5 3 2 1 10 4 21 0"):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
             record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
         )
+    paused = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21, paused=True)
+    assert codec.parse_snapshot(b"record 5 3 2 1 10 4 21 1", "q", "k", codec.READ_TERMS).record == paused
+    for reply in (b"set 1 5", "set 1 5"):
+        assert codec.parse_changed(reply, "q", "k", TERMS) is True
+    assert codec.parse_changed(b"set 0 5", "q", "k", TERMS) is False
 
 
 @pytest.mark.parametrize(
@@ -828,13 +833,21 @@ def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
         b"record 5 3 2 1 10",  # the reply before bursts: no burst, no due
         b"record 5 3 2 1 10 1",
         b"record 5 3 2 1 10 1 x",
-        b"record 5 3 2 1 10 1 1 1",
+        b"record 5 3 2 1 10 1 1",  # the reply before pauses: no paused
+        b"record 5 3 2 1 10 1 1 2",
+        b"record 5 3 2 1 10 1 1 1 1",
         b"?",
     ],
 )
 def test_an_unexpected_snapshot_is_corrupted(reply: bytes) -> None:
     with pytest.raises(StateCorrupted):
         codec.parse_snapshot(reply, "q", "ratequeue:q", codec.READ_TERMS)
+
+
+@pytest.mark.parametrize("reply", [b"set 2 5", b"set 1", b"set x 5", b"started 1 2 3", b"mismatch burst 3"])
+def test_an_unexpected_set_paused_answer_is_refused(reply: bytes) -> None:
+    with pytest.raises((StateCorrupted, ConfigurationError)):
+        codec.parse_changed(reply, "q", "ratequeue:q", TERMS)
 
 
 def test_a_mismatch_names_both_intervals_or_both_bursts() -> None:

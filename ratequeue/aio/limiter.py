@@ -109,6 +109,19 @@ class Limiter(LimiterBase[AsyncState]):
         """
         return Reservation(self, cost)
 
+    async def pause_everywhere(self) -> bool:
+        """Pause the whole queue, every shard in every process; whether it was not paused already.
+
+        As :meth:`ratequeue.Limiter.pause` with ``everywhere=True``: a flag
+        in the queue's shared record (one call to the state). :meth:`pause`
+        pauses this shard only.
+        """
+        return bool(await self._set_paused_everywhere(True))
+
+    async def resume_everywhere(self) -> bool:
+        """Resume the whole queue after :meth:`pause_everywhere`; whether it was paused."""
+        return bool(await self._set_paused_everywhere(False))
+
     async def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
         return Status.of(self.name, self.interval, await self._state.read(self.name), self._shard)

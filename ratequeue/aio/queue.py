@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from .. import _validate
 from .._flow import arun
-from .._jobs import Backoff, DeadLetter, JobOptions, NotBefore
 from .._limiting import Seconds, Status
 from .._queueing import Entry, QueueBase
-from ..rates import RateLike
 from .limiter import Limiter
-from .state import AsyncState, AsyncStateLike
+from .state import AsyncState
 
 __all__ = ["Queue"]
 
@@ -33,78 +31,10 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
 
     _display_name = "aio.Queue"
 
-    def __init__(
-        self,
-        url: AsyncStateLike = None,
-        *,
-        name: str,
-        interval: Seconds | None = None,
-        rate: RateLike | None = None,
-        burst: int = 1,
-        lead: Seconds | None = None,
-        max_running: int | None = None,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
-        dead_letter: Callable[[DeadLetter], Any] | None = None,
-        max_waiting: int | None = None,
-        overflow: str = "reject",
-    ) -> None:
-        """See :class:`ratequeue.Queue`."""
-        limiter = Limiter(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
-        options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
-        super().__init__(limiter, max_running, options, max_waiting, overflow)
-        self._semaphore = asyncio.Semaphore(self._max_running) if self._max_running else None
-        self._places = self._semaphore
-        #: the pacer and job tasks, kept so that they are not collected while they run
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._idle = asyncio.Event()
-        #: set when a job is added, for a pacer waiting for held jobs
-        self._added = asyncio.Event()
-        self._idle.set()
-        self._state_closing: asyncio.Task[None] | None = None
-
     @property
     def state(self) -> AsyncState:
         """The state this queue uses."""
         return self._limiter.state
-
-    def add(
-        self,
-        fn: Callable[..., Any],
-        /,
-        *args: Any,
-        cost: int = 1,
-        priority: int = 0,
-        not_before: NotBefore | None = None,
-        retries: int | None = None,
-        backoff: Backoff | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
-        dead_letter: Callable[[DeadLetter], Any] | None = None,
-        **kwargs: Any,
-    ) -> asyncio.Future[Any]:
-        """Queue ``fn(*args, **kwargs)`` (awaited if it is a coroutine function); return its future.
-
-        Call from a running event loop. The options are those of
-        :meth:`ratequeue.Queue.add`; a ``dead_letter`` handler may be a
-        coroutine function.
-        """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._add(
-            future,
-            fn,
-            args,
-            kwargs,
-            cost,
-            priority=priority,
-            not_before=not_before,
-            retries=retries,
-            backoff=backoff,
-            retry_on=retry_on,
-            dead_letter=dead_letter,
-        )
-        self._idle.clear()
-        return future
 
     async def join(self, timeout: Seconds | None = None) -> bool:
         """Wait until every added job has finished; return ``False`` if ``timeout`` passed first."""
@@ -136,6 +66,23 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _limiter_class(self) -> type[Limiter]:
+        return Limiter
+
+    def _init_driver(self) -> None:
+        self._semaphore = asyncio.Semaphore(self._max_running) if self._max_running else None
+        self._places = self._semaphore
+        #: the pacer and job tasks, kept so that they are not collected while they run
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        #: set when a job is added, for a pacer waiting for held jobs
+        self._added = asyncio.Event()
+        self._idle.set()
+        self._state_closing: asyncio.Task[None] | None = None
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
 
     def _locked(self) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # one event loop: nothing runs between two awaits
@@ -171,6 +118,7 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
 
     def _wake_pacer(self) -> None:
         self._added.set()
+        self._idle.clear()  # a job was added, or queued again for a retry
 
     async def _take_running_place(self) -> None:
         if self._semaphore is not None:

@@ -115,6 +115,9 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
     async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         return await arun(self._retime_flow(name, terms, ticket, lead_us))
 
+    async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
+        return await arun(self._set_paused_flow(name, terms, paused))
+
     async def _read(self, name: str) -> Snapshot:
         return await arun(self._read_flow(name))
 

@@ -23,10 +23,11 @@ from ..state.base import (
     Snapshot,
     StateBase,
     Terms,
-    cost_units,
-    lead_microseconds,
-    terms,
-    ticket_number,
+    retime_args,
+    set_paused_args,
+    take_and_try_args,
+    take_args,
+    try_start_args,
 )
 
 __all__ = ["AsyncState", "AsyncStateLike", "ThreadedState", "from_url"]
@@ -45,8 +46,7 @@ class AsyncState(StateBase, ABC):
         self, name: str, interval_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
     ) -> Taken:
         """Hand out the next ticket of queue ``name``, for a job of ``cost``."""
-        rule = terms(interval_us, burst, keep_us)
-        return await self._guarded(name, self._take, rule, cost_units(cost, rule))
+        return await self._guarded(name, self._take, *take_args(interval_us, burst, cost, keep_us))
 
     async def try_start(
         self,
@@ -60,26 +60,32 @@ class AsyncState(StateBase, ABC):
         keep_us: int = 0,
     ) -> Outcome:
         """Start ``ticket`` (taken for ``cost``) if its earliest start is at most ``lead_us`` us away."""
-        rule = terms(interval_us, burst, keep_us)
-        args = ticket_number(ticket), lead_microseconds(lead_us), cost_units(cost, rule)
-        return await self._guarded(name, self._try_start, rule, *args)
+        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us)
+        return await self._guarded(name, self._try_start, *args)
 
     async def take_and_try(
         self, name: str, interval_us: int, lead_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
     ) -> Outcome:
         """Take a ticket and try to start it, in one atomic step."""
-        rule = terms(interval_us, burst, keep_us)
-        return await self._guarded(
-            name, self._take_and_try, rule, lead_microseconds(lead_us), cost_units(cost, rule)
-        )
+        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us)
+        return await self._guarded(name, self._take_and_try, *args)
 
     async def retime(
         self, name: str, interval_us: int, ticket: int, lead_us: int, *, burst: int = 1, keep_us: int = 0
     ) -> Outcome:
         """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest."""
-        rule = terms(interval_us, burst, keep_us)
+        args = retime_args(interval_us, ticket, lead_us, burst, keep_us)
+        return await self._guarded(name, self._retime, *args)
+
+    async def set_paused(
+        self, name: str, interval_us: int, paused: bool, *, burst: int = 1, keep_us: int = 0
+    ) -> bool:
+        """Pause queue ``name`` for every shard, or resume it; say whether that changed it.
+
+        See :meth:`ratequeue.state.State.set_paused`.
+        """
         return await self._guarded(
-            name, self._retime, rule, ticket_number(ticket), lead_microseconds(lead_us)
+            name, self._set_paused, *set_paused_args(interval_us, paused, burst, keep_us)
         )
 
     async def read(self, name: str) -> Snapshot:
@@ -132,6 +138,9 @@ class AsyncState(StateBase, ABC):
     async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
+    async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool: ...
+
+    @abstractmethod
     async def _read(self, name: str) -> Snapshot: ...
 
     @abstractmethod
@@ -170,6 +179,10 @@ class ThreadedState(AsyncState):
     async def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         state = self.state
         return await asyncio.to_thread(state._guarded, name, state._retime, terms, ticket, lead_us)
+
+    async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
+        state = self.state
+        return await asyncio.to_thread(state._guarded, name, state._set_paused, terms, paused)
 
     async def _read(self, name: str) -> Snapshot:
         return await asyncio.to_thread(self.state.read, name)

@@ -68,6 +68,9 @@ class LocalState(State):
     def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         return self._run(name, terms, lambda r, now: protocol.retime(r, ticket, lead_us, now))
 
+    def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
+        return self._run(name, terms, lambda r, now: protocol.set_paused(r, paused, now))
+
     def _read(self, name: str) -> Snapshot:
         record, now, _ = self._transact(name, None, None)
         if record is not None:
@@ -90,8 +93,9 @@ def keep_until(record: Record, terms: Terms, now: int) -> int | None:
     """When (state clock, us) ``record``, written at ``now`` under ``terms``, may be deleted; ``None``: never.
 
     ``keep_us`` after the later of ``now`` and :func:`ratequeue.protocol.expires`:
-    a record is kept at least ``keep_us`` after its last write.
+    a record is kept at least ``keep_us`` after its last write. A paused
+    record is kept until it is resumed: forgetting it would forget the pause.
     """
-    if not terms.keep_us:
+    if not terms.keep_us or record.paused:
         return None
     return max(protocol.expires(record), now) + terms.keep_us

@@ -8,9 +8,11 @@ around them, the parsing of the answer an operation leaves in its document
 :class:`StateCorrupted` naming where it is), and the URL handling.
 
 A queue's document is ``{_id: name, ticket, pos, at, interval, burst, due,
-answer, expires}`` (integers, microseconds). A queue of burst 1 keeps no
-``burst`` and no ``due`` (``due`` is then ``at``): its document is the one
-written before bursts, which every version reads and writes alike.
+paused, answer, expires}`` (integers, microseconds; ``paused`` is ``true``
+while the queue is paused for every shard, and absent otherwise). A queue of
+burst 1 keeps no ``burst`` and no ``due`` (``due`` is then ``at``): its
+document, unless paused, is the one written before bursts, which every
+version reads and writes alike.
 ``expires`` (a ``Date``; on a test clock, whole microseconds on it) is
 there while the record is kept for a while only
 (:class:`~ratequeue.state.base.Terms`' ``keep_us``): the collection's TTL
@@ -32,14 +34,25 @@ from pymongo.errors import InvalidURI
 
 from .. import protocol
 from ..errors import StateCorrupted
-from ..protocol import MAX_LEAD_US, NEVER, Outcome, Passed, Record, Started, Taken, Unwritten, Wait
+from ..protocol import (
+    MAX_LEAD_US,
+    NEVER,
+    PAUSED_RECHECK_US,
+    Outcome,
+    Passed,
+    Record,
+    Started,
+    Taken,
+    Unwritten,
+    Wait,
+)
 from .base import MAX_US, Terms, check_record, split_options, unwritten
 
 DEFAULT_DATABASE = "ratequeue"
 DEFAULT_COLLECTION = "queues"
 
 #: an operation run by an update pipeline
-Op = Literal["take", "try_start", "take_and_try", "retime"]
+Op = Literal["take", "try_start", "take_and_try", "retime", "set_paused"]
 
 #: the operations that answer an :data:`~ratequeue.protocol.Outcome`
 OutcomeOp = Literal["try_start", "take_and_try", "retime"]
@@ -55,7 +68,7 @@ EXPIRES = "expires"
 TTL_INDEX = "ratequeue_expires"
 
 #: the fields of a record, as :func:`~ratequeue.state.base.check_record` reads them
-RECORD_FIELDS = ("ticket", "pos", "at", "interval", "burst", "due")
+RECORD_FIELDS = ("ticket", "pos", "at", "interval", "burst", "due", "paused")
 
 #: the fields a pipeline works in, gone from the document it leaves
 _SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until"]
@@ -160,6 +173,7 @@ def _try_stages(lead_us: int, cost: int) -> Pipeline:
         ]
     }
     passed = {"$or": [{"$gte": ["$pos", "$_t"]}, {"$gte": ["$_t", "$ticket"]}]}
+    paused_wait = {"$max": ["$_e", {"$add": ["$_now", {"$literal": PAUSED_RECHECK_US}]}]}
     can_start = {"$gte": [{"$add": ["$_now", {"$literal": lead_us}]}, "$_e"]}
     started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}]}  # not the same grant
     early = {"$multiply": [{"$subtract": ["$burst", {"$literal": cost}]}, "$interval"]}
@@ -176,6 +190,10 @@ def _try_stages(lead_us: int, cost: int) -> Pipeline:
                                 "then": {"kind": "started", "ticket": "$_t", "value": "$at"},
                             },
                             {"case": passed, "then": {"kind": "passed", "ticket": "$_t", "value": "$pos"}},
+                            {
+                                "case": _PAUSED,
+                                "then": {"kind": "wait", "ticket": "$_t", "value": paused_wait},
+                            },
                             {
                                 "case": can_start,
                                 "then": {
@@ -199,6 +217,17 @@ def _try_stages(lead_us: int, cost: int) -> Pipeline:
             }
         },
     ]
+
+
+#: whether the record is paused for every shard (``paused`` is ``true``; missing: not paused)
+_PAUSED = {"$eq": ["$paused", True]}
+
+
+def _set_paused_stages(paused: bool) -> Pipeline:
+    """``set_paused``: set the flag; the answer's ``value`` is 1 if that changed it, else 0."""
+    changed = {"$cond": [{"$eq": [_PAUSED, {"$literal": paused}]}, 0, 1]}
+    answer = {"kind": "set", "ticket": 0, "value": changed, "now": "$_now"}
+    return [{"$set": {"answer": answer, "paused": {"$literal": paused}}}]
 
 
 def _retime_stages(ticket: int, lead_us: int) -> Pipeline:
@@ -253,42 +282,58 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
     kept as whole microseconds on that clock instead: an integer, which the
     server's TTL monitor (reading its real clock) leaves alone, and which
     only :func:`sweep_filter` of a test clock deletes. A keep time past
-    ``MAX_US`` (about 2112) is none: the record is kept.
+    ``MAX_US`` (about 2112) is none: the record is kept. So is a paused
+    record (:func:`ratequeue.protocol.set_paused`), until it is resumed.
     """
     if not keep_us:
         return [{"$unset": EXPIRES}]
     expires = {"$add": [_slot("$ticket"), "$interval"]}
     until = {"$add": [{"$max": [expires, "$_now"]}, {"$literal": keep_us}]}
     stored = "$_until" if fixed else {"$toDate": _ceil_ms("$_until")}
+    kept = {"$and": [{"$lt": ["$_until", MAX_US]}, {"$not": [_PAUSED]}]}
     return [
         {"$set": {"_until": until}},
-        {"$set": {EXPIRES: {"$cond": [{"$lt": ["$_until", MAX_US]}, stored, "$$REMOVE"]}}},
+        {"$set": {EXPIRES: {"$cond": [kept, stored, "$$REMOVE"]}}},
     ]
 
 
 def _burst_one_stages() -> Pipeline:
-    """A record of burst 1 is stored without ``burst`` and ``due`` (it is ``at``), as before bursts."""
+    """A record of burst 1 is stored without ``burst`` and ``due`` (it is ``at``), as before bursts.
+
+    ``paused`` is stored only while it is ``true``.
+    """
     one = {"$eq": ["$burst", 1]}
     return [
         {
             "$set": {
                 "burst": {"$cond": [one, "$$REMOVE", "$burst"]},
                 "due": {"$cond": [one, "$$REMOVE", "$due"]},
+                "paused": {"$cond": [_PAUSED, True, "$$REMOVE"]},
             }
         }
     ]
 
 
 def pipeline(
-    op: Op, terms: Terms, now_us: int | None, *, ticket: int = 0, lead_us: int = 0, cost: int = 1
+    op: Op,
+    terms: Terms,
+    now_us: int | None,
+    *,
+    ticket: int = 0,
+    lead_us: int = 0,
+    cost: int = 1,
+    paused: bool = False,
 ) -> Pipeline:
     """The update pipeline of ``op``; it leaves its answer in the document's ``answer``.
 
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     :param ticket: the ticket of ``try_start`` and ``retime``.
     :param cost: the cost of the ticket taken (``take``, ``take_and_try``) or started (``try_start``).
+    :param paused: the flag ``set_paused`` sets.
     """
-    if op == "take":
+    if op == "set_paused":
+        stages = _set_paused_stages(paused)
+    elif op == "take":
         answer = {"kind": "taken", "ticket": "$_t", "value": "$pos", "now": "$_now"}
         stages = [*_take_stages(cost), {"$set": {"answer": answer}}]
     elif op == "retime":
@@ -360,7 +405,7 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
     is checked inside the pipeline instead (:func:`_check_stages`), where
     ``now`` is known and a test clock applies. A record without ``burst``
     (written before bursts) has burst 1, and one without ``due`` has ``due``
-    equal to ``at``.
+    equal to ``at``; ``paused`` is missing (not paused) or a boolean.
     """
     burst: dict[str, Any] = {"$eq": terms.burst, "$type": _WHOLE}
     late = {"$literal": (terms.burst - 1) * terms.interval_us}
@@ -393,6 +438,7 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
                 {"$lte": [NEVER, "$at"]},
                 {"$lt": ["$at", MAX_US]},
                 due_ok,
+                {"$in": [{"$type": "$paused"}, ["missing", "bool"]]},
             ]
         },
     }
@@ -430,6 +476,15 @@ def parse_taken(document: Document, where: str) -> Taken:
     if kind != "taken":
         raise StateCorrupted(f"record at {where} answered a take with kind {kind!r}", where=where)
     return Taken(ticket=ticket, pos=value, at=record.at, now=now)
+
+
+def parse_changed(document: Document, where: str) -> bool:
+    """Whether the ``set_paused`` that left ``document`` changed the flag."""
+    check_document(document, where)
+    kind, _, value, _ = _answer(document, where)
+    if kind != "set" or value not in (0, 1):
+        raise StateCorrupted(f"record at {where} answered a set_paused with {kind!r} {value!r}", where=where)
+    return value == 1
 
 
 def parse_outcome(document: Document, where: str) -> Outcome:

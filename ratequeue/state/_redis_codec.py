@@ -27,6 +27,7 @@ __all__ = [
     "Parser",
     "Reply",
     "glob_escape",
+    "parse_changed",
     "parse_outcome",
     "parse_snapshot",
     "parse_taken",
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 #: what the script can be asked to do (its ARGV[1])
-Operation = Literal["take", "try_start", "take_and_try", "retime", "read"]
+Operation = Literal["take", "try_start", "take_and_try", "retime", "set_paused", "read"]
 
 #: the Lua script serving every operation
 SCRIPT: str = resources.files(__name__.rpartition(".")[0]).joinpath("redis.lua").read_text(encoding="utf-8")
@@ -137,6 +138,10 @@ _OUTCOMES: dict[bytes | str, Callable[[int, int, int], Outcome]] = {
     for kind in (word, word.encode())
 }
 _TAKEN = ("taken", b"taken")
+_SET = ("set", b"set")
+#: a flag in a reply, 0 or 1, and 1 alone
+_FLAGS = ("0", "1", b"0", b"1")
+_TRUE = ("1", b"1")
 _RECORD = ("record", b"record")
 _NONE = ("none", b"none")
 
@@ -171,8 +176,20 @@ def parse_outcome(reply: Reply, name: str, key: str, terms: Terms) -> Outcome:
     _refuse(reply, name, key, terms)
 
 
+def parse_changed(reply: Reply, name: str, key: str, terms: Terms) -> bool:
+    """The answer of ``set_paused``: ``set CHANGED NOW``; whether the flag changed."""
+    try:
+        kind, changed, now = reply.split()
+        int(now)  # a whole number, or ValueError
+        if kind in _SET and changed in _FLAGS:
+            return changed in _TRUE
+    except (AttributeError, TypeError, ValueError):
+        pass
+    _refuse(reply, name, key, terms)
+
+
 def parse_snapshot(reply: Reply, name: str, key: str, terms: Terms) -> Snapshot:
-    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE``, or ``none NOW``.
+    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED``, or ``none NOW``.
 
     (``terms`` is not needed: a read checks none.)
     """
@@ -180,9 +197,11 @@ def parse_snapshot(reply: Reply, name: str, key: str, terms: Terms) -> Snapshot:
         kind, *numbers = reply.split()
         if kind in _NONE and len(numbers) == 1:
             return Snapshot(record=None, now=int(numbers[0]))
-        if kind in _RECORD and len(numbers) == 7:
-            now, ticket, pos, at, interval, burst, due = (int(number) for number in numbers)
-            record = Record(ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due)
+        if kind in _RECORD and len(numbers) == 8 and numbers[7] in _FLAGS:
+            now, ticket, pos, at, interval, burst, due, paused = (int(number) for number in numbers)
+            record = Record(
+                ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due, paused=paused == 1
+            )
             return Snapshot(record=record, now=now)
     except (AttributeError, TypeError, ValueError):
         pass

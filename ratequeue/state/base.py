@@ -37,6 +37,7 @@ __all__ = [
     "interval_microseconds",
     "cost_units",
     "lead_microseconds",
+    "paused_flag",
     "terms",
     "ticket_number",
     "unwritten",
@@ -126,8 +127,7 @@ class State(StateBase, ABC):
         ``burst`` and ``keep_us`` are the queue's :class:`Terms`; ``cost`` is
         from 1 to ``burst``.
         """
-        rule = terms(interval_us, burst, keep_us)
-        return self._guarded(name, self._take, rule, cost_units(cost, rule))
+        return self._guarded(name, self._take, *take_args(interval_us, burst, cost, keep_us))
 
     def try_start(
         self,
@@ -146,18 +146,15 @@ class State(StateBase, ABC):
         handed out (because it was reset) is answered as passed; the latest
         start asked for again is the same grant.
         """
-        rule = terms(interval_us, burst, keep_us)
-        args = ticket_number(ticket), lead_microseconds(lead_us), cost_units(cost, rule)
-        return self._guarded(name, self._try_start, rule, *args)
+        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us)
+        return self._guarded(name, self._try_start, *args)
 
     def take_and_try(
         self, name: str, interval_us: int, lead_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
     ) -> Outcome:
         """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
-        rule = terms(interval_us, burst, keep_us)
-        return self._guarded(
-            name, self._take_and_try, rule, lead_microseconds(lead_us), cost_units(cost, rule)
-        )
+        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us)
+        return self._guarded(name, self._take_and_try, *args)
 
     def retime(
         self, name: str, interval_us: int, ticket: int, lead_us: int, *, burst: int = 1, keep_us: int = 0
@@ -167,8 +164,21 @@ class State(StateBase, ABC):
         See :func:`ratequeue.protocol.retime`: :class:`Started` with the new
         start, or :class:`Passed` once a later ticket has started.
         """
-        rule = terms(interval_us, burst, keep_us)
-        return self._guarded(name, self._retime, rule, ticket_number(ticket), lead_microseconds(lead_us))
+        args = retime_args(interval_us, ticket, lead_us, burst, keep_us)
+        return self._guarded(name, self._retime, *args)
+
+    def set_paused(
+        self, name: str, interval_us: int, paused: bool, *, burst: int = 1, keep_us: int = 0
+    ) -> bool:
+        """Pause queue ``name`` for every shard (``paused=True``), or resume it; say whether that changed it.
+
+        See :func:`ratequeue.protocol.set_paused`: while paused no ticket
+        starts, whichever shard asks. A missing record is created with these
+        :class:`Terms` (paused or not); a stored one must match them, and
+        only its flag changes. A paused record is kept whatever ``keep_us``
+        says, until it is resumed.
+        """
+        return self._guarded(name, self._set_paused, *set_paused_args(interval_us, paused, burst, keep_us))
 
     def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
@@ -233,6 +243,9 @@ class State(StateBase, ABC):
     def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome: ...
 
     @abstractmethod
+    def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool: ...
+
+    @abstractmethod
     def _read(self, name: str) -> Snapshot: ...
 
     @abstractmethod
@@ -243,6 +256,40 @@ class State(StateBase, ABC):
 
     @abstractmethod
     def _sweep(self) -> int: ...
+
+
+def take_args(interval_us: int, burst: int, cost: int, keep_us: int) -> tuple[Terms, int]:
+    """The checked arguments of :meth:`State.take` after the name."""
+    rule = terms(interval_us, burst, keep_us)
+    return rule, cost_units(cost, rule)
+
+
+def try_start_args(
+    interval_us: int, ticket: int, lead_us: int, burst: int, cost: int, keep_us: int
+) -> tuple[Terms, int, int, int]:
+    """The checked arguments of :meth:`State.try_start` after the name."""
+    rule = terms(interval_us, burst, keep_us)
+    return rule, ticket_number(ticket), lead_microseconds(lead_us), cost_units(cost, rule)
+
+
+def take_and_try_args(
+    interval_us: int, lead_us: int, burst: int, cost: int, keep_us: int
+) -> tuple[Terms, int, int]:
+    """The checked arguments of :meth:`State.take_and_try` after the name."""
+    rule = terms(interval_us, burst, keep_us)
+    return rule, lead_microseconds(lead_us), cost_units(cost, rule)
+
+
+def retime_args(
+    interval_us: int, ticket: int, lead_us: int, burst: int, keep_us: int
+) -> tuple[Terms, int, int]:
+    """The checked arguments of :meth:`State.retime` after the name."""
+    return terms(interval_us, burst, keep_us), ticket_number(ticket), lead_microseconds(lead_us)
+
+
+def set_paused_args(interval_us: int, paused: bool, burst: int, keep_us: int) -> tuple[Terms, bool]:
+    """The checked arguments of :meth:`State.set_paused` after the name."""
+    return terms(interval_us, burst, keep_us), paused_flag(paused)
 
 
 def interval_microseconds(value: int) -> int:
@@ -285,6 +332,13 @@ def lead_microseconds(value: int) -> int:
     _check_us("lead_us", value, 0)
     if value > MAX_LEAD_US:
         raise ConfigurationError(f"lead_us must be at most {MAX_LEAD_US} (an hour), got {value!r}")
+    return value
+
+
+def paused_flag(value: bool) -> bool:
+    """An operation's ``paused``, checked: ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"paused must be True or False, got {value!r}")
     return value
 
 
@@ -360,7 +414,13 @@ def check_record(fields: Any, *, where: str) -> Record:
             f"record at {where} has due={due!r}; want whole microseconds, at to at + (burst - 1) * interval",
             where=where,
         )
-    return Record(ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due)
+    # records written before pauses lack it: not paused
+    paused = fields.get("paused", False)
+    if not isinstance(paused, bool):
+        raise StateCorrupted(
+            f"record at {where} has paused={paused!r}; want true, false or none", where=where
+        )
+    return Record(ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due, paused=paused)
 
 
 def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:

@@ -868,6 +868,8 @@ def _encode(record: Record) -> dict[str, Any]:
     }
     if record.burst != 1:  # a record without a burst is written as before bursts (``due`` is then ``at``)
         fields["burst"], fields["due"] = record.burst, None if record.due == NEVER else record.due
+    if record.paused:  # written only when set: a record that is not paused is written as before pauses
+        fields["paused"] = True
     return fields
 
 

@@ -1,8 +1,9 @@
 """``mongodb://`` and ``mongodb+srv://``: the protocol run atomically inside MongoDB, on its clock.
 
 Each queue is one document ``{_id: name, ticket, pos, at, interval, burst,
-due, answer, expires}`` (integers, microseconds; a queue of burst 1 has no
-``burst`` and no ``due``, as before bursts). Every operation is a single
+due, paused, answer, expires}`` (integers, microseconds; a queue of burst 1
+has no ``burst`` and no ``due``, as before bursts; ``paused`` is there, ``true``,
+only while the queue is paused for every shard). Every operation is a single
 ``find_one_and_update`` whose update pipeline reads ``$$NOW`` on the server,
 applies the protocol and leaves its answer in ``answer``: no
 read-then-write from the client and no transaction. The filter names the
@@ -72,6 +73,7 @@ from ._mongodb_codec import (
     datetime_us,
     initial_document,
     names_pipeline,
+    parse_changed,
     parse_outcome,
     parse_taken,
     pipeline,
@@ -191,8 +193,20 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         document = yield from self._update_flow(op, name, terms, ticket, lead_us, cost)
         return parse_outcome(document, self._record_where(name))
 
+    def _set_paused_flow(self, name: str, terms: Terms, paused: bool) -> Flow[bool]:
+        document = yield from self._update_flow("set_paused", name, terms, paused=paused)
+        return parse_changed(document, self._record_where(name))
+
     def _update_flow(
-        self, op: Op, name: str, terms: Terms, ticket: int = 0, lead_us: int = 0, cost: int = 1
+        self,
+        op: Op,
+        name: str,
+        terms: Terms,
+        ticket: int = 0,
+        lead_us: int = 0,
+        cost: int = 1,
+        *,
+        paused: bool = False,
     ) -> Flow[Document]:
         """Run ``op`` on ``name``'s document and return the document after it (with the answer).
 
@@ -202,7 +216,9 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         """
         if terms.keep_us and not self._ttl_ready:
             yield from self._ttl_index_flow()
-        steps = pipeline(op, terms, self._fixed_now(), ticket=ticket, lead_us=lead_us, cost=cost)
+        steps = pipeline(
+            op, terms, self._fixed_now(), ticket=ticket, lead_us=lead_us, cost=cost, paused=paused
+        )
         update = functools.partial(self._collection.find_one_and_update, return_document=ReturnDocument.AFTER)
         for _ in range(CREATE_ATTEMPTS):
             document: Document | None = yield from retrying(Call(update, (update_filter(name, terms), steps)))
@@ -356,6 +372,9 @@ class MongoState(MongoStateBase[MongoClient[Any]], State):
 
     def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         return run(self._outcome_flow("retime", name, terms, ticket, lead_us))
+
+    def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
+        return run(self._set_paused_flow(name, terms, paused))
 
     def _read(self, name: str) -> Snapshot:
         return run(self._read_flow(name))

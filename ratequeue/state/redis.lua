@@ -9,26 +9,31 @@ the record's reading and checks are written once (no script is assembled from sh
 and there is one SHA to send and one SCRIPT LOAD after a NOSCRIPT (a restart, SCRIPT FLUSH).
 
 KEYS[1]   the queue's hash: fields ticket, pos, at, interval, burst, due, each a whole number in
-          decimal (a hash written before bursts lacks burst and due: burst is 1, due is at)
-ARGV[1]   the operation: take, try_start, take_and_try, retime or read
+          decimal (a hash written before bursts lacks burst and due: burst is 1, due is at), and
+          paused, "1" while the queue is paused for every shard and absent otherwise
+ARGV[1]   the operation: take, try_start, take_and_try, retime, set_paused or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
 ARGV[3]   the burst the caller expects; a record created now gets it (read: ignored)
 ARGV[4]   the keep time (us): every write with keep > 0 keeps the key until keep after the later
           of now and the record's expiry (protocol.expires), by a PEXPIRE relative to now; a write
-          with keep 0 PERSISTs the key, so it never expires (read: ignored)
+          with keep 0, or leaving the record paused, PERSISTs the key, so it never expires (read:
+          ignored)
 ARGV[5]   "" to read the server's TIME, or a fixed now (us) set by a test
 ARGV[6..] the operation's own arguments, as its Python method takes them:
             take:              cost
             try_start:         ticket, lead (us), cost
             take_and_try:      lead (us), cost
             retime:            ticket, lead (us)
+            set_paused:        1 to pause, 0 to resume
 
 The reply is one string of words separated by single spaces (the client parses one bulk string
 in a fraction of the CPU an array of four or five items costs it); numbers are whole, in decimal:
   take                               "taken TICKET POS AT NOW"
   try_start, take_and_try, retime    "started TICKET START NOW", "wait TICKET SLOT NOW"
                                      or "passed TICKET POS NOW"
-  read                               "record NOW TICKET POS AT INTERVAL BURST DUE", or "none NOW"
+  set_paused                         "set CHANGED NOW", CHANGED 1 if the flag changed, else 0
+  read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED" (PAUSED
+                                     1 or 0), or "none NOW"
 and, changing nothing:
   any operation but read, when the stored interval is not ARGV[2]:   "mismatch interval INTERVAL"
   any operation but read, when the stored burst is not ARGV[3]:      "mismatch burst BURST"
@@ -37,8 +42,10 @@ and, changing nothing:
   does; see protocol.check):                                         "unwritten at AT NOW"
   take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
 
-take, try_start, take_and_try and retime create a missing record (ticket 1, pos 0, at and due
-NEVER, with ARGV[2] and ARGV[3]) and write the record back, all six fields; read never writes.
+take, try_start, take_and_try, retime and set_paused create a missing record (ticket 1, pos 0,
+at and due NEVER, not paused, with ARGV[2] and ARGV[3]) and write the record back, all six
+fields and paused (set, or deleted); read never writes. While the record is paused, try_start
+(and the try of take_and_try) starts nothing: see protocol.try_start and PAUSED_RECHECK.
 Numbers stay below 2^53, so every one is exact in a double.
 ]]
 
@@ -51,6 +58,8 @@ local LIMIT = 4503599627370496
 local MAX_LEAD = 3600000000
 -- ratequeue.state.base.MAX_BURST, 2^31
 local MAX_BURST = 2147483648
+-- ratequeue.protocol.PAUSED_RECHECK_US, a second: a paused record answers wait at least this far ahead
+local PAUSED_RECHECK = 1000000
 
 local op = ARGV[1]
 
@@ -68,9 +77,11 @@ local function decimal(value)
 end
 
 local FIELDS = {"ticket", "pos", "at", "interval", "burst", "due"}
-local stored = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval", "burst", "due")
+local stored = redis.call("HMGET", KEYS[1], "ticket", "pos", "at", "interval", "burst", "due", "paused")
 local ticket, pos, at, interval, burst, due
-if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6]) then
+-- whether the queue is paused for every shard (the paused field, "1" or absent)
+local paused = false
+if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
@@ -101,6 +112,10 @@ else
   if not (at <= due and due <= at + (burst - 1) * interval) then
     return "corrupt due " .. tostring(stored[6])
   end
+  if stored[7] and stored[7] ~= "1" then
+    return "corrupt paused " .. stored[7]
+  end
+  paused = stored[7] == "1"
   if op ~= "read" then
     if interval ~= tonumber(ARGV[2]) then
       return "mismatch interval " .. stored[4]
@@ -114,7 +129,7 @@ else
   end
   if op == "read" then
     return table.concat({"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
-      decimal(burst), decimal(due)}, " ")
+      decimal(burst), decimal(due), paused and "1" or "0"}, " ")
   end
 end
 
@@ -147,6 +162,9 @@ local function try_start(t, lead, cost)
   end
   local strict = slot(t)
   local earliest = math.max(strict - (burst - cost) * interval, at)
+  if paused then
+    return "wait", t, math.max(earliest, now + PAUSED_RECHECK) -- no start while paused
+  end
   if now + lead >= earliest then
     local start = math.max(earliest, now)
     pos, at, due = t, start, math.max(strict, start)
@@ -166,7 +184,12 @@ local function retime(t, lead)
 end
 
 local reply
-if op == "take" then
+if op == "set_paused" then
+  -- protocol.set_paused: only the flag changes
+  local wanted = ARGV[6] == "1"
+  reply = {"set", wanted ~= paused and "1" or "0", decimal(now)}
+  paused = wanted
+elseif op == "take" then
   local t = take(tonumber(ARGV[6]))
   if not t then
     return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
@@ -193,11 +216,16 @@ end
 
 redis.call("HSET", KEYS[1], "ticket", decimal(ticket), "pos", decimal(pos), "at", decimal(at),
   "interval", decimal(interval), "burst", decimal(burst), "due", decimal(due))
+if paused then
+  redis.call("HSET", KEYS[1], "paused", "1")
+else
+  redis.call("HDEL", KEYS[1], "paused")
+end
 
 -- the keep time: until keep after the later of now and protocol.expires (the slot of the next
 -- ticket, plus an interval), in whole milliseconds, rounded up, relative to now
 local keep = tonumber(ARGV[4])
-if keep > 0 then
+if keep > 0 and not paused then -- a paused record is kept until resumed (protocol.set_paused)
   -- (at most LIMIT us, some 142 years: a longer span is as good as forever, and stays exact)
   local span = math.min(math.max(slot(ticket) + interval, now) + keep - now, LIMIT)
   local ms = math.floor(span / 1000)

@@ -2,7 +2,8 @@
 
 Each queue is one hash (``PREFIX + name``: ``ticket``, ``pos``, ``at``,
 ``interval``, ``burst``, ``due``; a hash written before bursts lacks the last
-two and reads as burst 1), so every operation touches a single key (ready for Redis
+two and reads as burst 1; ``paused`` is ``1`` while the queue is paused for
+every shard, and absent otherwise), so every operation touches a single key (ready for Redis
 Cluster, though ``RedisCluster`` clients are not supported yet). Every
 operation is one call of one Lua script (``redis.lua``), which reads the
 server's ``TIME`` itself, so hosts whose clocks disagree still share one
@@ -59,6 +60,7 @@ from ._redis_codec import (
     Operation,
     Parser,
     glob_escape,
+    parse_changed,
     parse_outcome,
     parse_snapshot,
     parse_taken,
@@ -467,6 +469,9 @@ class RedisStateBase(StateBase, Generic[C]):
     def _retime_flow(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Flow[Outcome]:
         return self._operation("retime", name, terms, (ticket, lead_us), parse_outcome)
 
+    def _set_paused_flow(self, name: str, terms: Terms, paused: bool) -> Flow[bool]:
+        return self._operation("set_paused", name, terms, (int(paused),), parse_changed)
+
     def _read_flow(self, name: str) -> Flow[Snapshot]:
         return self._operation("read", name, READ_TERMS, (), parse_snapshot)
 
@@ -518,6 +523,9 @@ class RedisState(RedisStateBase[redis.Redis], State):
 
     def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         return run(self._retime_flow(name, terms, ticket, lead_us))
+
+    def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
+        return run(self._set_paused_flow(name, terms, paused))
 
     def _read(self, name: str) -> Snapshot:
         return run(self._read_flow(name))
