@@ -2,15 +2,17 @@
 
 ``PATH`` itself is a small header that says which layout the state has; the
 records live in the directory ``PATH.d``, one file per queue name, each
-with a lock file of its own. An operation on a name locks that name only,
-reads its record (about a hundred bytes) and, if it changed, writes a new
-record file whole, syncs it to disk and renames it into place. Its cost
-therefore does not depend on how many names the state holds, a process
-killed mid-way never leaves a torn record, a change survives an
-operating-system crash once its operation has returned, and a process
-stopped while it holds a name's lock stalls that name only (see
-docs/file-state.md). The clock is the host's wall clock, which every user of
-the state shares.
+with a lock file of its own. An operation on a name reads its record (about
+a hundred bytes) and decides; if the record changes, it writes the new one
+whole to a temporary file and syncs it to disk, then locks that name only
+to check that the record is still the one it decided from and to rename the
+new file into place (else it decides again). Its cost therefore does not
+depend on how many names the state holds, a process killed mid-way never
+leaves a torn record, a change survives an operating-system crash once its
+operation has returned, the lock is held for a read and a rename
+(microseconds, never a disk sync), and a process stopped while it holds a
+name's lock stalls that name only (see docs/file-state.md). The clock is
+the host's wall clock, which every user of the state shares.
 
 A state file of the earlier layout (every record in ``PATH``, version 1) is
 read as it is by operations that write nothing, and moved into ``PATH.d`` by
@@ -78,6 +80,10 @@ KEPT_LOCKS = 64
 
 #: hex digits of SHA-256 in a record file's name
 KEY_DIGITS = 32
+
+#: how many times an operation decides from a record read without the lock before it decides
+#: holding the lock (when other processes keep changing the record in between)
+OPTIMISTIC_TRIES = 3
 
 _log = logging.getLogger(__name__)
 
@@ -189,17 +195,67 @@ class FileState(LocalState):
             if terms is not None:
                 open_record(name, record, terms)
             return record, now, None
-        with self._locked(self._name_lock(lock)):
-            raw, kept = self._read_record(name, file)
-            now = self._now()
-            record = None if raw is _MISSING else check_record(raw, where=where)
-            updated, answer = step(open_record(name, record, terms), now)
-            until = keep_until(updated, terms, now)
-            if updated != record or until != kept:
-                content = _record_bytes(name, _encode(updated), until)
-                self._replace(file, content, sync=True, what=f"queue {name!r}")
+        for _ in range(OPTIMISTIC_TRIES):
+            done = self._write_optimistically(name, file, lock, terms, step)
+            if done is not None:
+                record, now, answer = done
+                break
+        else:  # the record kept changing under us: decide and write holding the lock
+            with self._locked(self._name_lock(lock)):
+                raw, kept = self._parse_record(name, file, self._record_bytes(name, file))
+                now = self._now()
+                record = None if raw is _MISSING else check_record(raw, where=where)
+                updated, answer = step(open_record(name, record, terms), now)
+                until = keep_until(updated, terms, now)
+                if updated != record or until != kept:
+                    content = _record_bytes(name, _encode(updated), until)
+                    self._replace(file, content, sync=True, what=f"queue {name!r}")
         if record is None and now - self._swept >= self.sweep_every_us:
             self._sweep_at(now)
+        return record, now, answer
+
+    def _write_optimistically(
+        self, name: str, file: Path, lock: Path, terms: Terms, step: Transition[R]
+    ) -> tuple[Record | None, int, R] | None:
+        """One operation, decided from the record read without the lock; ``None`` if it changed meanwhile.
+
+        The new record is written whole to a temporary file and synced to
+        disk *before* the lock is taken; holding the lock, the record file
+        is read again and, if its bytes are those decided from, the
+        temporary file is renamed over it. So the lock is held for a small
+        read and a rename (microseconds), never for a disk sync, and a
+        process stopped while it holds the lock stalls that name for no
+        longer than that. An answer that changes nothing (a wait, a passed
+        ticket, a repeated grant) takes no lock at all.
+        """
+        where = f"{self.path}#{name}"
+        seen = self._record_bytes(name, file)
+        raw, kept = self._parse_record(name, file, seen)
+        now = self._now()
+        record = None if raw is _MISSING else check_record(raw, where=where)
+        updated, answer = step(open_record(name, record, terms), now)
+        until = keep_until(updated, terms, now)
+        if updated == record and until == kept:
+            return record, now, answer
+        content = _record_bytes(name, _encode(updated), until)
+        written = self._write_synced(file, content, what=f"queue {name!r}")
+        tmp: Path | None = written
+        try:
+            with self._locked(self._name_lock(lock)):
+                if self._record_bytes(name, file) != seen:
+                    return None  # another process wrote it meanwhile: decide again
+                os.replace(written, file)
+                tmp = None
+        except OSError as exc:
+            raise StateUnavailable(
+                f"cannot write queue {name!r} of state {self.path} to {file} (left as it was): {exc}",
+                where=str(self.path),
+            ) from exc
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        _sync_directory(file.parent)
         return record, now, answer
 
     def _names(self, prefix: str) -> list[str]:
@@ -399,11 +455,15 @@ class FileState(LocalState):
 
     def _read_record(self, name: str, file: Path) -> tuple[Any, int | None]:
         """The stored fields of queue ``name``'s record, unchecked, or :data:`_MISSING`; and its keep time."""
+        return self._parse_record(name, file, self._record_bytes(name, file))
+
+    def _record_bytes(self, name: str, file: Path) -> bytes | None:
+        """The bytes of queue ``name``'s record file, or ``None`` if there is none."""
         where = f"{self.path}#{name}"
         try:
             fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
-            return _MISSING, None
+            return None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise StateCorrupted(
@@ -418,7 +478,13 @@ class FileState(LocalState):
                     f"record file {file} of queue {name!r} is not a regular file; reset the queue",
                     where=where,
                 )
-            raw = opened.read()
+            return opened.read()
+
+    def _parse_record(self, name: str, file: Path, raw: bytes | None) -> tuple[Any, int | None]:
+        """The stored fields in a record file's bytes (see :meth:`_read_record`)."""
+        where = f"{self.path}#{name}"
+        if raw is None:
+            return _MISSING, None
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -437,6 +503,25 @@ class FileState(LocalState):
                 where=where,
             )
         return data["record"], kept
+
+    def _write_synced(self, target: Path, content: bytes, *, what: str) -> Path:
+        """A new temporary file beside ``target`` holding ``content``, written whole and synced to disk."""
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                _write_all(fd, content)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StateUnavailable(
+                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}",
+                where=str(self.path),
+            ) from exc
+        return tmp
 
     def _replace(self, target: Path, content: bytes, *, sync: bool, what: str) -> None:
         """Replace ``target`` with ``content``: written whole (and synced if ``sync``), or not at all.
