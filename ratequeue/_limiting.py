@@ -179,6 +179,12 @@ class LimiterBase(ABC, Generic[S]):
         state: Any = self._state
         return state.set_paused(self.name, self._interval_us, paused, **self._terms)
 
+    def _ask_again(self) -> None:
+        """Have this shard's head ask the state at once (its record changed: a resume)."""
+        with self._locked():
+            self._shard.ask_again()
+            self._changed()
+
     def __reduce__(self) -> tuple[Any, ...]:
         settings = (self.name, self.interval, self._lead, self._max_late, self.burst, self.keep)
         return (_rebuild, (type(self), self._state.url, *settings))

@@ -165,7 +165,7 @@ class Limiter(LimiterBase[State]):
         a second (its next ask), at the rate, in ticket order.
         """
         if everywhere:
-            self._set_paused_everywhere(False)
+            self.resume_everywhere()
         else:
             super().resume()
 
@@ -174,8 +174,13 @@ class Limiter(LimiterBase[State]):
         return bool(self._set_paused_everywhere(True))
 
     def resume_everywhere(self) -> bool:
-        """:meth:`resume` with ``everywhere=True``; whether the queue was paused."""
-        return bool(self._set_paused_everywhere(False))
+        """:meth:`resume` with ``everywhere=True``; whether the queue was paused.
+
+        This shard's waiting caller asks again at once; the others, at their next ask.
+        """
+        changed = bool(self._set_paused_everywhere(False))
+        self._ask_again()
+        return changed
 
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""

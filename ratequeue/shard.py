@@ -362,6 +362,14 @@ class Shard:
         job.withdrawn = True
         self.abandon(job)
 
+    def ask_again(self) -> None:
+        """Forget when the held ticket's slot comes: the head asks the state at its next step.
+
+        For a record known to have changed (the queue resumed everywhere):
+        the slot last answered may be a paused queue's "a second from now".
+        """
+        self._slot = None
+
     def pause(self) -> None:
         """Stop calling the state; waiting jobs keep their places."""
         self._paused = True

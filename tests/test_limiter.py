@@ -242,6 +242,26 @@ def test_pause_everywhere_stops_every_shard_and_resume_restarts_them() -> None:
     assert not other.status().paused_everywhere
 
 
+def test_the_shard_that_resumes_asks_again_at_once() -> None:
+    """Its waiting caller does not sleep out the paused queue's "ask again in a second"."""
+    state = MemoryState(private=True)
+    limiter = Limiter(state, name="q", interval=0.01)
+    limiter.acquire()
+    limiter.pause(everywhere=True)
+    got: list[float] = []
+    waiter = threading.Thread(target=lambda: got.append((limiter.acquire(timeout=10), time.monotonic())[1]))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while state.read("q").record.ticket < 3 and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)  # until the waiter holds a ticket and was told to wait
+    resumed = time.monotonic()
+    limiter.resume(everywhere=True)
+    waiter.join(timeout=10)
+    assert got
+    # the paused queue told it to ask again a second later; resumed here, it asks at once
+    assert got[0] - resumed < 0.8
+
+
 def test_pause_everywhere_on_asyncio() -> None:
     async def run() -> None:
         state = MemoryState(private=True)

@@ -119,8 +119,13 @@ class Limiter(LimiterBase[AsyncState]):
         return bool(await self._set_paused_everywhere(True))
 
     async def resume_everywhere(self) -> bool:
-        """Resume the whole queue after :meth:`pause_everywhere`; whether it was paused."""
-        return bool(await self._set_paused_everywhere(False))
+        """Resume the whole queue after :meth:`pause_everywhere`; whether it was paused.
+
+        This shard's waiting task asks again at once; the others, at their next ask.
+        """
+        changed = bool(await self._set_paused_everywhere(False))
+        self._ask_again()
+        return changed
 
     async def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
