@@ -84,15 +84,18 @@ def all_of_flow(
                         turns[j] = moved
             turn = yield acquire(limiter)
         turns[i] = turn
+    woke = 0.0  # the local time of a wake-up that came too late: the job cannot begin before it
     for _ in range(MAX_ROUNDS):
         # The job begins with the latest start. Turns it would begin late are moved to a common
         # moment just ahead (all of them together, so that moving one does not make another late).
-        begin = max(turn.local_start for turn in turns.values())
+        begin = max(max(turn.local_start for turn in turns.values()), woke)
         if not any(_is_late(limiters[i], turn, begin) for i, turn in turns.items()):
             yield Call(limiters[0]._wait_precisely, (begin,))
-            if not any(_is_late(limiters[i], turn, clock()) for i, turn in turns.items()):
+            now = clock()
+            if not any(_is_late(limiters[i], turn, now) for i, turn in turns.items()):
                 break  # every turn begins now, within its tolerance
-            continue  # woke too late for some turn: move it (and the others) again
+            woke = now  # woke too late for some turn: move them from now on
+            continue
         target = max(begin, clock() + max(_move_lead(limiters[i]) for i in turns))
         for i in [i for i, turn in turns.items() if _is_late(limiters[i], turn, target)]:
             moved = yield from _moved(limiters[i], turns[i], clock, until=target)

@@ -13,6 +13,7 @@ process, the limiters of the most recently used keys are kept (up to
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
@@ -94,17 +95,21 @@ class GroupBase(ABC, Generic[L, S]):
         probe = self._make(f"{self.name}{SEPARATOR}probe")
         self.interval, self.burst, self.keep = probe.interval, probe.burst, probe.keep
         self._limiters: OrderedDict[str, L] = OrderedDict()
+        #: guards ``_limiters`` (threads may share a group; on asyncio it is never contended)
+        self._guard = threading.Lock()
 
     def __getitem__(self, key: str) -> L:
         """The limiter of ``key``, made on first use; the same object while it is among the recent ones."""
-        limiter = self._limiters.get(key)
-        if limiter is None:
-            limiter = self._make(self._queue_name(key))
-            self._limiters[key] = limiter
-            self._forget_idle()
-        else:
-            self._limiters.move_to_end(key)
-        return limiter
+        queue_name = self._queue_name(key)
+        with self._guard:
+            limiter = self._limiters.get(key)
+            if limiter is None:
+                limiter = self._make(queue_name)
+                self._limiters[key] = limiter
+                self._forget_idle()
+            else:
+                self._limiters.move_to_end(key)
+            return limiter
 
     def __len__(self) -> int:
         """How many keys' limiters this process keeps now (``max_keys`` at most, but for busy ones)."""
@@ -135,7 +140,10 @@ class GroupBase(ABC, Generic[L, S]):
         return [name[start:] for name in names]
 
     def _forget_idle(self) -> None:
-        """Drop the least recently used limiters beyond ``max_keys`` that nobody waits on."""
+        """Drop the least recently used limiters beyond ``max_keys`` that nobody waits on (holding the guard).
+
+        A paused limiter is kept: dropping it would drop its pause.
+        """
         excess = len(self._limiters) - self._max_keys
         if excess <= 0:
             return

@@ -10,8 +10,9 @@ The order, stated once (docs/queues.md):
 - with ``max_waiting``, a queue holding that many jobs (held or not)
   refuses another (``overflow="reject"``: :class:`~ratequeue.QueueFull`) or
   drops its oldest to make room (``"drop_oldest"``: the dropped job's
-  future fails with :class:`~ratequeue.QueueFull`). Retries are not
-  counted against it: their jobs were accepted already.
+  future fails with :class:`~ratequeue.QueueFull`). Only jobs waiting
+  for their first try count, and only they are dropped: a retry's job was
+  accepted already.
 """
 
 from __future__ import annotations
@@ -66,14 +67,17 @@ class Backoff:
 
     def delay(self, retry: int, draw: Callable[[], float] = random.random) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
-        plain = min(self.max, self.base * self.factor ** min(retry - 1, 1000))
+        plain = self.least(retry)
         if not self.jitter:
             return plain
         return min(self.max, plain * (1 + draw() / 2)) if plain < self.max else plain
 
     def least(self, retry: int) -> float:
         """The shortest wait before retry number ``retry``, whatever the jitter draws."""
-        return min(self.max, self.base * self.factor ** min(retry - 1, 1000))
+        try:
+            return min(self.max, self.base * self.factor ** (retry - 1))
+        except OverflowError:  # far past max
+            return self.max
 
 
 @dataclass(frozen=True)
@@ -168,10 +172,15 @@ class PendingJobs(Generic[F]):
         self._held: list[tuple[float, int, Job[F]]] = []  # (not_before, seq, job)
         self._gone: set[int] = set()  # seqs removed while still in a heap
         self._count = 0
+        self._first_tries = 0
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         return self._count
+
+    def first_tries(self) -> int:
+        """How many of the jobs here wait for their first try (the ones ``max_waiting`` counts)."""
+        return self._first_tries
 
     def number(self) -> int:
         """A new order number for a job added now."""
@@ -180,6 +189,7 @@ class PendingJobs(Generic[F]):
     def push(self, job: Job[F]) -> None:
         """Add ``job`` (new, or back for a retry, keeping its order number)."""
         self._gone.discard(job.seq)
+        self._first_tries += job.attempts == 0
         if job.not_before is not None:
             heapq.heappush(self._held, (job.not_before, job.seq, job))
         else:
@@ -210,6 +220,7 @@ class PendingJobs(Generic[F]):
         self._drop_gone(self._ready)
         _, _, job = heapq.heappop(self._ready)
         self._count -= 1
+        self._first_tries -= job.attempts == 0
         return job
 
     def remove(self, job: Job[F]) -> bool:
@@ -220,11 +231,16 @@ class PendingJobs(Generic[F]):
             return False
         self._gone.add(job.seq)
         self._count -= 1
+        self._first_tries -= job.attempts == 0
         return True
 
     def oldest(self) -> Job[F] | None:
-        """The job added first among those here."""
-        jobs = [entry[2] for entry in itertools.chain(self._ready, self._held) if entry[1] not in self._gone]
+        """The job added first among those waiting for their first try (a retry is never dropped)."""
+        jobs = [
+            entry[2]
+            for entry in itertools.chain(self._ready, self._held)
+            if entry[1] not in self._gone and entry[2].attempts == 0
+        ]
         return min(jobs, key=lambda job: job.seq, default=None)
 
     def drain(self) -> Iterator[Job[F]]:
@@ -233,7 +249,7 @@ class PendingJobs(Generic[F]):
         self._ready.clear()
         self._held.clear()
         self._gone.clear()
-        self._count = 0
+        self._count = self._first_tries = 0
         return iter(jobs)
 
     def _drop_gone(self, heap: list[Any]) -> None:

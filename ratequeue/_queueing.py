@@ -351,7 +351,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
         with self._locked():
             if self._closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
-            if self._max_waiting is not None and len(self._pending) >= self._max_waiting:
+            if self._max_waiting is not None and self._pending.first_tries() >= self._max_waiting:
                 if self._overflow == "reject":
                     raise QueueFull(f"queue {self.name!r} holds max_waiting={self._max_waiting} jobs")
                 dropped = self._pending.oldest()
@@ -391,7 +391,13 @@ class QueueBase(ABC, Generic[L, FutureT]):
         with self._locked():
             self._closed = True
             for entry in self._pending.drain() if cancel_pending else ():
-                entry.future.cancel()
+                # a retried job's thread future runs already and cannot be cancelled: fail it
+                if not entry.future.cancel() and not entry.future.done():
+                    entry.future.set_exception(
+                        QueueClosed(f"queue {self.name!r} was closed before its retry")
+                    )
+            if cancel_pending:
+                self._jobs_added()  # a pacer waiting for a held job finds none and stops
             self._idle_changed()
         if cancel_pending:
             self._withdraw_if_idle()
@@ -405,10 +411,16 @@ class QueueBase(ABC, Generic[L, FutureT]):
         """
         backoff = _FAILURE_BACKOFF
         clock = self._limiter._clock
+        stopped = False
         try:
             while True:
                 with self._locked():
                     if not self._pending:
+                        # stop in the same locked step that saw no job: a job added (or queued
+                        # again for a retry) from now on starts a new pacer
+                        self._pacing = False
+                        stopped = True
+                        self._idle_changed()
                         return
                     self._pending.release_due(clock())
                     due = self._pending.next_due() if self._pending.head() is None else None
@@ -443,9 +455,10 @@ class QueueBase(ABC, Generic[L, FutureT]):
                     continue
                 self._start_job(entry)
         finally:
-            with self._locked():
-                self._pacing = False
-                self._idle_changed()
+            if not stopped:  # an exception (or a cancelled task) ended the pacer
+                with self._locked():
+                    self._pacing = False
+                    self._idle_changed()
 
     def _job_flow(self, entry: Entry[FutureT]) -> Flow[None]:
         """Run one started job and settle its future; a coroutine's result is awaited (asyncio).
@@ -528,6 +541,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
             return
         with self._locked():
             if self._pending.remove(entry):
+                self._jobs_added()  # a pacer waiting for a held job looks again (and may stop)
                 self._idle_changed()
         self._withdraw_if_idle()
 

@@ -281,8 +281,8 @@ class Shard:
 
     @property
     def idle(self) -> bool:
-        """Whether no job waits or holds an unbegun turn, and no call is in flight."""
-        return not self._jobs and self._granted is None and self._in_flight is None
+        """Whether no job waits or holds an unbegun turn, no call is in flight, and it is not paused."""
+        return not self._jobs and self._granted is None and self._in_flight is None and not self._paused
 
     @property
     def paused(self) -> bool:
@@ -412,6 +412,7 @@ class Shard:
             return TakeAndTry(lead_us, job.cost)
         if self._slot is not None:
             if deadline is not None and self._slot > deadline:
+                job.expected = self._slot  # when the turn would come, for a caller that asks (all_of)
                 return Expired()
             wake = self._slot - self.lead
             if self._asked is not None:

@@ -902,3 +902,13 @@ def test_processes_on_different_names_and_on_the_same_name(path: Path) -> None:
     for result in results:
         assert sorted(result["own"]) == list(range(1, 51))
     assert sorted(t for result in results for t in result["shared"]) == list(range(1, 151))
+
+
+def test_a_deleted_records_directory_is_made_again_by_the_next_write(tmp_path: Path) -> None:
+    import shutil
+
+    state = FileState(tmp_path / "state.json")
+    state.take_and_try("q", 1000, 0)
+    shutil.rmtree(state.records)
+    assert isinstance(state.take_and_try("q", 1000, 0), protocol.Started), "a fresh record, as after a reset"
+    assert state.read("q").record is not None

@@ -211,3 +211,35 @@ def test_asyncio_group_and_all_of() -> None:
         await group.close()
 
     asyncio.run(main())
+
+
+def test_a_paused_key_is_never_dropped() -> None:
+    group = LimiterGroup(MemoryState(private=True), name="p", rate="10/s", max_keys=1)
+    paused = group["a"]
+    paused.pause()
+    group["b"]
+    group["c"]
+    assert group["a"] is paused
+    assert group["a"].paused
+
+
+def test_all_of_moves_turns_made_late_by_a_late_wake_up() -> None:
+    state = MemoryState(private=True)
+    slow = Limiter(state, name="slow", interval=0.05)
+    fast = Limiter(state, name="fast", interval=0.02)
+    real = slow._wait_precisely
+    woke_late = []
+
+    def late_once(until: float) -> None:
+        real(until)
+        if not woke_late:
+            woke_late.append(time.monotonic())
+            time.sleep(0.01)  # the host stalls this thread: it wakes 10 ms late
+
+    slow._wait_precisely = late_once  # type: ignore[method-assign]
+    slow.acquire()  # so that the next turns are not free at once: all_of waits and lines them up
+    turns = all_of(slow, fast, timeout=LONG)
+    begun = time.monotonic()
+    assert woke_late, "the late wake-up happened"
+    for turn in turns:
+        assert begun - turn.local_start < 0.005, "moved, not begun 10 ms late"

@@ -289,3 +289,27 @@ def test_asyncio_retries_dead_letters_holds_and_priorities() -> None:
 def test_the_public_names() -> None:
     assert ratequeue.Backoff is Backoff
     assert issubclass(ratequeue.QueueFull, ratequeue.RateQueueError)
+
+
+def test_closing_with_cancel_pending_settles_a_retry_that_waits_its_backoff() -> None:
+    queue = Queue(
+        MemoryState(private=True), name="q", interval=0.002, retries=1, backoff=Backoff(base=30, jitter=False)
+    )
+    future = queue.add(Flaky(failures=1), 1)
+    assert _waits_for(lambda: queue.pending == 1 and future.running())  # failed once, held for 30 s
+    queue.close(wait=True, cancel_pending=True)
+    with pytest.raises(ratequeue.QueueClosed, match="closed before its retry"):
+        future.result(5)
+
+
+def test_cancelling_a_held_job_lets_the_queue_go_idle_at_once() -> None:
+    queue = Queue(MemoryState(private=True), name="q", interval=0.002)
+    future = queue.add(print, "never", not_before=3600)
+    assert future.cancel()
+    assert queue.join(5), "the pacer stopped waiting for the cancelled job"
+    queue.close()
+
+
+def test_a_huge_retry_number_waits_the_max() -> None:
+    assert Backoff(factor=3, max=60).delay(700) == 60
+    assert Backoff(factor=3, max=60, jitter=False).least(10**6) == 60

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import stat
+import tempfile
 import threading
 import time
 import weakref
@@ -505,10 +506,31 @@ class FileState(LocalState):
         return data["record"], kept
 
     def _write_synced(self, target: Path, content: bytes, *, what: str) -> Path:
-        """A new temporary file beside ``target`` holding ``content``, written whole and synced to disk."""
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        """A new temporary file beside ``target`` holding ``content``, written whole and synced to disk.
+
+        Its name is new (``mkstemp``: created exclusively, mode 0600), since it
+        is written without the lock: two processes never share one, even
+        with the same process id in two containers on one volume. A records
+        directory deleted meanwhile is made again.
+        """
+        for again in (True, False):
+            try:
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                break
+            except FileNotFoundError as exc:
+                if not again:
+                    raise StateUnavailable(
+                        f"cannot write {what} of state {self.path} to {target}: {exc}", where=str(self.path)
+                    ) from exc
+                self._header = None
+                self._make_records_directory()
+            except OSError as exc:
+                raise StateUnavailable(
+                    f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}",
+                    where=str(self.path),
+                ) from exc
+        tmp = Path(name)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
             try:
                 _write_all(fd, content)
                 os.fsync(fd)
