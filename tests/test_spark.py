@@ -6,7 +6,7 @@ workers sharing one queue in the ``redis_server`` fixture, each row calling
 the strict referee of the benchmarks (``bench/referee.py``, a process of its
 own): it answers 429 to a call *arriving* (the kernel's receive timestamp)
 less than 20 ms less 0.5 ms after the last call it accepted. The limiter's
-interval is 22 ms (see ``LIMITER_INTERVAL``). Each test checks, strictly,
+interval is 25 ms (see ``LIMITER_INTERVAL``). Each test checks, strictly,
 that every row is processed exactly once with a ticket of its own, that the
 turns are at least the limiter's interval apart on the state's clock (G1
 through Spark), that no call reached the referee before its turn began, and
@@ -62,12 +62,14 @@ PARTITIONS = 2
 #: INTERVAL - TOLERANCE after the last call it accepted
 INTERVAL = 0.02
 TOLERANCE = 0.0005
-#: the limiter's interval: the referee's plus a 2 ms margin. G7 spaces the moments acquire()
+#: the limiter's interval: the referee's plus a 5 ms margin. G7 spaces the moments acquire()
 #: returns at least LIMITER_INTERVAL - max_late (0.3 ms by default) apart, and each call reaches the
 #: referee a moment after that (the send, a little longer for one call than another): the margin
 #: covers max_late and that difference, which reached 1.46 ms through Spark's Python workers in a
-#: clean-clone CI run (one call refused with a 0.5 ms margin)
-LIMITER_INTERVAL = INTERVAL + 0.002
+#: clean-clone CI run (one call refused with a 0.5 ms margin), and then 4.4 ms (one call of 200
+#: refused with a 2 ms margin, on an otherwise quiet 2-core host: the Python worker was descheduled
+#: between acquire() returning and its send; issue 9 measures begins under load on their own)
+LIMITER_INTERVAL = INTERVAL + 0.005
 LIMITER_INTERVAL_US = round(LIMITER_INTERVAL * 1_000_000)
 
 #: what a worker reports per call, see referee_call: (status, ticket, start_us, begin_ns, own_late_us, pid)
