@@ -62,9 +62,10 @@ def run(url: str) -> int:
     batch = batches.acquire(cost=3)  # the whole burst at once
     single = batches.acquire()  # one unit comes back an interval later
     pair = batches.acquire(cost=2)  # two more units: two intervals after that
+    # consecutive starts of total cost C span at least (C - burst) intervals: 1 -> 1, 2 -> 3
     print(
-        f"cost 3, then 1, then 2: {(single.start_us - batch.start_us) / interval_us:g} and "
-        f"{(pair.start_us - single.start_us) / interval_us:g} intervals apart"
+        f"cost 3, then 1, then 2: the 1 starts {(single.start_us - batch.start_us) / interval_us:g} and "
+        f"the 2 {(pair.start_us - batch.start_us) / interval_us:g} intervals after the 3"
     )
     print(f"try_acquire right after: {'a turn' if batches.try_acquire() else 'None (no turn free, no wait)'}")
     batches.close()

@@ -141,10 +141,13 @@ def test_a_cost_moves_the_next_start_on_by_that_many_intervals() -> None:
     limiter = Limiter(state, name="q", interval=0.01, burst=3)
     first = limiter.acquire(cost=3)
     second = limiter.acquire()
-    # the whole burst was spent by the first: the second waits until the first unit comes back
-    assert second.start_us - first.start_us == 10_000
     third = limiter.acquire(cost=2)
-    assert third.start_us - second.start_us == 20_000
+    # consecutive starts of total cost C span at least (C - burst) intervals (exactly that, unless a
+    # late wake-up moved a start later): the whole burst was spent by the first, so the second
+    # waits until one unit comes back, and the third until two more have
+    assert second.start_us - first.start_us >= 10_000
+    assert third.start_us - first.start_us >= 30_000
+    assert state.read("q").record.ticket == 7  # type: ignore[union-attr]  # 3 + 1 + 2 units taken
     with pytest.raises(ConfigurationError, match="cost"):
         limiter.acquire(cost=4)
 
@@ -203,7 +206,7 @@ def test_asyncio_rates_costs_and_try_acquire() -> None:
         first = await limiter.acquire(cost=2)
         assert await limiter.try_acquire() is None
         second = await limiter.acquire()
-        assert second.start_us - first.start_us == 10_000
+        assert second.start_us - first.start_us >= 10_000
 
     asyncio.run(main())
 
