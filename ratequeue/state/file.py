@@ -505,20 +505,20 @@ class FileState(LocalState):
             )
         return data["record"], kept
 
-    def _write_synced(self, target: Path, content: bytes, *, what: str) -> Path:
-        """A new temporary file beside ``target`` holding ``content``, written whole and synced to disk.
+    def _write_synced(self, target: Path, content: bytes, *, what: str, sync: bool = True) -> Path:
+        """A new temporary file beside ``target`` holding ``content``, written whole (and synced to disk).
 
-        Its name is new (``mkstemp``: created exclusively, mode 0600), since it
-        is written without the lock: two processes never share one, even
-        with the same process id in two containers on one volume. A records
-        directory deleted meanwhile is made again.
+        Its name is new (``mkstemp``: created exclusively, mode 0600), since a
+        record is written without the lock: two processes never share one,
+        even with the same process id in two containers on one volume. A
+        records directory deleted meanwhile is made again.
         """
         for again in (True, False):
             try:
                 fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
                 break
             except FileNotFoundError as exc:
-                if not again:
+                if not again or target.parent != self.records:
                     raise StateUnavailable(
                         f"cannot write {what} of state {self.path} to {target}: {exc}", where=str(self.path)
                     ) from exc
@@ -533,7 +533,8 @@ class FileState(LocalState):
         try:
             try:
                 _write_all(fd, content)
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -553,15 +554,8 @@ class FileState(LocalState):
         where the platform allows. A failed or short write leaves the old file
         as it was and removes the temporary file.
         """
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = self._write_synced(target, content, what=what, sync=sync)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                _write_all(fd, content)
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
             os.replace(tmp, target)
         except OSError as exc:
             with contextlib.suppress(OSError):
