@@ -23,6 +23,17 @@ DESIGN.md §7b): while it is, no ticket starts (:func:`try_start` answers
 still handed out and earlier grants still repeated. See :func:`set_paused`
 for what becomes of the tickets held meanwhile.
 
+A record can cap how many of its jobs **run** at once, across every shard
+(``max_running``, DESIGN.md §7b): every start then also takes a **lease**
+on the ticket that started, which lasts until a state-clock expiry. The
+holder renews it while its job runs (:func:`renew`) and releases it when the
+job ends (:func:`release`); a holder that dies simply stops renewing, and
+its place comes back when the lease expires. While ``max_running`` leases
+are live no ticket starts: :func:`try_start` answers :class:`Wait`, at most
+:data:`FULL_RECHECK_US` ahead, and notes when it last found the queue full
+(``held``), so that for :data:`FULL_GRACE_US` after that no ticket may pass
+an earlier one that is still waiting for a place: places go in ticket order.
+
 Times and intervals are whole **microseconds**: integer arithmetic keeps
 guarantee G1 exact (no start closer than ``interval`` by a rounding error)
 and gives every backend -- Python, Lua, MongoDB's int64 -- the same answers.
@@ -34,7 +45,10 @@ from dataclasses import dataclass, replace
 from typing import Union
 
 __all__ = [
+    "FULL_GRACE_US",
+    "FULL_RECHECK_US",
     "MAX_LEAD_US",
+    "MAX_RUNNING",
     "NEVER",
     "PAUSED_RECHECK_US",
     "TICKET_LIMIT",
@@ -50,7 +64,10 @@ __all__ = [
     "check",
     "expires",
     "is_same_grant",
+    "live_leases",
     "new_record",
+    "release",
+    "renew",
     "retime",
     "set_paused",
     "take",
@@ -77,6 +94,19 @@ TICKET_LIMIT = 2**52
 #: how far ahead (us) a paused record answers :class:`Wait` at the least: a shard whose head
 #: job waits asks again once a second while the queue is paused (an idle shard asks nothing)
 PAUSED_RECHECK_US = US
+
+#: how far ahead (us) a full queue answers :class:`Wait` at most (its first lease's expiry
+#: if that is sooner): a shard whose head waits for a place asks again ten times a second,
+#: and is woken at once by a place freed in its own process (an idle shard asks nothing)
+FULL_RECHECK_US = 100_000
+
+#: for how long (us) after a full queue was last found full a ticket may not pass an
+#: earlier one: three rechecks, so that every holder still waiting for a place has asked
+#: again (and the first of them started) before a later ticket may go first
+FULL_GRACE_US = 3 * FULL_RECHECK_US
+
+#: the largest ``max_running``: its leases are kept in the record itself
+MAX_RUNNING = 1000
 
 #: a time or a duration in whole microseconds: every time, interval and lead in this
 #: module and in the states is one (a name ending in ``_us`` says so where seconds are near)
@@ -108,6 +138,14 @@ class Record:
     #: whether the queue is paused for every shard (:func:`set_paused`): no ticket starts meanwhile.
     #: A record written before pauses has none: it is not paused.
     paused: bool = False
+    #: how many jobs may run at once across every shard (0: no cap), fixed when the record is created
+    max_running: int = 0
+    #: the leases of running jobs: ``(ticket, expiry)`` pairs in start order, expiry on the state
+    #: clock (us); one past its expiry no longer counts (and is dropped at the next start)
+    leases: tuple[tuple[int, Micros], ...] = ()
+    #: when (state clock, us) a start was last refused because ``max_running`` leases were
+    #: live, or ``NEVER``; for :data:`FULL_GRACE_US` after it, no ticket passes an earlier one
+    held: Micros = NEVER
 
     def __post_init__(self) -> None:
         if self.due == _AS_AT:
@@ -128,9 +166,16 @@ class Record:
         return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at)
 
 
-def new_record(interval: Micros, burst: int = 1) -> Record:
+def new_record(interval: Micros, burst: int = 1, max_running: int = 0) -> Record:
     """The record of a queue that has handed out no ticket yet."""
-    return Record(ticket=1, pos=0, at=NEVER, interval=interval, burst=burst, due=NEVER)
+    return Record(
+        ticket=1, pos=0, at=NEVER, interval=interval, burst=burst, due=NEVER, max_running=max_running
+    )
+
+
+def live_leases(record: Record, now: Micros) -> tuple[tuple[int, Micros], ...]:
+    """``record``'s leases that have not expired at state-clock time ``now``."""
+    return tuple(lease for lease in record.leases if lease[1] > now)
 
 
 class Unwritten(ValueError):
@@ -216,14 +261,15 @@ def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
     if record.ticket + cost >= TICKET_LIMIT:
         raise Unwritten("ticket", record.ticket, now)
     last = record.ticket - 1
-    if last > record.pos and record.slot(last) + record.interval <= now:
+    waited = record.slot(last) + record.interval <= now and record.held + FULL_GRACE_US <= now
+    if last > record.pos and waited:
         record = replace(record, pos=last)
     taken = Taken(ticket=record.ticket, pos=record.pos, at=record.at, now=now)
     return replace(record, ticket=record.ticket + cost), taken
 
 
 def try_start(
-    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1
+    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0
 ) -> tuple[Record, Outcome]:
     """Start ``ticket``, taken for a job of ``cost``, if its earliest start is at most ``lead`` us away.
 
@@ -251,6 +297,15 @@ def try_start(
     start, or wait, is answered :class:`Wait` with its earliest start or
     ``now + PAUSED_RECHECK_US``, whichever is later, and nothing changes;
     the same grant and :class:`Passed` are answered as ever.
+
+    With ``max_running`` set, a start also takes a lease on ``ticket`` that
+    expires ``lease`` us (> 0) after the start. When ``max_running`` leases
+    are live at ``now``, nothing starts: the answer is :class:`Wait` with
+    the earliest start or the first lease's expiry or
+    ``now + FULL_RECHECK_US``, whichever is later of the first and sooner of
+    the other two, and the record notes ``held = now`` (dropping the expired
+    leases). For :data:`FULL_GRACE_US` after ``held`` a ticket may not pass
+    an earlier one (start while a ticket between ``pos`` and it waits).
     """
     check(record, now)
     if is_same_grant(record, ticket, now):
@@ -258,13 +313,25 @@ def try_start(
     if record.pos >= ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
     earliest = record.earliest(ticket, cost)
+    if ticket > record.pos + 1:  # it would pass the tickets between: not while they wait for a place
+        earliest = max(earliest, record.held + FULL_GRACE_US)
     if record.paused:
         return record, Wait(ticket=ticket, slot=max(earliest, now + PAUSED_RECHECK_US), now=now)
-    if now + lead >= earliest:
-        start = max(earliest, now)
-        due = max(record.slot(ticket), start)
-        return replace(record, pos=ticket, at=start, due=due), Started(ticket=ticket, start=start, now=now)
-    return record, Wait(ticket=ticket, slot=earliest, now=now)
+    if now + lead < earliest:
+        return record, Wait(ticket=ticket, slot=earliest, now=now)
+    leases = record.leases
+    if record.max_running:
+        leases = live_leases(record, now)
+        if len(leases) >= record.max_running:
+            recheck = min(min(expiry for _, expiry in leases), now + FULL_RECHECK_US)
+            full = replace(record, leases=leases, held=now)
+            return full, Wait(ticket=ticket, slot=max(earliest, recheck), now=now)
+    start = max(earliest, now)
+    if record.max_running:
+        leases += ((ticket, start + lease),)
+    due = max(record.slot(ticket), start)
+    started = replace(record, pos=ticket, at=start, due=due, leases=leases)
+    return started, Started(ticket=ticket, start=start, now=now)
 
 
 def is_same_grant(record: Record, ticket: int, now: Micros) -> bool:
@@ -272,10 +339,12 @@ def is_same_grant(record: Record, ticket: int, now: Micros) -> bool:
     return record.pos == ticket < record.ticket and now < record.at + record.interval
 
 
-def take_and_try(record: Record, lead: Micros, now: Micros, cost: int = 1) -> tuple[Record, Outcome]:
+def take_and_try(
+    record: Record, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0
+) -> tuple[Record, Outcome]:
     """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
     record, taken = take(record, now, cost)
-    return try_start(record, taken.ticket, lead, now, cost)
+    return try_start(record, taken.ticket, lead, now, cost, lease)
 
 
 def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
@@ -287,7 +356,8 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     ``ticket`` is still the latest start (``pos == ticket``) its start moves
     forward, never back, to ``max(at, now + lead)``, and ``due`` with it
     (to the later of the two): the gap before it only grows and every later
-    slot is computed from the new ``due``, so G1-G6 hold.
+    slot is computed from the new ``due``, so G1-G6 hold. The ticket's lease,
+    if it has one, moves on by as much as its start.
     Once a later ticket has started the turn cannot move: the answer is
     :class:`Passed`, and the job must give its turn up and take a new ticket.
     """
@@ -295,7 +365,40 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     if record.pos != ticket or ticket >= record.ticket:
         return record, Passed(ticket=ticket, pos=record.pos, now=now)
     start = max(record.at, now + lead)
-    return replace(record, at=start, due=max(record.due, start)), Started(ticket=ticket, start=start, now=now)
+    moved = start - record.at
+    leases = tuple((held, expiry + moved if held == ticket else expiry) for held, expiry in record.leases)
+    retimed = replace(record, at=start, due=max(record.due, start), leases=leases)
+    return retimed, Started(ticket=ticket, start=start, now=now)
+
+
+def release(record: Record, ticket: int, now: Micros) -> tuple[Record, bool]:
+    """``record`` without ``ticket``'s lease (its job has ended), and whether that lease was live.
+
+    Expired leases are dropped as well. Releasing a lease that has expired,
+    or was never taken, changes nothing else: a job that outlived its lease
+    has already lost its place (see :func:`renew`).
+    """
+    check(record, now)
+    leases = live_leases(record, now)
+    kept = tuple(lease for lease in leases if lease[0] != ticket)
+    if kept == record.leases:
+        return record, False
+    return replace(record, leases=kept), len(kept) < len(leases)
+
+
+def renew(record: Record, ticket: int, lease: Micros, now: Micros) -> tuple[Record, bool]:
+    """``record`` with ``ticket``'s lease lasting until ``now + lease`` at least, and whether it was live.
+
+    A job whose lease has expired cannot renew it: its place may have gone
+    to another job meanwhile (the answer is ``False``, and the job runs on
+    uncounted). Expired leases are dropped as well.
+    """
+    check(record, now)
+    leases = live_leases(record, now)
+    if not any(held == ticket for held, _ in leases):
+        return (record, False) if leases == record.leases else (replace(record, leases=leases), False)
+    renewed = tuple((held, max(expiry, now + lease) if held == ticket else expiry) for held, expiry in leases)
+    return replace(record, leases=renewed), True
 
 
 def set_paused(record: Record, paused: bool, now: Micros) -> tuple[Record, bool]:
@@ -332,6 +435,9 @@ def expires(record: Record) -> Micros:
     ticket is then answered :class:`Passed` and takes a new one.
 
     A paused record is not such a record (a fresh one is not paused): the
-    states keep it, whatever the keep time, until it is resumed.
+    states keep it, whatever the keep time, until it is resumed. Nor is one
+    with a live lease (a fresh one would let one more job run), or one found
+    full less than :data:`FULL_GRACE_US` ago.
     """
-    return record.slot(record.ticket) + record.interval
+    ends = [record.slot(record.ticket) + record.interval, record.held + FULL_GRACE_US]
+    return max(ends + [expiry for _, expiry in record.leases])

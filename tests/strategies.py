@@ -83,3 +83,37 @@ def pick_ticket(n: int, costs: dict[int, int], next_ticket: int) -> tuple[int, i
         return next_ticket, 1
     ticket = handed[-1 - n % min(len(handed), 4)] if n % 2 else handed[n % len(handed)]
     return ticket, costs[ticket]
+
+
+#: caps on running jobs: mostly 1 or 2, so that queues fill up
+max_runnings = st.one_of(st.integers(1, 3), st.just(10))
+
+#: lease lengths (us): around the clock steps, so that leases expire now and then
+leases_us = st.one_of(st.sampled_from([1, 50_000, 150_000, 10**9]), st.integers(1, 400_000))
+
+
+def lease_operations(*, max_size: int) -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """Like :func:`operations` with reads and pauses, plus leases given back and renewed.
+
+    ``("release", n)`` and ``("renew", n)``: ``n`` picks a ticket (mostly one
+    that holds a lease, see :func:`lease_ticket`).
+    """
+    kinds = [
+        st.tuples(st.just("take")),
+        st.tuples(st.just("try"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("take_and_try"), leads_us),
+        st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("clock"), clock_steps_us),
+        st.tuples(st.just("release"), st.integers(0, 40)),
+        st.tuples(st.just("renew"), st.integers(0, 40)),
+        st.tuples(st.just("read")),
+        *_pauses,
+    ]
+    return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)
+
+
+def lease_ticket(n: int, leases: tuple[tuple[int, int], ...], next_ticket: int) -> int:
+    """The ticket a ``("release", n)`` or ``("renew", n)`` names: mostly one holding a lease."""
+    if leases and n % 4:
+        return leases[n % len(leases)][0]
+    return 1 + n % next_ticket

@@ -23,7 +23,18 @@ from ratequeue.state.redis import RedisState
 
 from . import _workers
 from .backends import Backend
-from .strategies import burst_operations, bursts, epochs_us, intervals_us, pick_ticket, retime_ticket
+from .strategies import (
+    burst_operations,
+    bursts,
+    epochs_us,
+    intervals_us,
+    lease_operations,
+    lease_ticket,
+    leases_us,
+    max_runnings,
+    pick_ticket,
+    retime_ticket,
+)
 from .strategies import operations as ops_strategy
 
 operations = ops_strategy(max_size=25, reads=True, pauses=True)
@@ -130,6 +141,83 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
         created = True
     assert state.read(name).record == (reference if created else None)
     state.reset(name)  # keep the store small: secantusdb slows down as its documents add up
+
+
+@given(
+    interval=intervals_us,
+    max_running=max_runnings,
+    lease=leases_us,
+    epoch=epochs_us,
+    ops=lease_operations(max_size=25),
+)
+def test_backend_answers_as_the_reference_with_leases(
+    backend: Backend, interval: int, max_running: int, lease: int, epoch: int, ops: list[tuple[object, ...]]
+) -> None:
+    """A cap on running jobs: starts take leases, full queues wait; every backend does as the reference."""
+    state, clock = backend.clocked()
+    name = backend.fresh_name()
+    clock[0] = epoch
+    terms = {"max_running": max_running, "lease_us": lease, "keep_us": 10**12}
+    reference = protocol.new_record(interval, 1, max_running)
+    created = False
+    for op in ops:
+        kind, now = op[0], clock[0]
+        if kind == "clock":
+            clock[0] = max(0, now + int(op[1]))  # type: ignore[call-overload]
+            continue
+        if kind == "read":
+            snapshot = state.read(name)
+            assert snapshot.now == now
+            assert snapshot.record == (reference if created else None)
+            continue
+        if kind in ("pause", "resume"):
+            reference, changed = protocol.set_paused(reference, kind == "pause", now)
+            assert state.set_paused(name, interval, kind == "pause", **terms) is changed
+        elif kind == "take":
+            reference, expected_taken = protocol.take(reference, now)
+            assert state.take(name, interval, **terms) == expected_taken
+        elif kind == "try":
+            ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, 1, lease)
+            assert state.try_start(name, interval, ticket, lead, **terms) == expected_outcome
+        elif kind == "retime":
+            ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
+            lead = int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
+            assert state.retime(name, interval, ticket, lead, **terms) == expected_outcome
+        elif kind == "release":
+            ticket = lease_ticket(int(op[1]), reference.leases, reference.ticket)  # type: ignore[call-overload]
+            reference, released = protocol.release(reference, ticket, now)
+            assert state.release(name, interval, ticket, **terms) is released
+        elif kind == "renew":
+            ticket = lease_ticket(int(op[1]), reference.leases, reference.ticket)  # type: ignore[call-overload]
+            reference, renewed = protocol.renew(reference, ticket, lease, now)
+            assert state.renew(name, interval, ticket, **terms) is renewed
+        else:
+            lead = int(op[1])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.take_and_try(reference, lead, now, 1, lease)
+            assert state.take_and_try(name, interval, lead, **terms) == expected_outcome
+        created = True
+    assert state.read(name).record == (reference if created else None)
+    state.reset(name)  # keep the store small: secantusdb slows down as its documents add up
+
+
+def test_max_running_is_fixed_per_queue(backend: Backend) -> None:
+    """A queue's cap on running jobs is stored with it: another cap, or none, is refused, changing nothing."""
+    state = backend.open()
+    name = backend.fresh_name()
+    started = state.take_and_try(name, 10_000, 0, max_running=2, lease_us=1_000_000)
+    assert isinstance(started, Started)
+    before = state.read(name).record
+    for other in ({"max_running": 3, "lease_us": 1_000_000}, {}):
+        with pytest.raises(ConfigurationError, match="max_running"):
+            state.take(name, 10_000, **other)
+    assert state.read(name).record == before
+    assert before is not None
+    assert before.max_running == 2
+    assert before.leases[0][0] == started.ticket
+    state.reset(name)
 
 
 def test_pause_and_resume_create_a_missing_record_with_their_terms(backend: Backend) -> None:

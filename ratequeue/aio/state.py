@@ -23,6 +23,8 @@ from ..state.base import (
     Snapshot,
     StateBase,
     Terms,
+    release_args,
+    renew_args,
     retime_args,
     set_paused_args,
     take_and_try_args,
@@ -43,10 +45,19 @@ class AsyncState(StateBase, ABC):
     """
 
     async def take(
-        self, name: str, interval_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        *,
+        burst: int = 1,
+        cost: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Taken:
         """Hand out the next ticket of queue ``name``, for a job of ``cost``."""
-        return await self._guarded(name, self._take, *take_args(interval_us, burst, cost, keep_us))
+        args = take_args(interval_us, burst, cost, keep_us, max_running, lease_us)
+        return await self._guarded(name, self._take, *args)
 
     async def try_start(
         self,
@@ -58,35 +69,92 @@ class AsyncState(StateBase, ABC):
         burst: int = 1,
         cost: int = 1,
         keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Outcome:
         """Start ``ticket`` (taken for ``cost``) if its earliest start is at most ``lead_us`` us away."""
-        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us)
+        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us, max_running, lease_us)
         return await self._guarded(name, self._try_start, *args)
 
     async def take_and_try(
-        self, name: str, interval_us: int, lead_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        lead_us: int,
+        *,
+        burst: int = 1,
+        cost: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Outcome:
         """Take a ticket and try to start it, in one atomic step."""
-        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us)
+        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us, max_running, lease_us)
         return await self._guarded(name, self._take_and_try, *args)
 
     async def retime(
-        self, name: str, interval_us: int, ticket: int, lead_us: int, *, burst: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        lead_us: int,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Outcome:
         """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest."""
-        args = retime_args(interval_us, ticket, lead_us, burst, keep_us)
+        args = retime_args(interval_us, ticket, lead_us, burst, keep_us, max_running, lease_us)
         return await self._guarded(name, self._retime, *args)
 
+    async def release(
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
+    ) -> bool:
+        """Release ``ticket``'s lease; whether it was live (see :meth:`ratequeue.state.State.release`)."""
+        args = release_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
+        return await self._guarded(name, self._release, *args)
+
+    async def renew(
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
+    ) -> bool:
+        """Make ``ticket``'s lease last ``lease_us`` from now; whether it was live (see ``State.renew``)."""
+        args = renew_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
+        return await self._guarded(name, self._renew, *args)
+
     async def set_paused(
-        self, name: str, interval_us: int, paused: bool, *, burst: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        paused: bool,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> bool:
         """Pause queue ``name`` for every shard, or resume it; say whether that changed it.
 
         See :meth:`ratequeue.state.State.set_paused`.
         """
-        return await self._guarded(
-            name, self._set_paused, *set_paused_args(interval_us, paused, burst, keep_us)
-        )
+        args = set_paused_args(interval_us, paused, burst, keep_us, max_running, lease_us)
+        return await self._guarded(name, self._set_paused, *args)
 
     async def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
@@ -141,6 +209,12 @@ class AsyncState(StateBase, ABC):
     async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool: ...
 
     @abstractmethod
+    async def _release(self, name: str, terms: Terms, ticket: int) -> bool: ...
+
+    @abstractmethod
+    async def _renew(self, name: str, terms: Terms, ticket: int) -> bool: ...
+
+    @abstractmethod
     async def _read(self, name: str) -> Snapshot: ...
 
     @abstractmethod
@@ -183,6 +257,14 @@ class ThreadedState(AsyncState):
     async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
         state = self.state
         return await asyncio.to_thread(state._guarded, name, state._set_paused, terms, paused)
+
+    async def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        state = self.state
+        return await asyncio.to_thread(state._guarded, name, state._release, terms, ticket)
+
+    async def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        state = self.state
+        return await asyncio.to_thread(state._guarded, name, state._renew, terms, ticket)
 
     async def _read(self, name: str) -> Snapshot:
         return await asyncio.to_thread(self.state.read, name)

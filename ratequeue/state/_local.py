@@ -60,16 +60,24 @@ class LocalState(State):
         return self._run(name, terms, lambda r, now: protocol.take(r, now, cost))
 
     def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
-        return self._run(name, terms, lambda r, now: protocol.try_start(r, ticket, lead_us, now, cost))
+        lease = terms.lease_us
+        return self._run(name, terms, lambda r, now: protocol.try_start(r, ticket, lead_us, now, cost, lease))
 
     def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
-        return self._run(name, terms, lambda r, now: protocol.take_and_try(r, lead_us, now, cost))
+        lease = terms.lease_us
+        return self._run(name, terms, lambda r, now: protocol.take_and_try(r, lead_us, now, cost, lease))
 
     def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
         return self._run(name, terms, lambda r, now: protocol.retime(r, ticket, lead_us, now))
 
     def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
         return self._run(name, terms, lambda r, now: protocol.set_paused(r, paused, now))
+
+    def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        return self._run(name, terms, lambda r, now: protocol.release(r, ticket, now))
+
+    def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        return self._run(name, terms, lambda r, now: protocol.renew(r, ticket, terms.lease_us, now))
 
     def _read(self, name: str) -> Snapshot:
         record, now, _ = self._transact(name, None, None)
@@ -82,9 +90,9 @@ class LocalState(State):
 
 
 def open_record(name: str, record: Record | None, terms: Terms) -> Record:
-    """``record``, or a new one if it is missing; its interval and burst must be ``terms``'s."""
+    """``record``, or a new one if it is missing; its interval, burst and max_running must be ``terms``'s."""
     if record is None:
-        return protocol.new_record(terms.interval_us, terms.burst)
+        return protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
     check_terms_match(name, record, terms)
     return record
 

@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode
 from .. import _validate
 from .._redact import redact
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
-from ..protocol import MAX_LEAD_US, NEVER, TICKET_LIMIT, US, Outcome, Record, Taken, Unwritten
+from ..protocol import MAX_LEAD_US, MAX_RUNNING, NEVER, TICKET_LIMIT, US, Outcome, Record, Taken, Unwritten
 
 #: larger times and intervals (us) are refused: about 142 years, so that every
 #: slot stays exact in a double (Lua) and in an int64 (MongoDB)
@@ -32,12 +32,15 @@ __all__ = [
     "StateBase",
     "Terms",
     "check_interval_matches",
+    "check_max_running_matches",
     "check_terms_match",
     "check_record",
     "interval_microseconds",
     "cost_units",
     "lead_microseconds",
     "paused_flag",
+    "release_args",
+    "renew_args",
     "terms",
     "ticket_number",
     "unwritten",
@@ -69,6 +72,10 @@ class Terms:
     :func:`ratequeue.protocol.expires`, so an idle record goes away by
     itself once forgetting it can change nothing; a write with
     ``keep_us == 0`` keeps it forever (it clears an earlier keep time).
+
+    ``max_running`` (0: no cap) is stored with the record, as ``burst`` is;
+    ``lease_us`` is not: each start (and renewal) takes a lease lasting that
+    long, so it must be at least 1 when ``max_running`` is set.
     """
 
     #: microseconds between two starts of cost 1
@@ -77,6 +84,10 @@ class Terms:
     burst: int = 1
     #: how long (us) an idle record is kept once it has expired; 0: forever
     keep_us: int = 0
+    #: how many jobs may run at once across every shard; 0: no cap
+    max_running: int = 0
+    #: how long (us) a start's or a renewal's lease lasts; used only with ``max_running``
+    lease_us: int = 0
 
 
 class StateBase:
@@ -121,13 +132,24 @@ class State(StateBase, ABC):
     :class:`StateCorrupted`.
     """
 
-    def take(self, name: str, interval_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0) -> Taken:
+    def take(
+        self,
+        name: str,
+        interval_us: int,
+        *,
+        burst: int = 1,
+        cost: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
+    ) -> Taken:
         """Hand out the next ticket of ``name``, for a job of ``cost`` (see :func:`ratequeue.protocol.take`).
 
-        ``burst`` and ``keep_us`` are the queue's :class:`Terms`; ``cost`` is
-        from 1 to ``burst``.
+        ``burst``, ``keep_us``, ``max_running`` and ``lease_us`` are the
+        queue's :class:`Terms`; ``cost`` is from 1 to ``burst``.
         """
-        return self._guarded(name, self._take, *take_args(interval_us, burst, cost, keep_us))
+        args = take_args(interval_us, burst, cost, keep_us, max_running, lease_us)
+        return self._guarded(name, self._take, *args)
 
     def try_start(
         self,
@@ -139,36 +161,98 @@ class State(StateBase, ABC):
         burst: int = 1,
         cost: int = 1,
         keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Outcome:
         """Start ``ticket`` (taken for ``cost``) if its earliest start is at most ``lead_us`` us away.
 
         See :func:`ratequeue.protocol.try_start`. A ticket the record never
         handed out (because it was reset) is answered as passed; the latest
-        start asked for again is the same grant.
+        start asked for again is the same grant. With ``max_running``, a
+        start takes a lease of ``lease_us`` and a full queue answers a wait.
         """
-        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us)
+        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us, max_running, lease_us)
         return self._guarded(name, self._try_start, *args)
 
     def take_and_try(
-        self, name: str, interval_us: int, lead_us: int, *, burst: int = 1, cost: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        lead_us: int,
+        *,
+        burst: int = 1,
+        cost: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Outcome:
         """:meth:`take` a ticket and :meth:`try_start` it, in one atomic step."""
-        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us)
+        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us, max_running, lease_us)
         return self._guarded(name, self._take_and_try, *args)
 
     def retime(
-        self, name: str, interval_us: int, ticket: int, lead_us: int, *, burst: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        lead_us: int,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> Outcome:
         """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest.
 
         See :func:`ratequeue.protocol.retime`: :class:`Started` with the new
         start, or :class:`Passed` once a later ticket has started.
         """
-        args = retime_args(interval_us, ticket, lead_us, burst, keep_us)
+        args = retime_args(interval_us, ticket, lead_us, burst, keep_us, max_running, lease_us)
         return self._guarded(name, self._retime, *args)
 
+    def release(
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
+    ) -> bool:
+        """Release ``ticket``'s lease (its job ended) and say whether it was live. See :func:`~ratequeue.protocol.release`."""
+        args = release_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
+        return self._guarded(name, self._release, *args)
+
+    def renew(
+        self,
+        name: str,
+        interval_us: int,
+        ticket: int,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
+    ) -> bool:
+        """Make ``ticket``'s lease last ``lease_us`` from now; whether it was still live.
+
+        See :func:`ratequeue.protocol.renew`: an expired lease is not renewed.
+        """
+        args = renew_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
+        return self._guarded(name, self._renew, *args)
+
     def set_paused(
-        self, name: str, interval_us: int, paused: bool, *, burst: int = 1, keep_us: int = 0
+        self,
+        name: str,
+        interval_us: int,
+        paused: bool,
+        *,
+        burst: int = 1,
+        keep_us: int = 0,
+        max_running: int = 0,
+        lease_us: int = 0,
     ) -> bool:
         """Pause queue ``name`` for every shard (``paused=True``), or resume it; say whether that changed it.
 
@@ -178,7 +262,8 @@ class State(StateBase, ABC):
         only its flag changes. A paused record is kept whatever ``keep_us``
         says, until it is resumed.
         """
-        return self._guarded(name, self._set_paused, *set_paused_args(interval_us, paused, burst, keep_us))
+        args = set_paused_args(interval_us, paused, burst, keep_us, max_running, lease_us)
+        return self._guarded(name, self._set_paused, *args)
 
     def read(self, name: str) -> Snapshot:
         """The record of queue ``name`` and the state clock's time; changes nothing."""
@@ -246,6 +331,12 @@ class State(StateBase, ABC):
     def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool: ...
 
     @abstractmethod
+    def _release(self, name: str, terms: Terms, ticket: int) -> bool: ...
+
+    @abstractmethod
+    def _renew(self, name: str, terms: Terms, ticket: int) -> bool: ...
+
+    @abstractmethod
     def _read(self, name: str) -> Snapshot: ...
 
     @abstractmethod
@@ -258,38 +349,81 @@ class State(StateBase, ABC):
     def _sweep(self) -> int: ...
 
 
-def take_args(interval_us: int, burst: int, cost: int, keep_us: int) -> tuple[Terms, int]:
+def take_args(
+    interval_us: int, burst: int, cost: int, keep_us: int, max_running: int = 0, lease_us: int = 0
+) -> tuple[Terms, int]:
     """The checked arguments of :meth:`State.take` after the name."""
-    rule = terms(interval_us, burst, keep_us)
+    rule = terms(interval_us, burst, keep_us, max_running, lease_us)
     return rule, cost_units(cost, rule)
 
 
 def try_start_args(
-    interval_us: int, ticket: int, lead_us: int, burst: int, cost: int, keep_us: int
+    interval_us: int,
+    ticket: int,
+    lead_us: int,
+    burst: int,
+    cost: int,
+    keep_us: int,
+    max_running: int = 0,
+    lease_us: int = 0,
 ) -> tuple[Terms, int, int, int]:
     """The checked arguments of :meth:`State.try_start` after the name."""
-    rule = terms(interval_us, burst, keep_us)
+    rule = terms(interval_us, burst, keep_us, max_running, lease_us)
     return rule, ticket_number(ticket), lead_microseconds(lead_us), cost_units(cost, rule)
 
 
 def take_and_try_args(
-    interval_us: int, lead_us: int, burst: int, cost: int, keep_us: int
+    interval_us: int,
+    lead_us: int,
+    burst: int,
+    cost: int,
+    keep_us: int,
+    max_running: int = 0,
+    lease_us: int = 0,
 ) -> tuple[Terms, int, int]:
     """The checked arguments of :meth:`State.take_and_try` after the name."""
-    rule = terms(interval_us, burst, keep_us)
+    rule = terms(interval_us, burst, keep_us, max_running, lease_us)
     return rule, lead_microseconds(lead_us), cost_units(cost, rule)
 
 
 def retime_args(
-    interval_us: int, ticket: int, lead_us: int, burst: int, keep_us: int
+    interval_us: int,
+    ticket: int,
+    lead_us: int,
+    burst: int,
+    keep_us: int,
+    max_running: int = 0,
+    lease_us: int = 0,
 ) -> tuple[Terms, int, int]:
     """The checked arguments of :meth:`State.retime` after the name."""
-    return terms(interval_us, burst, keep_us), ticket_number(ticket), lead_microseconds(lead_us)
+    rule = terms(interval_us, burst, keep_us, max_running, lease_us)
+    return rule, ticket_number(ticket), lead_microseconds(lead_us)
 
 
-def set_paused_args(interval_us: int, paused: bool, burst: int, keep_us: int) -> tuple[Terms, bool]:
+def release_args(
+    interval_us: int, ticket: int, burst: int, keep_us: int, max_running: int, lease_us: int
+) -> tuple[Terms, int]:
+    """The checked arguments of :meth:`State.release` after the name."""
+    return terms(interval_us, burst, keep_us, max_running, lease_us), ticket_number(ticket)
+
+
+def renew_args(
+    interval_us: int, ticket: int, burst: int, keep_us: int, max_running: int, lease_us: int
+) -> tuple[Terms, int]:
+    """The checked arguments of :meth:`State.renew` after the name: ``max_running`` set, a lease."""
+    rule = terms(interval_us, burst, keep_us, max_running, lease_us)
+    if not rule.max_running:
+        raise ConfigurationError(
+            "renew needs max_running: a queue without a cap on running jobs has no leases"
+        )
+    return rule, ticket_number(ticket)
+
+
+def set_paused_args(
+    interval_us: int, paused: bool, burst: int, keep_us: int, max_running: int = 0, lease_us: int = 0
+) -> tuple[Terms, bool]:
     """The checked arguments of :meth:`State.set_paused` after the name."""
-    return terms(interval_us, burst, keep_us), paused_flag(paused)
+    return terms(interval_us, burst, keep_us, max_running, lease_us), paused_flag(paused)
 
 
 def interval_microseconds(value: int) -> int:
@@ -301,8 +435,15 @@ def interval_microseconds(value: int) -> int:
 MAX_BURST = 2**31
 
 
-def terms(interval_us: int, burst: int = 1, keep_us: int = 0) -> Terms:
-    """An operation's :class:`Terms`, checked: ``burst * interval_us`` and ``keep_us`` under ``MAX_US``."""
+def terms(
+    interval_us: int, burst: int = 1, keep_us: int = 0, max_running: int = 0, lease_us: int = 0
+) -> Terms:
+    """An operation's :class:`Terms`, checked.
+
+    ``burst * interval_us`` and ``keep_us`` under ``MAX_US``; ``max_running``
+    from 0 (no cap) to :data:`~ratequeue.protocol.MAX_RUNNING`, and with it a
+    ``lease_us`` of at least 1.
+    """
     interval_us = interval_microseconds(interval_us)
     if not (_is_int(burst) and 1 <= burst <= MAX_BURST):
         raise ConfigurationError(f"burst must be a whole number from 1 to {MAX_BURST}, got {burst!r}")
@@ -310,7 +451,12 @@ def terms(interval_us: int, burst: int = 1, keep_us: int = 0) -> Terms:
         raise ConfigurationError(
             f"burst * interval must stay under {MAX_US} us (about 142 years), got {burst} * {interval_us} us"
         )
-    return Terms(interval_us, burst, _check_us("keep_us", keep_us, 0))
+    if not (_is_int(max_running) and 0 <= max_running <= MAX_RUNNING):
+        raise ConfigurationError(
+            f"max_running must be a whole number from 1 to {MAX_RUNNING} (0: no cap), got {max_running!r}"
+        )
+    lease_us = _check_us("lease_us", lease_us, 1 if max_running else 0)
+    return Terms(interval_us, burst, _check_us("keep_us", keep_us, 0), max_running, lease_us)
 
 
 def cost_units(value: int, rule: Terms) -> int:
@@ -370,12 +516,26 @@ def check_interval_matches(name: str, stored: int, wanted: int) -> None:
 
 
 def check_terms_match(name: str, record: Record, wanted: Terms) -> None:
-    """Raise :class:`ConfigurationError` if ``record``'s interval or burst is not ``wanted``'s."""
+    """Raise :class:`ConfigurationError` unless ``record``'s interval, burst, max_running are ``wanted``'s."""
     check_interval_matches(name, record.interval, wanted.interval_us)
     if record.burst != wanted.burst:
         raise ConfigurationError(
             f"queue {name!r} has burst {record.burst} in this state, not {wanted.burst}; "
             f"use the stored burst, another name, or reset the queue to change it"
+        )
+    check_max_running_matches(name, record.max_running, wanted.max_running)
+
+
+def check_max_running_matches(name: str, stored: int, wanted: int) -> None:
+    """Raise :class:`ConfigurationError` if a queue's stored ``max_running`` is not ``wanted``."""
+    if stored != wanted:
+
+        def said(value: int) -> str:
+            return str(value) if value else "no cap (0)"
+
+        raise ConfigurationError(
+            f"queue {name!r} has max_running {said(stored)} in this state, not {said(wanted)}; "
+            f"use the stored max_running, another name, or reset the queue to change it"
         )
 
 
@@ -420,7 +580,57 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise StateCorrupted(
             f"record at {where} has paused={paused!r}; want true, false or none", where=where
         )
-    return Record(ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due, paused=paused)
+    max_running, leases, held = _checked_leases(fields, ticket, where)
+    return Record(
+        ticket=ticket,
+        pos=pos,
+        at=at,
+        interval=interval,
+        burst=burst,
+        due=due,
+        paused=paused,
+        max_running=max_running,
+        leases=leases,
+        held=held,
+    )
+
+
+def _checked_leases(
+    fields: dict[str, Any], ticket: int, where: str
+) -> tuple[int, tuple[tuple[int, int], ...], int]:
+    """A record's ``max_running``, ``leases`` and ``held``, checked; records without a cap lack all three."""
+    max_running, leases, held = fields.get("max_running", 0), fields.get("leases", []), fields.get("held")
+    if not (_is_int(max_running) and 0 <= max_running <= MAX_RUNNING):
+        raise StateCorrupted(
+            f"record at {where} has max_running={max_running!r}; want a whole number from 0 to {MAX_RUNNING}",
+            where=where,
+        )
+    pairs: list[tuple[int, int]] = []
+    if isinstance(leases, (list, tuple)) and len(leases) <= max_running:
+        for lease in leases:
+            if not (isinstance(lease, (list, tuple)) and len(lease) == 2):
+                break
+            held_ticket, expiry = lease
+            if not (
+                _is_int(held_ticket)
+                and 1 <= held_ticket < ticket
+                and _is_int(expiry)
+                and NEVER <= expiry < MAX_US
+            ):
+                break
+            pairs.append((held_ticket, expiry))
+    if len(pairs) != (len(leases) if isinstance(leases, (list, tuple)) else -1):
+        raise StateCorrupted(
+            f"record at {where} has leases={leases!r}; want at most max_running [ticket, expiry] pairs",
+            where=where,
+        )
+    if held is None:
+        held = NEVER
+    if not (_is_int(held) and NEVER <= held < MAX_US):
+        raise StateCorrupted(
+            f"record at {where} has held={held!r}; want whole microseconds or null", where=where
+        )
+    return max_running, tuple(pairs), held
 
 
 def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:

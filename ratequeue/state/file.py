@@ -971,6 +971,10 @@ def _encode(record: Record) -> dict[str, Any]:
         fields["burst"], fields["due"] = record.burst, None if record.due == NEVER else record.due
     if record.paused:  # written only when set: a record that is not paused is written as before pauses
         fields["paused"] = True
+    if record.max_running:  # a queue without a cap on running jobs is written as before leases
+        fields["max_running"] = record.max_running
+        fields["leases"] = [list(lease) for lease in record.leases]
+        fields["held"] = None if record.held == NEVER else record.held
     return fields
 
 
