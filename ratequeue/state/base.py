@@ -221,7 +221,7 @@ class State(StateBase, ABC):
         max_running: int = 0,
         lease_us: int = 0,
     ) -> bool:
-        """Release ``ticket``'s lease (its job ended) and say whether it was live. See :func:`~ratequeue.protocol.release`."""
+        """Release ``ticket``'s lease (its job ended); say whether it was live (see ``protocol.release``)."""
         args = release_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
         return self._guarded(name, self._release, *args)
 
