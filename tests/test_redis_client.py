@@ -431,6 +431,88 @@ def test_burst_without_due_is_due_at(redis_server: Server, admin: redis.Redis) -
         state.close()
 
 
+def test_leases_are_three_fields_of_the_hash(redis_server: Server, admin: redis.Redis) -> None:
+    """With max_running: max_running, leases ("t:e,..."), held; without: the hash is as before leases."""
+    t0 = 10**15
+    now = [t0]
+    state = clocked(redis_server, "lean:", now)
+    capped, plain = fresh_name(), fresh_name()
+    terms: dict[str, int] = {"max_running": 2, "lease_us": 5000, "keep_us": 10**9}
+    try:
+        state.take_and_try(plain, 1000, 0)
+        assert sorted(admin.hgetall(f"lean:{plain}")) == [
+            b"at",
+            b"burst",
+            b"due",
+            b"interval",
+            b"pos",
+            b"ticket",
+        ]
+        assert state.take_and_try(capped, 1000, 0, **terms) == Started(1, t0, t0)
+        assert admin.hgetall(f"lean:{capped}")[b"leases"] == b"%d:%d" % (1, t0 + 5000)
+        assert b"held" not in admin.hgetall(f"lean:{capped}")
+        now[0] = t0 + 1000
+        assert state.take_and_try(capped, 1000, 0, **terms) == Started(2, t0 + 1000, t0 + 1000)
+        now[0] = t0 + 2000
+        assert state.take_and_try(capped, 1000, 0, **terms) == Wait(3, t0 + 5000, t0 + 2000)
+        stored = admin.hgetall(f"lean:{capped}")
+        assert stored[b"max_running"] == b"2"
+        assert stored[b"leases"] == b"1:%d,2:%d" % (t0 + 5000, t0 + 6000)
+        assert stored[b"held"] == b"%d" % (t0 + 2000)
+        # the TTL runs from the latest of the leases' expiries and the grace after held (t0 + 302 ms),
+        # 300 ms after now, plus the keep time (the TTL itself runs in real time)
+        assert 1_000_300 - 1000 < admin.pttl(f"lean:{capped}") <= 1_000_300
+        assert state.release(capped, 1000, 1, **terms) is True
+        assert state.renew(capped, 1000, 1, **terms) is False
+        assert state.renew(capped, 1000, 2, **terms) is True
+        record = state.read(capped).record
+        assert record is not None
+        assert (record.leases, record.held) == (((2, t0 + 7000),), t0 + 2000)
+        with pytest.raises(ConfigurationError, match="has max_running 2 in this state, not 3"):
+            state.release(capped, 1000, 2, max_running=3, lease_us=1)
+        with pytest.raises(ConfigurationError, match="has max_running no cap"):
+            state.take(plain, 1000, max_running=1, lease_us=1)
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"max_running": "x"}, "max_running='x'"),
+        ({"max_running": 1001}, "max_running='1001'"),
+        ({"max_running": 1, "leases": "1:5,2:6"}, "leases='1:5,2:6'"),  # more than max_running
+        ({"max_running": 2, "leases": "1:5,"}, "leases='1:5,'"),
+        ({"max_running": 2, "leases": "3:5"}, "leases='3:5'"),  # a ticket not yet handed out
+        ({"max_running": 2, "leases": "0:5"}, "leases='0:5'"),
+        ({"max_running": 2, "leases": "1:x"}, "leases='1:x'"),
+        ({"leases": "1:5"}, "leases='1:5'"),  # no cap, yet a lease
+        ({"max_running": 2, "held": "1.5"}, "held='1.5'"),
+        ({"max_running": 2, "held": -(2**52) - 1}, f"held='{-(2**52) - 1}'"),
+    ],
+)
+def test_bad_leases_are_refused(
+    redis_server: Server, admin: redis.Redis, fields: dict[str, Any], pattern: str
+) -> None:
+    """max_running, leases and held are checked as base.check_record checks them; nothing is written."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="lean:")
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        admin.hset(key, mapping={"ticket": 3, "pos": 2, "at": 100, "interval": 4096, **fields})
+        before = admin.hgetall(key)
+        for call in (
+            lambda: state.read(name),
+            lambda: state.release(name, 4096, 1, max_running=2, lease_us=1),
+            lambda: state.take_and_try(name, 4096, 0, max_running=2, lease_us=1),
+        ):
+            with pytest.raises(StateCorrupted, match=re.escape(pattern)):
+                call()
+        assert admin.hgetall(key) == before
+    finally:
+        state.close()
+
+
 def test_the_last_ticket_counts_the_cost(redis_server: Server, admin: redis.Redis) -> None:
     """A take of cost c is refused once ticket + c reaches 2**52, and the record is left as it was."""
     now = [10**15]
@@ -728,6 +810,10 @@ def test_the_scripts_constants_are_the_protocols() -> None:
     assert lua_constant("NEVER") == protocol.NEVER
     assert lua_constant("LIMIT") == MAX_US
     assert lua_constant("MAX_BURST") == MAX_BURST
+    assert lua_constant("PAUSED_RECHECK") == protocol.PAUSED_RECHECK_US
+    assert lua_constant("FULL_RECHECK") == protocol.FULL_RECHECK_US
+    assert lua_constant("FULL_GRACE") == protocol.FULL_GRACE_US
+    assert lua_constant("MAX_RUNNING") == protocol.MAX_RUNNING
 
 
 def test_the_script_serves_every_operation() -> None:
@@ -739,10 +825,21 @@ def test_the_script_serves_every_operation() -> None:
 
 
 @pytest.mark.parametrize("now_us", [None, 0, 1_700_000_000_000_000])
-@pytest.mark.parametrize("terms", [Terms(10_000), Terms(10_000, 7, 2**52 - 1)])
+@pytest.mark.parametrize(
+    "terms", [Terms(10_000), Terms(10_000, 7, 2**52 - 1), Terms(10_000, 1, 0, 1000, 2**52 - 1)]
+)
 @pytest.mark.parametrize(
     ("op", "args"),
-    [("take", (1,)), ("try_start", (7, 0, 3)), ("take_and_try", (250, 2)), ("retime", (7, 9)), ("read", ())],
+    [
+        ("take", (1,)),
+        ("try_start", (7, 0, 3)),
+        ("take_and_try", (250, 2)),
+        ("retime", (7, 9)),
+        ("set_paused", (1,)),
+        ("release", (7,)),
+        ("renew", (7,)),
+        ("read", ()),
+    ],
 )
 def test_the_packing_is_redis_pys(
     op: codec.Operation, args: tuple[int, ...], terms: Terms, now_us: int | None
@@ -759,14 +856,20 @@ def test_the_packing_is_redis_pys(
 
 
 def test_kept_heads_tell_terms_apart() -> None:
-    """Two calls differing only in burst or keep time are packed with their own numbers."""
+    """Calls differing only in burst, keep time, max_running or lease are packed with their own numbers."""
     commands = codec.Commands()
-    packed = {
-        terms: b"".join(commands.packed("take", "k", terms, 5, (1,)))
-        for terms in (Terms(10), Terms(10, 2), Terms(10, 1, 3), Terms(10))
-    }
-    assert len(set(packed.values())) == 3
-    assert packed[Terms(10, 1, 3)].endswith(b"$2\r\n10\r\n$1\r\n1\r\n$1\r\n3\r\n$1\r\n5\r\n$1\r\n1\r\n")
+    every = (
+        Terms(10),
+        Terms(10, 2),
+        Terms(10, 1, 3),
+        Terms(10, 1, 0, 2, 7),
+        Terms(10, 1, 0, 2, 8),
+        Terms(10),
+    )
+    packed = {terms: b"".join(commands.packed("take", "k", terms, 5, (1,))) for terms in every}
+    assert len(set(packed.values())) == 5
+    numbers = b"".join(b"$%d\r\n%b\r\n" % (len(n), n) for n in (b"10", b"1", b"3", b"0", b"0", b"5", b"1"))
+    assert packed[Terms(10, 1, 3)].endswith(numbers)
 
 
 def test_replies_parse_as_bytes_and_as_text() -> None:
@@ -778,15 +881,22 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     taken = codec.parse_taken(f"taken 1 0 {never} 9", "q", "k", TERMS)
     assert taken == Taken(ticket=1, pos=0, at=never, now=9)
     assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
-    for reply in (b"record 5 3 2 1 10 4 21 0", "record 5 3 2 1 10 4 21 0"):
+    for reply in (f"record 5 3 2 1 10 4 21 0 0 {never}".encode(), f"record 5 3 2 1 10 4 21 0 0 {never}"):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
             record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
         )
     paused = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21, paused=True)
-    assert codec.parse_snapshot(b"record 5 3 2 1 10 4 21 1", "q", "k", codec.READ_TERMS).record == paused
+    reply = f"record 5 3 2 1 10 4 21 1 0 {never}".encode()
+    assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused
+    leased = Record(ticket=3, pos=2, at=1, interval=10, max_running=2, leases=((1, 7), (2, -3)), held=4)
+    reply = b"record 5 3 2 1 10 1 1 0 2 4 1 7 2 -3"
+    assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == leased
     for reply in (b"set 1 5", "set 1 5"):
         assert codec.parse_changed(reply, "q", "k", TERMS) is True
     assert codec.parse_changed(b"set 0 5", "q", "k", TERMS) is False
+    for reply in (b"live 1 5", "live 1 5"):
+        assert codec.parse_live(reply, "q", "k", TERMS) is True
+    assert codec.parse_live(b"live 0 5", "q", "k", TERMS) is False
 
 
 @pytest.mark.parametrize(
@@ -835,7 +945,11 @@ def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
         b"record 5 3 2 1 10 1 x",
         b"record 5 3 2 1 10 1 1",  # the reply before pauses: no paused
         b"record 5 3 2 1 10 1 1 2",
+        b"record 5 3 2 1 10 1 1 1",  # the reply before leases: no max_running, no held
         b"record 5 3 2 1 10 1 1 1 1",
+        b"record 5 3 2 1 10 1 1 2 0 0",
+        b"record 5 3 2 1 10 1 1 1 2 0 1",  # half a lease
+        b"record 5 3 2 1 10 1 1 1 2 0 1 x",
         b"?",
     ],
 )
@@ -844,10 +958,20 @@ def test_an_unexpected_snapshot_is_corrupted(reply: bytes) -> None:
         codec.parse_snapshot(reply, "q", "ratequeue:q", codec.READ_TERMS)
 
 
-@pytest.mark.parametrize("reply", [b"set 2 5", b"set 1", b"set x 5", b"started 1 2 3", b"mismatch burst 3"])
+@pytest.mark.parametrize(
+    "reply", [b"set 2 5", b"set 1", b"set x 5", b"started 1 2 3", b"mismatch burst 3", b"live 1 5"]
+)
 def test_an_unexpected_set_paused_answer_is_refused(reply: bytes) -> None:
     with pytest.raises((StateCorrupted, ConfigurationError)):
         codec.parse_changed(reply, "q", "ratequeue:q", TERMS)
+
+
+@pytest.mark.parametrize(
+    "reply", [b"live 2 5", b"live 1", b"live x 5", b"set 1 5", b"started 1 2 3", b"mismatch max_running 3"]
+)
+def test_an_unexpected_release_or_renew_answer_is_refused(reply: bytes) -> None:
+    with pytest.raises((StateCorrupted, ConfigurationError)):
+        codec.parse_live(reply, "q", "ratequeue:q", TERMS)
 
 
 def test_a_mismatch_names_both_intervals_or_both_bursts() -> None:
@@ -856,6 +980,12 @@ def test_a_mismatch_names_both_intervals_or_both_bursts() -> None:
             parse(b"mismatch interval 20000", "q", "ratequeue:q", Terms(10_000))
         with pytest.raises(ConfigurationError, match=r"has burst 3 in this state, not 2"):
             parse(b"mismatch burst 3", "q", "ratequeue:q", Terms(10_000, 2))
+        with pytest.raises(ConfigurationError, match=r"has max_running 3 in this state, not 2"):
+            parse(b"mismatch max_running 3", "q", "ratequeue:q", Terms(10_000, 1, 0, 2, 5))
+        with pytest.raises(ConfigurationError, match=r"has max_running no cap \(0\) in this state, not 2"):
+            parse(b"mismatch max_running 0", "q", "ratequeue:q", Terms(10_000, 1, 0, 2, 5))
+        with pytest.raises(StateCorrupted):  # the max_running it was asked for: nonsense
+            parse(b"mismatch max_running 2", "q", "ratequeue:q", Terms(10_000, 1, 0, 2, 5))
 
 
 @pytest.mark.parametrize(

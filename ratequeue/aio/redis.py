@@ -118,6 +118,12 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
     async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
         return await arun(self._set_paused_flow(name, terms, paused))
 
+    async def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        return await arun(self._release_flow(name, terms, ticket))
+
+    async def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        return await arun(self._renew_flow(name, terms, ticket))
+
     async def _read(self, name: str) -> Snapshot:
         return await arun(self._read_flow(name))
 

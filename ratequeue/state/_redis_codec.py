@@ -16,7 +16,7 @@ from typing import Literal, NoReturn, TypeVar, Union
 
 from ..errors import StateCorrupted
 from ..protocol import NEVER, Outcome, Passed, Record, Started, Taken, Unwritten, Wait
-from .base import Snapshot, Terms, check_terms_match, unwritten
+from .base import Snapshot, Terms, check_max_running_matches, check_terms_match, unwritten
 
 __all__ = [
     "READ_TERMS",
@@ -28,6 +28,7 @@ __all__ = [
     "Reply",
     "glob_escape",
     "parse_changed",
+    "parse_live",
     "parse_outcome",
     "parse_snapshot",
     "parse_taken",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 #: what the script can be asked to do (its ARGV[1])
-Operation = Literal["take", "try_start", "take_and_try", "retime", "set_paused", "read"]
+Operation = Literal["take", "try_start", "take_and_try", "retime", "set_paused", "release", "renew", "read"]
 
 #: the Lua script serving every operation
 SCRIPT: str = resources.files(__name__.rpartition(".")[0]).joinpath("redis.lua").read_text(encoding="utf-8")
@@ -52,17 +53,23 @@ R = TypeVar("R")
 Parser = Callable[[Reply, str, str, Terms], R]
 
 #: the terms a read sends (the script ignores them: a read checks none)
-READ_TERMS = Terms(0, 1, 0)
+READ_TERMS = Terms(0, 1, 0, 0, 0)
 
 
 def script_args(op: Operation, terms: Terms, now_us: int | None, args: tuple[int, ...]) -> list[str | int]:
     """The script's ARGV for ``op`` (``now_us``: ``None`` to read the server's clock).
 
-    ``op``, the interval, burst and keep time of ``terms``, ``now_us``, then
-    the operation's own ``args`` (see the script's header).
+    ``op``, the interval, burst, keep time, max_running and lease of
+    ``terms``, ``now_us``, then the operation's own ``args`` (see the
+    script's header).
     """
-    head: list[str | int] = [op, terms.interval_us, terms.burst, terms.keep_us]
+    head: list[str | int] = [op, *_numbers(terms)]
     return [*head, "" if now_us is None else now_us, *args]
+
+
+def _numbers(terms: Terms) -> tuple[int, int, int, int, int]:
+    """The script's ARGV[2..6]: ``terms`` as the script takes them."""
+    return terms.interval_us, terms.burst, terms.keep_us, terms.max_running, terms.lease_us
 
 
 def glob_escape(text: str) -> str:
@@ -74,11 +81,11 @@ _GLOB = frozenset("*?[]\\")
 
 
 class Commands:
-    """``EVALSHA SHA 1 key op interval burst keep now ...`` in RESP, packed by hand.
+    """``EVALSHA SHA 1 key op interval burst keep max_running lease now ...`` in RESP, packed by hand.
 
     redis-py's packer handles every argument type and encoding option; the
     script's arguments are only a key, an operation and whole numbers, and
-    the head of each command (operation, key, interval, burst, keep time) is
+    the head of each command (operation, key and the terms) is
     the same call after call, so it is packed once and kept (for up to
     :attr:`MAX_HEADS` of them).
     """
@@ -90,7 +97,7 @@ class Commands:
         """Encode keys as the client does (its ``encoding`` and ``encoding_errors``)."""
         self._encoding = encoding
         self._errors = errors
-        self._heads: dict[tuple[Operation, str, int, int, int], bytes] = {}
+        self._heads: dict[tuple[Operation, str, int, int, int, int, int], bytes] = {}
 
     def packed(
         self, op: Operation, key: str, terms: Terms, now_us: int | None, args: tuple[int, ...]
@@ -99,7 +106,7 @@ class Commands:
 
         ``args`` must be as many as ``op`` always takes (the kept head counts them).
         """
-        head = self._heads.get((op, key, terms.interval_us, terms.burst, terms.keep_us))
+        head = self._heads.get((op, key, *_numbers(terms)))
         if head is None:
             head = self._head(op, key, terms, len(args))
         head += _SERVER_CLOCK if now_us is None else _bulk(b"%d" % now_us)
@@ -109,9 +116,9 @@ class Commands:
 
     def _head(self, op: Operation, key: str, terms: Terms, more: int) -> bytes:
         parts = (b"EVALSHA", SHA.encode(), b"1", key.encode(self._encoding, self._errors), op.encode())
-        numbers = (terms.interval_us, terms.burst, terms.keep_us)
+        numbers = _numbers(terms)
         head = b"*%d\r\n%b%b" % (
-            9 + more,
+            11 + more,
             b"".join(map(_bulk, parts)),
             b"".join(_bulk(b"%d" % number) for number in numbers),
         )
@@ -121,7 +128,7 @@ class Commands:
         return head
 
 
-#: ARGV[5] when the script reads the server's clock: an empty bulk string
+#: ARGV[7] when the script reads the server's clock: an empty bulk string
 _SERVER_CLOCK = b"$0\r\n\r\n"
 
 
@@ -139,6 +146,7 @@ _OUTCOMES: dict[bytes | str, Callable[[int, int, int], Outcome]] = {
 }
 _TAKEN = ("taken", b"taken")
 _SET = ("set", b"set")
+_LIVE = ("live", b"live")
 #: a flag in a reply, 0 or 1, and 1 alone
 _FLAGS = ("0", "1", b"0", b"1")
 _TRUE = ("1", b"1")
@@ -165,7 +173,7 @@ def parse_outcome(reply: Reply, name: str, key: str, terms: Terms) -> Outcome:
     """The answer of ``try_start``, ``take_and_try`` or ``retime``: ``KIND TICKET VALUE NOW``.
 
     A kind other than ``started``, ``wait`` or ``passed`` raises: ``mismatch``
-    (of the interval or the burst) :class:`~ratequeue.errors.ConfigurationError`, anything else
+    (of the interval, the burst or max_running) :class:`~ratequeue.errors.ConfigurationError`, anything else
     :class:`~ratequeue.errors.StateCorrupted`.
     """
     try:
@@ -178,18 +186,29 @@ def parse_outcome(reply: Reply, name: str, key: str, terms: Terms) -> Outcome:
 
 def parse_changed(reply: Reply, name: str, key: str, terms: Terms) -> bool:
     """The answer of ``set_paused``: ``set CHANGED NOW``; whether the flag changed."""
+    return _parse_flag(_SET, reply, name, key, terms)
+
+
+def parse_live(reply: Reply, name: str, key: str, terms: Terms) -> bool:
+    """The answer of ``release`` and ``renew``: ``live LIVE NOW``; whether the ticket's lease was live."""
+    return _parse_flag(_LIVE, reply, name, key, terms)
+
+
+def _parse_flag(kinds: tuple[str, bytes], reply: Reply, name: str, key: str, terms: Terms) -> bool:
+    """The flag of a ``KIND FLAG NOW`` answer whose kind is one of ``kinds``."""
     try:
-        kind, changed, now = reply.split()
+        kind, flag, now = reply.split()
         int(now)  # a whole number, or ValueError
-        if kind in _SET and changed in _FLAGS:
-            return changed in _TRUE
+        if kind in kinds and flag in _FLAGS:
+            return flag in _TRUE
     except (AttributeError, TypeError, ValueError):
         pass
     _refuse(reply, name, key, terms)
 
 
 def parse_snapshot(reply: Reply, name: str, key: str, terms: Terms) -> Snapshot:
-    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED``, or ``none NOW``.
+    """The answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED MAX_RUNNING HELD``
+    followed by ``TICKET EXPIRY`` for each lease, or ``none NOW``.
 
     (``terms`` is not needed: a read checks none.)
     """
@@ -197,10 +216,21 @@ def parse_snapshot(reply: Reply, name: str, key: str, terms: Terms) -> Snapshot:
         kind, *numbers = reply.split()
         if kind in _NONE and len(numbers) == 1:
             return Snapshot(record=None, now=int(numbers[0]))
-        if kind in _RECORD and len(numbers) == 8 and numbers[7] in _FLAGS:
-            now, ticket, pos, at, interval, burst, due, paused = (int(number) for number in numbers)
+        if kind in _RECORD and len(numbers) >= 10 and len(numbers) % 2 == 0 and numbers[7] in _FLAGS:
+            now, ticket, pos, at, interval, burst, due, paused, max_running, held, *rest = (
+                int(number) for number in numbers
+            )
             record = Record(
-                ticket=ticket, pos=pos, at=at, interval=interval, burst=burst, due=due, paused=paused == 1
+                ticket=ticket,
+                pos=pos,
+                at=at,
+                interval=interval,
+                burst=burst,
+                due=due,
+                paused=paused == 1,
+                max_running=max_running,
+                leases=tuple(zip(rest[::2], rest[1::2], strict=True)),
+                held=held,
             )
             return Snapshot(record=record, now=now)
     except (AttributeError, TypeError, ValueError):
@@ -220,8 +250,17 @@ def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
     ):
         # the stored interval or burst (the other one as expected), with the message base gives
         stored = {"interval": terms.interval_us, "burst": terms.burst, words[1]: int(words[2])}
-        record = Record(ticket=1, pos=0, at=NEVER, interval=stored["interval"], burst=stored["burst"])
+        record = Record(
+            ticket=1,
+            pos=0,
+            at=NEVER,
+            interval=stored["interval"],
+            burst=stored["burst"],
+            max_running=terms.max_running,
+        )
         check_terms_match(name, record, terms)
+    if words[0] == "mismatch" and len(words) == 3 and words[1] == "max_running" and words[2].isdigit():
+        check_max_running_matches(name, int(words[2]), terms.max_running)
     if words[0] == "unwritten" and len(words) == 4 and all(_is_decimal(word) for word in words[2:]):
         exc = Unwritten(words[1], int(words[2]), int(words[3]))
         raise unwritten(exc, f"Redis hash {key}", key)

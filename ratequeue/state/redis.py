@@ -3,8 +3,11 @@
 Each queue is one hash (``PREFIX + name``: ``ticket``, ``pos``, ``at``,
 ``interval``, ``burst``, ``due``; a hash written before bursts lacks the last
 two and reads as burst 1; ``paused`` is ``1`` while the queue is paused for
-every shard, and absent otherwise), so every operation touches a single key (ready for Redis
-Cluster, though ``RedisCluster`` clients are not supported yet). Every
+every shard, and absent otherwise; a queue with ``max_running`` also has
+``max_running``, ``leases`` -- ``TICKET:EXPIRY`` pairs joined by commas --
+and ``held``, absent until the queue was first found full), so every
+operation touches a single key (ready for Redis Cluster, though
+``RedisCluster`` clients are not supported yet). Every
 operation is one call of one Lua script (``redis.lua``), which reads the
 server's ``TIME`` itself, so hosts whose clocks disagree still share one
 rate. The script is sent by SHA and loaded again when the server answers
@@ -61,6 +64,7 @@ from ._redis_codec import (
     Parser,
     glob_escape,
     parse_changed,
+    parse_live,
     parse_outcome,
     parse_snapshot,
     parse_taken,
@@ -472,6 +476,12 @@ class RedisStateBase(StateBase, Generic[C]):
     def _set_paused_flow(self, name: str, terms: Terms, paused: bool) -> Flow[bool]:
         return self._operation("set_paused", name, terms, (int(paused),), parse_changed)
 
+    def _release_flow(self, name: str, terms: Terms, ticket: int) -> Flow[bool]:
+        return self._operation("release", name, terms, (ticket,), parse_live)
+
+    def _renew_flow(self, name: str, terms: Terms, ticket: int) -> Flow[bool]:
+        return self._operation("renew", name, terms, (ticket,), parse_live)
+
     def _read_flow(self, name: str) -> Flow[Snapshot]:
         return self._operation("read", name, READ_TERMS, (), parse_snapshot)
 
@@ -526,6 +536,12 @@ class RedisState(RedisStateBase[redis.Redis], State):
 
     def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
         return run(self._set_paused_flow(name, terms, paused))
+
+    def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        return run(self._release_flow(name, terms, ticket))
+
+    def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        return run(self._renew_flow(name, terms, ticket))
 
     def _read(self, name: str) -> Snapshot:
         return run(self._read_flow(name))
