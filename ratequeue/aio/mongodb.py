@@ -52,7 +52,13 @@ class AsyncMongoState(MongoStateBase[AsyncMongoClient[Any]], AsyncState):
         return await arun(self._outcome_flow("retime", name, terms, ticket, lead_us))
 
     async def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
-        return await arun(self._set_paused_flow(name, terms, paused))
+        return await arun(self._changed_flow("set_paused", name, terms, paused=paused))
+
+    async def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        return await arun(self._changed_flow("release", name, terms, ticket))
+
+    async def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        return await arun(self._changed_flow("renew", name, terms, ticket))
 
     async def _read(self, name: str) -> Snapshot:
         return await arun(self._read_flow(name))

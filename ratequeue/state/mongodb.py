@@ -1,13 +1,15 @@
 """``mongodb://`` and ``mongodb+srv://``: the protocol run atomically inside MongoDB, on its clock.
 
 Each queue is one document ``{_id: name, ticket, pos, at, interval, burst,
-due, paused, answer, expires}`` (integers, microseconds; a queue of burst 1
-has no ``burst`` and no ``due``, as before bursts; ``paused`` is there, ``true``,
-only while the queue is paused for every shard). Every operation is a single
+due, paused, max_running, leases, held, answer, expires}`` (integers,
+microseconds; a queue of burst 1 has no ``burst`` and no ``due``, as before
+bursts; ``paused`` is there, ``true``, only while the queue is paused for
+every shard; ``max_running``, ``leases`` and ``held`` only on a queue with a
+cap on running jobs). Every operation is a single
 ``find_one_and_update`` whose update pipeline reads ``$$NOW`` on the server,
 applies the protocol and leaves its answer in ``answer``: no
 read-then-write from the client and no transaction. The filter names the
-expected interval and burst, so an operation on a record with others
+expected interval, burst and max_running, so an operation on a record with others
 matches nothing and changes nothing; only then (and for a queue's first
 operation) does the client insert the initial record or report the
 mismatch. What is sent and how answers are read is in
@@ -63,6 +65,7 @@ from ._mongodb_codec import (
     DEFAULT_DATABASE,
     EXPIRES,
     TTL_INDEX,
+    ChangeOp,
     Document,
     Op,
     OutcomeOp,
@@ -193,9 +196,12 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         document = yield from self._update_flow(op, name, terms, ticket, lead_us, cost)
         return parse_outcome(document, self._record_where(name))
 
-    def _set_paused_flow(self, name: str, terms: Terms, paused: bool) -> Flow[bool]:
-        document = yield from self._update_flow("set_paused", name, terms, paused=paused)
-        return parse_changed(document, self._record_where(name))
+    def _changed_flow(
+        self, op: ChangeOp, name: str, terms: Terms, ticket: int = 0, *, paused: bool = False
+    ) -> Flow[bool]:
+        """``set_paused`` (of ``paused``), ``release`` or ``renew`` (of ``ticket``): its yes or no."""
+        document = yield from self._update_flow(op, name, terms, ticket, paused=paused)
+        return parse_changed(document, self._record_where(name), op)
 
     def _update_flow(
         self,
@@ -211,7 +217,7 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         """Run ``op`` on ``name``'s document and return the document after it (with the answer).
 
         When the update matches nothing, the record is missing (it is then
-        inserted), or has another interval or burst or is malformed
+        inserted), or has another interval, burst or max_running or is malformed
         (:meth:`_create_flow` raises), and the update is sent again.
         """
         if terms.keep_us and not self._ttl_ready:
@@ -374,7 +380,13 @@ class MongoState(MongoStateBase[MongoClient[Any]], State):
         return run(self._outcome_flow("retime", name, terms, ticket, lead_us))
 
     def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
-        return run(self._set_paused_flow(name, terms, paused))
+        return run(self._changed_flow("set_paused", name, terms, paused=paused))
+
+    def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        return run(self._changed_flow("release", name, terms, ticket))
+
+    def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        return run(self._changed_flow("renew", name, terms, ticket))
 
     def _read(self, name: str) -> Snapshot:
         return run(self._read_flow(name))
