@@ -150,6 +150,8 @@ class Job(Generic[F]):
     not_before: float | None = None
     #: how many times it has run
     attempts: int = 0
+    #: the ticket of the turn the job's current attempt runs on (its lease, with ``max_running``)
+    ticket: int | None = None
     #: the order it was added in
     seq: int = 0
 

@@ -13,18 +13,21 @@ threads, :class:`ratequeue.aio.Limiter` with futures on the event loop.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, Union, overload
 
 from . import _validate
 from ._flow import Call, Flow
+from ._leases import LeaseBook
 from ._redact import redact
 from .errors import AcquireTimeout
-from .protocol import NEVER, US, Outcome
+from .protocol import NEVER, US, Outcome, live_leases
 from .rates import RateLike
 from .shard import (
     DEFAULT_MAX_LATE,
@@ -42,7 +45,7 @@ from .shard import (
 )
 from .state.base import Snapshot, StateBase, terms
 
-__all__ = ["LimiterBase", "ReservationBase", "Seconds", "Status", "TimedAnswer"]
+__all__ = ["DEFAULT_LEASE", "LimiterBase", "ReservationBase", "Seconds", "Status", "TimedAnswer", "entered"]
 
 #: a duration: seconds, or a ``timedelta``
 Seconds = Union[float, datetime.timedelta]
@@ -50,6 +53,32 @@ Seconds = Union[float, datetime.timedelta]
 #: a state's answer with the local times around its call: (answer, sent, received, the
 #: state's clock read on this host just after, if it can be)
 TimedAnswer = tuple[Outcome, float, float, Union[float, None]]
+
+#: how long (s) a lease lasts by default: a killed holder's place comes back within this
+DEFAULT_LEASE = 10.0
+
+_log = logging.getLogger("ratequeue")
+
+#: the turns taken by ``with limiter:`` in this thread or task and not yet left: (limiter id, turn)
+_ENTERED: ContextVar[tuple[tuple[int, Turn], ...]] = ContextVar("ratequeue_entered", default=())
+
+
+def entered(limiter: object, turn: Turn | None = None) -> Turn | None:
+    """Note ``turn``, taken by ``with limiter:``; without a turn, forget and return the latest one noted.
+
+    Kept per thread and per asyncio task (a context variable), so that the
+    ``__exit__`` of a ``with`` statement finds the turn of its own ``__enter__``.
+    """
+    stack = _ENTERED.get()
+    if turn is not None:
+        _ENTERED.set((*stack, (id(limiter), turn)))
+        return turn
+    for index in range(len(stack) - 1, -1, -1):
+        if stack[index][0] == id(limiter):
+            _ENTERED.set(stack[:index] + stack[index + 1 :])
+            return stack[index][1]
+    return None
+
 
 S = TypeVar("S", bound=StateBase)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,6 +110,10 @@ class Status:
     burst: int = 1
     #: whether the queue is paused for every shard (its record's flag; ``paused`` is this shard's)
     paused_everywhere: bool = False
+    #: how many jobs may run at once across every shard; ``None``: no cap
+    max_running: int | None = None
+    #: how many jobs hold a live lease across every shard (0 without a cap)
+    running: int = 0
 
     @property
     def current(self) -> int:
@@ -103,6 +136,8 @@ class Status:
             held_ticket=shard.ticket,
             burst=record.burst if record else 1,
             paused_everywhere=record.paused if record else False,
+            max_running=record.max_running or None if record else None,
+            running=len(live_leases(record, snapshot.now)) if record else 0,
         )
 
 
@@ -117,6 +152,10 @@ class LimiterBase(ABC, Generic[S]):
     burst: int
     #: seconds an idle queue's record is kept once forgetting it changes nothing; ``None``: for ever
     keep: float | None
+    #: how many jobs may run at once across every shard; ``None``: no cap
+    max_running: int | None
+    #: seconds a running job's lease lasts unless renewed (used with ``max_running``)
+    lease: float
 
     def __init__(
         self,
@@ -130,14 +169,24 @@ class LimiterBase(ABC, Generic[S]):
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
+        max_running: int | None = None,
+        lease: Seconds = DEFAULT_LEASE,
     ) -> None:
         pace = _validate.pace(interval, rate)
         self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, pace, lead)
         self.burst, self.keep = _validate.burst(burst), _validate.keep(keep)
+        self.max_running, self.lease = _validate.max_running(max_running), _validate.lease(lease)
         keep_us = 0 if self.keep is None else max(1, round(self.keep * US))
-        rule = terms(self._interval_us, self.burst, keep_us)  # checks burst * interval
+        cap, lease_us = (self.max_running, round(self.lease * US)) if self.max_running else (0, 0)
+        rule = terms(self._interval_us, self.burst, keep_us, cap, lease_us)  # checks burst * interval
         #: the keyword arguments every state operation gets
         self._terms = {"burst": rule.burst, "keep_us": rule.keep_us}
+        if cap:  # a queue without a cap sends what it sent before leases
+            self._terms.update(max_running=cap, lease_us=lease_us)
+        #: the leases of the jobs this shard began (with ``max_running``)
+        self._leases = LeaseBook(self.lease)
+        #: whether a lease keeper (thread or task) runs
+        self._keeping = False
         self._max_late = _validate.max_late(max_late)
         self._clock = clock or time.monotonic
         self._state: S = self._open(url)
@@ -187,11 +236,12 @@ class LimiterBase(ABC, Generic[S]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         settings = (self.name, self.interval, self._lead, self._max_late, self.burst, self.keep)
-        return (_rebuild, (type(self), self._state.url, *settings))
+        return (_rebuild, (type(self), self._state.url, *settings, self.max_running, self.lease))
 
     def __repr__(self) -> str:
         url = redact(self._state.url)
         more = f", burst={self.burst!r}" if self.burst != 1 else ""
+        more += f", max_running={self.max_running!r}" if self.max_running else ""
         return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r}{more})"
 
     #: the name ``repr`` shows
@@ -264,6 +314,100 @@ class LimiterBase(ABC, Generic[S]):
             return state.try_start, args, {**self._terms, "cost": step.cost}
         return state.retime, (self._interval_us, step.ticket, step.lead_us), self._terms
 
+    def _shard_changed(self) -> None:
+        """Wake the jobs waiting for the shard to change, and hand its unused grants' leases to the keeper.
+
+        Called holding :meth:`_locked`, after every change of the shard.
+        """
+        if self._shard.unused:
+            if self.max_running:
+                for ticket in self._shard.unused:
+                    self._leases.to_release(ticket)
+                self._keep_leases()
+            self._shard.unused.clear()
+        self._changed()
+
+    def _began(self, turn: Turn) -> None:
+        """``turn``'s job begins now: with ``max_running``, its lease is held (and renewed) from now on."""
+        if self.max_running:
+            self._leases.began(turn.ticket, self._clock())
+            self._keep_leases()
+
+    def _end_lease(self, ticket: int, *, later: bool) -> tuple[Any, ...] | None:
+        """The job on ``ticket`` has ended: stop renewing its lease; holding :meth:`_locked`.
+
+        With ``later`` the keeper releases it; otherwise the caller does,
+        with the state call returned (``None``: nothing to release, no cap).
+        """
+        if not self.max_running:
+            return None
+        self._leases.ended(ticket)
+        if later:
+            self._leases.to_release(ticket)
+            self._keep_leases()
+            return None
+        return self._lease_call("release", ticket)
+
+    def _lease_call(self, what: str, ticket: int) -> tuple[Any, ...]:
+        """The arguments of :meth:`_call_state` for a ``release`` or ``renew`` of ``ticket``'s lease."""
+        state: Any = self._state
+        return getattr(state, what), (self._interval_us, ticket), self._terms
+
+    def _place_freed(self) -> None:
+        """A lease was released here: this shard's waiting head asks again at once."""
+        self._shard.ask_again()
+        self._changed()
+
+    def _keep_leases(self) -> None:
+        """Start the lease keeper if there is work for it and none runs; holding :meth:`_locked`."""
+        if not self._keeping and self._leases.busy:
+            self._keeping = True
+            self._start_keeper()
+
+    @abstractmethod
+    def _start_keeper(self) -> None:
+        """Run :meth:`_keeper_flow` in the background (a thread, or a task on the event loop)."""
+
+    def _keeper_flow(self) -> Flow[None]:
+        """Renew this shard's leases while their jobs run, release those handed over; stop when none is left.
+
+        Runs holding :meth:`_locked`, as the acquire flow does. A failed
+        call is logged, never raised: a lease not renewed expires by itself.
+        """
+        book = self._leases
+        try:
+            while book.busy:
+                ticket = book.next_release()
+                if ticket is not None:
+                    try:
+                        yield Call(self._call_state, self._lease_call("release", ticket))
+                    except Exception as exc:  # its lease expires by itself
+                        _log.warning("could not release lease %d of queue %r: %s", ticket, self.name, exc)
+                    self._place_freed()
+                    continue
+                now = self._clock()
+                due, wait = book.next_renewal(now)
+                if due is None:
+                    yield Call(self._wait_for_change, (_validate.wait(wait),))
+                    continue
+                try:
+                    live, *_ = yield Call(self._call_state, self._lease_call("renew", due))
+                except Exception as exc:
+                    _log.warning("could not renew lease %d of queue %r: %s", due, self.name, exc)
+                    book.failed(due, self._clock())
+                    continue
+                if not live and book.holds(due):
+                    _log.warning(
+                        "the lease of a job of queue %r ran out before it was renewed (ticket %d): "
+                        "the job runs on uncounted; a longer lease (now %g s) avoids it",
+                        self.name,
+                        due,
+                        self.lease,
+                    )
+                book.renewed(due, now, bool(live))
+        finally:
+            self._keeping = False
+
     def _timeout_error(self, job: Job) -> AcquireTimeout:
         timeout = None if job.deadline is None else job.timeout
         return AcquireTimeout(
@@ -285,7 +429,8 @@ class LimiterBase(ABC, Generic[S]):
                 now = self._clock()
                 step = self._shard.step(job, now)
                 if isinstance(step, Begin):
-                    self._changed()  # the next job is head now
+                    self._began(step.turn)
+                    self._shard_changed()  # the next job is head now
                     return step.turn
                 if isinstance(step, Expired):
                     raise self._timeout_error(job)
@@ -307,10 +452,10 @@ class LimiterBase(ABC, Generic[S]):
                         raise
                     offset = None if state_now is None else received - state_now
                     self._shard.receive(job, outcome, sent, received, offset=offset)
-                    self._changed()
+                    self._shard_changed()
         except BaseException:
             self._shard.abandon(job)
-            self._changed()
+            self._shard_changed()
             raise
 
     @abstractmethod
@@ -372,7 +517,7 @@ class ReservationBase(ABC, Generic[S]):
         """
         with self._limiter._locked():
             self._limiter._shard.withdraw(self._job)
-            self._limiter._changed()
+            self._limiter._shard_changed()
 
     @abstractmethod
     def wait(self, timeout: Seconds | None = None) -> Any:
@@ -401,5 +546,17 @@ def _rebuild(
     max_late: float | None = DEFAULT_MAX_LATE,
     burst: int = 1,
     keep: float | None = None,
+    max_running: int | None = None,
+    lease: float = DEFAULT_LEASE,
 ) -> LimiterBase[Any]:
-    return cls(url, name=name, interval=interval, lead=lead, max_late=max_late, burst=burst, keep=keep)
+    return cls(
+        url,
+        name=name,
+        interval=interval,
+        lead=lead,
+        max_late=max_late,
+        burst=burst,
+        keep=keep,
+        max_running=max_running,
+        lease=lease,
+    )

@@ -39,7 +39,7 @@ from ._jobs import (
     check_priority,
     delay_until,
 )
-from ._limiting import LimiterBase, Seconds, Status
+from ._limiting import DEFAULT_LEASE, LimiterBase, Seconds, Status
 from ._redact import redact
 from .errors import QueueClosed, QueueFull
 from .rates import RateLike
@@ -111,6 +111,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
         burst: int = 1,
         lead: Seconds | None = None,
         max_running: int | None = None,
+        lease: Seconds = DEFAULT_LEASE,
         retries: int = 0,
         backoff: Backoff | None = None,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
@@ -127,7 +128,11 @@ class QueueBase(ABC, Generic[L, FutureT]):
         :param burst: how many starts may come at once after an idle spell (see
             :class:`~ratequeue.Limiter`).
         :param lead: as for :class:`~ratequeue.Limiter`.
-        :param max_running: how many jobs may run at once; ``None`` for no limit.
+        :param max_running: how many jobs may run at once across every queue
+            and limiter of this name (``None``: no cap); each running job holds a
+            lease, released when it ends (see :class:`~ratequeue.Limiter`).
+        :param lease: seconds a running job's lease lasts unless renewed (10 by
+            default): the longest a job whose process died keeps its place.
         :param retries: how many times a failed job is tried again (0: never);
             each try takes a new turn, after its ``backoff``. Jobs may set their own.
         :param backoff: the wait before each retry (:class:`~ratequeue.Backoff`;
@@ -144,11 +149,18 @@ class QueueBase(ABC, Generic[L, FutureT]):
         # every setting is checked before the limiter opens its state
         #: the retry settings of a job added without its own
         self._options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
-        self._max_running = (
-            None if max_running is None else _validate.positive_int("max_running", max_running)
-        )
+        self._max_running = _validate.max_running(max_running)
         self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
-        limiter = self._limiter_class()(url, name=name, interval=interval, rate=rate, burst=burst, lead=lead)
+        limiter = self._limiter_class()(
+            url,
+            name=name,
+            interval=interval,
+            rate=rate,
+            burst=burst,
+            lead=lead,
+            max_running=self._max_running,
+            lease=lease,
+        )
         self._limiter = limiter
         self.name = limiter.name
         self.interval = limiter.interval
@@ -452,7 +464,10 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 entry = self._next_runnable(cost) if turn is not None else None
                 if entry is None:  # the queued jobs were cancelled while we waited, or cost more
                     self._release_running_place()
+                    if turn is not None:
+                        self._end_lease(turn.ticket)
                     continue
+                entry.ticket = turn.ticket if turn is not None else None
                 self._start_job(entry)
         finally:
             if not stopped:  # an exception (or a cancelled task) ended the pacer
@@ -489,10 +504,19 @@ class QueueBase(ABC, Generic[L, FutureT]):
             if not future.done():
                 future.set_result(result)
         finally:
+            if entry.ticket is not None:
+                self._end_lease(entry.ticket)
+                entry.ticket = None
             self._release_running_place()
             with self._locked():
                 self._running -= 1
                 self._idle_changed()
+
+    def _end_lease(self, ticket: int) -> None:
+        """The job on ``ticket`` has ended (or none began on it): its lease is released in the background."""
+        limiter = self._limiter
+        with limiter._locked():
+            limiter._end_lease(ticket, later=True)
 
     def _retried(self, entry: Entry[FutureT], exc: BaseException) -> bool:
         """Queue ``entry`` again after its backoff if its options retry ``exc``; say whether it was."""

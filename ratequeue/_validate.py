@@ -6,7 +6,7 @@ import datetime
 import math
 
 from .errors import ConfigurationError
-from .protocol import MAX_LEAD_US, US
+from .protocol import MAX_LEAD_US, MAX_RUNNING, US
 from .rates import parse_rate
 
 #: the longest queue name accepted, in characters
@@ -84,6 +84,25 @@ def keep(value: object) -> float | None:
         raise ConfigurationError(
             f"keep must be None or a number of seconds >= 0 (under 142 years), got {value!r}"
         )
+    return seconds
+
+
+def max_running(value: object) -> int | None:
+    """``value`` as ``None`` (no cap on running jobs) or a whole number from 1 to ``MAX_RUNNING``."""
+    if value is None:
+        return None
+    if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_RUNNING):
+        raise ConfigurationError(
+            f"max_running must be None (no cap) or a whole number from 1 to {MAX_RUNNING}, got {value!r}"
+        )
+    return value
+
+
+def lease(value: object) -> float:
+    """``value`` as a lease length: a number of seconds from 0.01 to a day."""
+    seconds = _seconds("lease", value)
+    if not (0.01 <= seconds <= 86_400):
+        raise ConfigurationError(f"lease must be a number of seconds from 0.01 to 86400 (a day), got {value}")
     return seconds
 
 

@@ -23,7 +23,7 @@ from . import __version__, _validate
 from ._redact import redact, scrub
 from .errors import ConfigurationError, RateQueueError
 from .limiter import Limiter
-from .protocol import NEVER, US
+from .protocol import NEVER, US, live_leases
 from .state import State, from_url
 from .state.memory import MemoryState
 
@@ -150,6 +150,9 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
         waiting = record.ticket - 1 - record.pos
         print(f"unstarted:  {waiting} ticket(s) handed out and not started", file=out)
         print(f"paused everywhere: {'yes' if record.paused else 'no'}", file=out)
+        if record.max_running:
+            running = len(live_leases(record, snapshot.now))
+            print(f"running:    {running} of at most {record.max_running} (live leases)", file=out)
     return 0
 
 
@@ -180,7 +183,9 @@ def _set_paused(args: argparse.Namespace, out: TextIO, paused: bool) -> int:
         # given terms must match a stored record (set_paused says so); left out, the stored ones apply
         interval = interval_us if interval_us is not None else record.interval if record else 0
         burst = burst if burst is not None else record.burst if record else 1
-        changed = state.set_paused(name, interval, paused, burst=burst)
+        # a stored cap on running jobs is kept (the pause takes no lease: any lease length will do)
+        cap = {"max_running": record.max_running, "lease_us": 1} if record and record.max_running else {}
+        changed = state.set_paused(name, interval, paused, burst=burst, **cap)
         now = state.read(name).now
     verb = "paused" if paused else "resumed"
     if changed:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from ._flow import run
-from ._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
+from ._limiting import DEFAULT_LEASE, LimiterBase, ReservationBase, Seconds, Status, TimedAnswer, entered
 from ._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from ._sleep import wait_until
 from .errors import AcquireTimeout
@@ -27,6 +28,8 @@ from .state import State, StateLike, from_url
 __all__ = ["Limiter", "Reservation", "Status"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_log = logging.getLogger("ratequeue")
 
 #: the last part (s) of a precise wait that is busy-waited: more than a loaded host's wake-up lateness
 _SPIN = 0.0015
@@ -54,6 +57,8 @@ class Limiter(LimiterBase[State]):
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
+        max_running: int | None = None,
+        lease: Seconds = DEFAULT_LEASE,
     ) -> None:
         """
         :param url: the state: a URL (``memory://``, ``file:///path.json``,
@@ -84,6 +89,15 @@ class Limiter(LimiterBase[State]):
             coarser than ``max_late`` (MongoDB's has whole milliseconds).
         :param clock: this process's clock, ``time.monotonic`` by default; it
             must tick at the rate of real time (tests shift it).
+        :param max_running: how many jobs may run at once across every shard
+            of the queue (``None``: no cap). Fixed per queue name, as the
+            interval is. A job runs from its turn until :meth:`release` (the
+            end of ``with limiter:``, or the return of a decorated function);
+            it holds a lease on the state meanwhile, renewed every third of
+            ``lease`` by a thread of this limiter, so a job whose process
+            dies gives its place back within ``lease`` (docs/queues.md).
+        :param lease: seconds a running job's lease lasts unless renewed (10 by
+            default): the longest a dead job's place stays taken.
         """
         self._cond = threading.Condition()
         super().__init__(
@@ -96,6 +110,8 @@ class Limiter(LimiterBase[State]):
             lead=lead,
             max_late=max_late,
             clock=clock,
+            max_running=max_running,
+            lease=lease,
         )
 
     def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
@@ -106,11 +122,35 @@ class Limiter(LimiterBase[State]):
         :param cost: how many starts of the rate this call uses (1 to the burst).
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
+
+        With ``max_running``, the job runs until :meth:`release` of this turn
+        (its place is taken until then, or until its lease runs out if its
+        process dies).
         """
         with self._cond:
             turn = run(self._acquire_flow(self._new_job(timeout, cost)))
         assert turn is not None, "only a withdrawn job has no turn, and this one is nobody else's"
         return turn
+
+    def release(self, turn: Turn) -> bool:
+        """End the job of ``turn``: with ``max_running``, give its place back now (one call to the state).
+
+        Returns whether its lease was still live (``False`` without
+        ``max_running``, for a turn released twice, or one whose lease ran
+        out). A caller waiting in this process for a place asks at once.
+
+        :raises StateUnavailable: if the state cannot be reached (the lease then expires by itself).
+        """
+        return self._release_ticket(turn.ticket)
+
+    def _release_ticket(self, ticket: int) -> bool:
+        with self._cond:
+            call = self._end_lease(ticket, later=False)
+            if call is None:
+                return False
+            live, *_ = self._call_state(*call)
+            self._place_freed()
+        return bool(live)
 
     def try_acquire(self, *, cost: int = 1) -> Turn | None:
         """This caller's turn if one is free now, else ``None``; never waits for a turn.
@@ -202,32 +242,55 @@ class Limiter(LimiterBase[State]):
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
                 reservation = Reservation(self, cost)
                 try:
-                    await asyncio.to_thread(reservation.wait)
+                    turn = await asyncio.to_thread(reservation.wait)
                 except BaseException:
                     reservation.cancel()  # the worker thread stops waiting, and no turn is used
                     raise
-                return await fn(*args, **kwargs)
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    if turn is not None and self.max_running:
+                        await asyncio.to_thread(self._release_quietly, turn)
 
             return cast(F, wrapped_async)
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self.acquire(cost=cost)
-            return fn(*args, **kwargs)
+            turn = self.acquire(cost=cost)
+            if not self.max_running:
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._release_quietly(turn)
 
         return cast(F, wrapped)
 
+    def _release_quietly(self, turn: Turn | int) -> None:
+        """:meth:`release` of a turn (or ticket), a failure logged: the job's outcome matters more."""
+        try:
+            self._release_ticket(turn if isinstance(turn, int) else turn.ticket)
+        except Exception as exc:  # its lease expires by itself
+            _log.warning("could not release a lease of queue %r: %s", self.name, exc)
+
     def __enter__(self) -> Turn:
-        return self.acquire()
+        return cast(Turn, entered(self, self.acquire()))
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        turn = entered(self)
+        if turn is not None and self.max_running:
+            self._release_quietly(turn)
 
     def close(self) -> None:
         """Close the state if this limiter opened it from a URL; the limiter may not be used afterwards.
 
-        A :class:`State` object passed in by the caller is left open.
+        A :class:`State` object passed in by the caller is left open. With
+        ``max_running``, the leases of jobs still running are released first.
         """
+        with self._cond:
+            held = self._leases.held()
+        for ticket in held:
+            self._release_quietly(ticket)
         if self._owns_state:
             self._state.close()
 
@@ -239,6 +302,13 @@ class Limiter(LimiterBase[State]):
 
     def _changed(self) -> None:
         self._cond.notify_all()
+
+    def _start_keeper(self) -> None:
+        threading.Thread(target=self._keep, name=f"ratequeue-leases-{self.name}", daemon=True).start()
+
+    def _keep(self) -> None:
+        with self._cond:
+            run(self._keeper_flow())
 
     def _wait_for_change(self, timeout: float | None) -> None:
         self._cond.wait(timeout)

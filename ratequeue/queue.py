@@ -32,8 +32,9 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
     Jobs of one queue object start highest ``priority`` first, then in the
     order they were added; a job with a ``not_before`` time, or waiting out a
     retry's backoff, is held until then without a turn or a ticket. At most
-    ``max_running`` of them run at once (unbounded by default): a job takes
-    its turn only when it could run. docs/queues.md states the rules.
+    ``max_running`` jobs run at once across every queue and limiter of this
+    name (unbounded by default), each holding a lease; a job takes its turn
+    only when it could run here. docs/queues.md states the rules.
     """
 
     @property

@@ -268,6 +268,9 @@ class Shard:
         self._rtt: float | None = None
         #: recent (local receive time, local-minus-state offset) samples, see _offset
         self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
+        #: tickets granted a start that no job began (dropped, given up, or nobody left to take
+        #: it): on a queue with ``max_running`` their leases are released. The driver empties it.
+        self.unused: list[int] = []
 
     @property
     def waiting(self) -> int:
@@ -348,6 +351,8 @@ class Shard:
         self.cancel(job)
         if self._granted is job:
             self._granted = None
+            if job.turn is not None:
+                self.unused.append(job.turn.ticket)
 
     def withdraw(self, job: Job) -> None:
         """Withdraw ``job`` for good, from any point (its reservation was cancelled).
@@ -458,6 +463,8 @@ class Shard:
 
     def _give_up(self, job: Job) -> None:
         """Return a granted job to the head of the queue, to take a new ticket."""
+        if job.turn is not None:
+            self.unused.append(job.turn.ticket)
         job.turn = None
         job.retimes = 0
         job.given_up += 1
@@ -495,6 +502,7 @@ class Shard:
             if not self._jobs or self._jobs[0].cost > self._call_cost:
                 # the job left meanwhile and nobody else waits, or the next job costs more than
                 # the turn was granted for: the turn is unused
+                self.unused.append(outcome.ticket)
                 return
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False

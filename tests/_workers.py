@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import random
+import threading
+import time
 from typing import Any
 
+from ratequeue import Limiter
 from ratequeue.protocol import Started
 from ratequeue.state import from_url
 
@@ -135,3 +140,47 @@ def acquire_keys(
     except Exception as exc:  # reported to the test, which fails
         error = f"{type(exc).__name__}: {exc}"
     reports.put((index, None, error))
+
+
+def run_capped_jobs(
+    url: str, name: str, interval: float, max_running: int, lease: float, jobs: int, seed: int, record: str
+) -> int:
+    """Run ``jobs`` jobs of random length under ``max_running``; append each begin and end to ``record``.
+
+    Lines ``b KEY T`` and ``e KEY T``, ``T`` the host's monotonic clock (one
+    for every process), each written with one ``write`` to a file opened
+    for appending, so lines from several processes never interleave.
+    """
+    rng = random.Random(seed)
+    limiter = Limiter(url, name=name, interval=interval, max_running=max_running, lease=lease)
+    fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        for job in range(jobs):
+            with limiter:
+                os.write(fd, f"b {seed}-{job} {time.monotonic()!r}\n".encode())
+                time.sleep(rng.uniform(0.005, 0.06))
+                os.write(fd, f"e {seed}-{job} {time.monotonic()!r}\n".encode())
+    finally:
+        os.close(fd)
+        limiter.close()
+    return jobs
+
+
+def hold_a_place(url: str, name: str, lease: float, conn: Any) -> None:
+    """Take the one place of a ``max_running=1`` queue and keep it (renewing its lease) until killed.
+
+    Sends ``"holding"`` once the job runs and ``"renewed"`` once its lease
+    has been renewed (read from the state: its expiry moved on).
+    """
+    limiter = Limiter(url, name=name, interval=0.005, max_running=1, lease=lease)
+    limiter.acquire()
+    conn.send("holding")
+    first = limiter.state.read(name).record
+    assert first is not None
+    while True:
+        time.sleep(lease / 10)
+        record = limiter.state.read(name).record
+        if record is not None and record.leases and record.leases[0][1] > first.leases[0][1]:
+            conn.send("renewed")
+            break
+    threading.Event().wait()  # until SIGKILL

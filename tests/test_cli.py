@@ -408,6 +408,23 @@ def test_pause_and_resume_a_queue_everywhere(cli: Cli, state_url: str) -> None:
     limiter.close()
 
 
+def test_pause_and_status_of_a_queue_with_a_cap_on_running_jobs(cli: Cli, state_url: str) -> None:
+    """``pause`` and ``resume`` keep a stored max_running; ``status`` shows the jobs running."""
+    limiter = ratequeue.Limiter(state_url, name="capped", interval=0.01, max_running=3, lease=30)
+    turn = limiter.acquire()
+    status = cli("status", state_url, "capped").stdout
+    assert re.search(r"^running:\s+1 of at most 3 \(live leases\)$", status, re.MULTILINE), status
+    paused = cli("pause", state_url, "capped")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    assert limiter.try_acquire() is None, "paused everywhere: no turn"
+    resumed = cli("resume", state_url, "capped")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    limiter.release(turn)
+    status = cli("status", state_url, "capped").stdout
+    assert re.search(r"^running:\s+0 of at most 3", status, re.MULTILINE), status
+    limiter.close()
+
+
 def test_pause_refuses_terms_other_than_the_stored_ones(cli: Cli, state_url: str) -> None:
     ratequeue.Limiter(state_url, name="q", interval=0.1).acquire()
     wrong = cli("pause", state_url, "q", "--interval", "0.2")

@@ -82,7 +82,10 @@ def check_decorator(output: str) -> None:
     assert len(re.findall(r"^fetch\(\s*\d+\) began", output, re.MULTILINE)) == 12
     assert float(search(r"average ([\d.]+) ms", output)[1]) >= AVERAGE_TOLERANCE * INTERVAL_MS
     search(r"name and docstring: fetch: Pretend", output)
-    search(r"ticket 12 is the latest started, next ticket 13", output)
+    latest = search(r"ticket (\d+) is the latest started, next ticket (\d+)", output)
+    # 12 starts; a turn given up for a late wake-up (G7) on a loaded host takes one more ticket
+    assert int(latest[1]) >= 12
+    assert int(latest[2]) == int(latest[1]) + 1
 
 
 def check_queue_jobs(output: str) -> None:
@@ -166,6 +169,12 @@ def check_retries(output: str) -> None:
     search(r"13 tries took 13 turns; every retry waited its backoff: True", output)
 
 
+def check_max_running(output: str) -> None:
+    search(r"24 requests from 3 processes, at most 2 running at once \(max_running=2\)", output)
+    waited = float(search(r"a killed holder's place came back after ([\d.]+) s \(lease 1 s\)", output)[1])
+    assert 0.6 <= waited <= 1.5  # renewed at most a third of the lease before the kill
+
+
 def check_scheduling(output: str) -> None:
     lines = re.findall(r"^\d\. (.*)$", output, re.MULTILINE)
     assert lines == [
@@ -180,6 +189,7 @@ def check_scheduling(output: str) -> None:
 
 CHECKS: dict[str, Callable[[str], None]] = {
     "retries.py": check_retries,
+    "max_running.py": check_max_running,
     "scheduling.py": check_scheduling,
     "rates_and_bursts.py": check_rates_and_bursts,
     "per_key.py": check_per_key,

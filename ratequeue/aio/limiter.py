@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .._flow import arun
-from .._limiting import LimiterBase, ReservationBase, Seconds, Status, TimedAnswer
+from .._limiting import DEFAULT_LEASE, LimiterBase, ReservationBase, Seconds, Status, TimedAnswer, entered
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from .._sleep import wait_until
 from ..errors import AcquireTimeout
@@ -32,6 +33,8 @@ __all__ = ["Limiter", "Reservation"]
 _LOOP_RESOLUTION = 0.0015
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_log = logging.getLogger("ratequeue")
 
 
 class Limiter(LimiterBase[AsyncState]):
@@ -56,6 +59,8 @@ class Limiter(LimiterBase[AsyncState]):
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
+        max_running: int | None = None,
+        lease: Seconds = DEFAULT_LEASE,
     ) -> None:
         """See :class:`ratequeue.Limiter`; Redis and MongoDB use their drivers' asyncio clients.
 
@@ -66,6 +71,8 @@ class Limiter(LimiterBase[AsyncState]):
         :class:`AsyncState` object passed in is left open by :meth:`close`.
         """
         self._waiters: list[asyncio.Future[None]] = []
+        #: the lease keeper's task, while it runs (a reference keeps it from being collected)
+        self._keeper: asyncio.Task[None] | None = None
         super().__init__(
             url,
             name=name,
@@ -76,6 +83,8 @@ class Limiter(LimiterBase[AsyncState]):
             lead=lead,
             max_late=max_late,
             clock=clock,
+            max_running=max_running,
+            lease=lease,
         )
 
     async def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
@@ -89,6 +98,28 @@ class Limiter(LimiterBase[AsyncState]):
         turn = await arun(self._acquire_flow(self._new_job(timeout, cost)))
         assert turn is not None, "only a withdrawn job has no turn, and this one is nobody else's"
         return turn
+
+    async def release(self, turn: Turn) -> bool:
+        """End the job of ``turn``: with ``max_running``, give its place back now.
+
+        As :meth:`ratequeue.Limiter.release`: whether its lease was still live.
+        """
+        return await self._release_ticket(turn.ticket)
+
+    async def _release_ticket(self, ticket: int) -> bool:
+        call = self._end_lease(ticket, later=False)
+        if call is None:
+            return False
+        live, *_ = await self._call_state(*call)
+        self._place_freed()
+        return bool(live)
+
+    async def _release_quietly(self, ticket: int) -> None:
+        """:meth:`release`, a failure logged: the job's own outcome matters more, and its lease expires."""
+        try:
+            await self._release_ticket(ticket)
+        except Exception as exc:
+            _log.warning("could not release a lease of queue %r: %s", self.name, exc)
 
     async def try_acquire(self, *, cost: int = 1) -> Turn | None:
         """This task's turn if one is free now, else ``None`` (see :meth:`ratequeue.Limiter.try_acquire`)."""
@@ -142,20 +173,30 @@ class Limiter(LimiterBase[AsyncState]):
 
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            await self.acquire(cost=cost)
-            result = fn(*args, **kwargs)
-            return await result if is_coroutine else result
+            turn = await self.acquire(cost=cost)
+            try:
+                result = fn(*args, **kwargs)
+                return await result if is_coroutine else result
+            finally:
+                if self.max_running:
+                    await self._release_quietly(turn.ticket)
 
         return cast(F, wrapped)
 
     async def __aenter__(self) -> Turn:
-        return await self.acquire()
+        return cast(Turn, entered(self, await self.acquire()))
 
     async def __aexit__(self, *exc: object) -> None:
-        return None
+        turn = entered(self)
+        if turn is not None and self.max_running:
+            await self._release_quietly(turn.ticket)
 
     async def close(self) -> None:
-        """Close the state if this limiter opened it from a URL."""
+        """Close the state if opened from a URL; with ``max_running``, release leases first."""
+        for ticket in self._leases.held():
+            await self._release_quietly(ticket)
+        if self._keeper is not None:
+            self._keeper.cancel()
         if self._owns_state:
             await self._state.close()
 
@@ -169,6 +210,9 @@ class Limiter(LimiterBase[AsyncState]):
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _start_keeper(self) -> None:
+        self._keeper = asyncio.get_running_loop().create_task(arun(self._keeper_flow()))
 
     async def _wait_for_change(self, timeout: float | None) -> None:
         waiter = asyncio.get_running_loop().create_future()

@@ -1,0 +1,295 @@
+"""A cap on running jobs across every shard (``max_running``): leases taken, renewed, released, expired.
+
+The jobs here write when they begin and end to a recorder of their own (a
+list in one process; a file appended to by every process, on the host's
+monotonic clock), and the checks read the recorder, not the limiter: at no
+moment do more than ``max_running`` jobs run. A job's begin is written after
+its turn is granted and its end before its lease is released, so the
+recorder can only see more overlap than there was, never less.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ratequeue import AcquireTimeout, ConfigurationError, Limiter, Queue, aio
+from ratequeue.protocol import FULL_RECHECK_US, US
+
+from . import _workers
+from .backends import Backend
+
+INTERVAL = 0.005
+#: the longest any single wait may take before a run is declared broken
+WAIT = 60.0
+
+
+def peak(spans: list[tuple[float, float]]) -> int:
+    """The most spans ``(begin, end)`` that overlap at any moment."""
+    events = sorted([(begin, 1) for begin, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_peak_counts_overlaps() -> None:
+    assert peak([(0, 2), (1, 3), (2.5, 4)]) == 2
+    assert peak([(0, 1), (1, 2)]) == 1  # an end and a begin at one moment: the end first
+    assert peak([(0, 5), (1, 2), (1.5, 3)]) == 3
+
+
+def test_threads_never_run_more_than_the_cap(backend: Backend) -> None:
+    name = backend.fresh_name()
+    limiter = Limiter(backend.url, name=name, interval=INTERVAL, max_running=2, lease=5)
+    spans: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(6):
+            with limiter:
+                begin = time.monotonic()
+                time.sleep(rng.uniform(0.005, 0.04))
+                end = time.monotonic()
+            with lock:
+                spans.append((begin, end))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert len(spans) == 30
+    assert peak(spans) == 2  # the cap, and reached: five threads want to run at once
+    assert limiter.status().running == 0  # every lease released
+    limiter.close()
+
+
+def test_the_decorator_and_release_give_the_place_back(backend: Backend) -> None:
+    name = backend.fresh_name()
+    limiter = Limiter(backend.url, name=name, interval=INTERVAL, max_running=1, lease=5)
+
+    @limiter
+    def job() -> int:
+        return limiter.status().running
+
+    assert job() == 1  # counted while it runs
+    assert limiter.status().running == 0  # and released on return
+    turn = limiter.acquire()
+    with pytest.raises(AcquireTimeout):
+        limiter.acquire(timeout=0.2)  # full: no place within the timeout
+    assert limiter.release(turn) is True
+    assert limiter.release(turn) is False  # released once only
+    limiter.acquire(timeout=1.0)  # the place is back at once
+    limiter.close()
+
+
+def test_a_job_longer_than_its_lease_keeps_its_place_by_renewing_it(backend: Backend) -> None:
+    """The lease keeper renews a running job's lease every third of its length."""
+    name = backend.fresh_name()
+    lease = 0.6  # renewed every 0.2 s: a loaded host delays a renewal by far less
+    holder = Limiter(backend.url, name=name, interval=INTERVAL, max_running=1, lease=lease)
+    other = Limiter(backend.url, name=name, interval=INTERVAL, max_running=1, lease=lease)
+    turn = holder.acquire()
+    with pytest.raises(AcquireTimeout):
+        other.acquire(timeout=3 * lease)  # three lease lengths later the holder still runs
+    assert holder.status().running == 1
+    holder.release(turn)
+    other.acquire(timeout=1.0)
+    holder.close()
+    other.close()
+
+
+def test_a_turn_granted_to_nobody_gives_its_lease_back(backend: Backend) -> None:
+    """A reservation cancelled after its turn was granted (not begun) releases the lease."""
+    name = backend.fresh_name()
+    limiter = Limiter(backend.url, name=name, interval=1.0, max_running=1, lease=30, lead=0.5)
+    limiter.release(limiter.acquire())  # the next start is a second away: it is granted 0.5 s ahead
+    reservation = limiter.reserve()
+    thread = threading.Thread(target=reservation.wait)
+    thread.start()
+    deadline = time.monotonic() + WAIT
+    while limiter.status().running == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the state: the grant is only visible there
+    reservation.cancel()
+    thread.join(WAIT)
+    while limiter.status().running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert limiter.status().running == 0
+    limiter.close()
+
+
+def test_the_queue_caps_running_jobs_across_queue_objects(backend: Backend) -> None:
+    """Two Queue objects of one name (two shards) share the cap."""
+    name = backend.fresh_name()
+    queues = [Queue(backend.url, name=name, interval=INTERVAL, max_running=2, lease=5) for _ in range(2)]
+    spans: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def job(seconds: float) -> None:
+        begin = time.monotonic()
+        time.sleep(seconds)
+        with lock:
+            spans.append((begin, time.monotonic()))
+
+    rng = random.Random(7)
+    futures = [queues[i % 2].add(job, rng.uniform(0.01, 0.05)) for i in range(16)]
+    for future in futures:
+        future.result(WAIT)
+    for queue in queues:
+        queue.close()
+    assert len(spans) == 16
+    assert peak(spans) == 2
+
+
+def test_asyncio_tasks_never_run_more_than_the_cap(backend: Backend) -> None:
+    async def main() -> list[tuple[float, float]]:
+        state = backend.open_async()
+        limiter = aio.Limiter(state, name=backend.fresh_name(), interval=INTERVAL, max_running=2)
+        spans: list[tuple[float, float]] = []
+
+        @limiter
+        async def decorated(seconds: float) -> None:
+            begin = time.monotonic()
+            await asyncio.sleep(seconds)
+            spans.append((begin, time.monotonic()))
+
+        async def with_block(seconds: float) -> None:
+            async with limiter:
+                begin = time.monotonic()
+                await asyncio.sleep(seconds)
+                spans.append((begin, time.monotonic()))
+
+        rng = random.Random(3)
+        await asyncio.gather(
+            *((decorated if i % 2 else with_block)(rng.uniform(0.005, 0.03)) for i in range(20))
+        )
+        assert (await limiter.status()).running == 0
+        await limiter.close()
+        await state.close()  # passed in, so the limiter leaves it open
+        return spans
+
+    spans = asyncio.run(main())
+    assert len(spans) == 20
+    assert peak(spans) == 2
+
+
+def test_asyncio_queue_caps_running_jobs(backend: Backend) -> None:
+    async def main() -> list[tuple[float, float]]:
+        state = backend.open_async()
+        queue = aio.Queue(state, name=backend.fresh_name(), interval=INTERVAL, max_running=3)
+        spans: list[tuple[float, float]] = []
+
+        async def job(seconds: float) -> None:
+            begin = time.monotonic()
+            await asyncio.sleep(seconds)
+            spans.append((begin, time.monotonic()))
+
+        rng = random.Random(5)
+        await asyncio.gather(*(queue.add(job, rng.uniform(0.01, 0.04)) for _ in range(15)))
+        await queue.close()
+        await state.close()
+        return spans
+
+    spans = asyncio.run(main())
+    assert len(spans) == 15
+    assert peak(spans) == 3
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_running": 0}, "max_running must be None"),
+        ({"max_running": -1}, "max_running must be None"),
+        ({"max_running": 1.5}, "max_running must be None"),
+        ({"max_running": True}, "max_running must be None"),
+        ({"max_running": 2, "lease": 0}, "lease must be"),
+        ({"max_running": 2, "lease": -3}, "lease must be"),
+        ({"max_running": 2, "lease": "10"}, "lease must be"),
+    ],
+)
+def test_bad_caps_and_leases_are_refused(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Limiter("memory://", name="bad-cap", interval=0.01, **settings)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=message):
+        Queue("memory://", name="bad-cap", interval=0.01, **settings)  # type: ignore[arg-type]
+
+
+def test_a_limiter_with_a_cap_pickles_with_it() -> None:
+    import pickle
+
+    limiter = Limiter("memory://", name="pickled-cap", interval=0.01, max_running=3, lease=2.5)
+    copy = pickle.loads(pickle.dumps(limiter))
+    assert (copy.max_running, copy.lease) == (3, 2.5)
+    assert "max_running=3" in repr(copy)
+
+
+# Real processes: a recorder file every process appends to, on the host's monotonic clock.
+
+
+def read_spans(path: Path) -> list[tuple[float, float]]:
+    begins: dict[str, float] = {}
+    spans = []
+    for line in path.read_text().splitlines():
+        kind, key, at = line.split()
+        if kind == "b":
+            begins[key] = float(at)
+        else:
+            spans.append((begins.pop(key), float(at)))
+    assert not begins, f"jobs that began and never ended: {begins}"
+    return spans
+
+
+@pytest.mark.processes
+def test_processes_never_run_more_than_the_cap(shared_backend: Backend, tmp_path: Path) -> None:
+    """Four processes, max_running=2, jobs of random length: the recorder never sees three at once."""
+    name = shared_backend.fresh_name()
+    record = tmp_path / "record.txt"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        args = [(shared_backend.url, name, INTERVAL, 2, 5.0, 8, seed, str(record)) for seed in range(4)]
+        done = pool.starmap_async(_workers.run_capped_jobs, args).get(WAIT * 2)
+    assert done == [8, 8, 8, 8]
+    spans = read_spans(record)
+    assert len(spans) == 32
+    assert peak(spans) == 2
+
+
+@pytest.mark.processes
+def test_sigkill_of_a_holder_frees_its_place_within_the_lease(shared_backend: Backend) -> None:
+    """A process killed while its job runs never releases; its place comes back when the lease expires."""
+    name = shared_backend.fresh_name()
+    lease = 1.5
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    holder = ctx.Process(target=_workers.hold_a_place, args=(shared_backend.url, name, lease, child))
+    holder.start()
+    try:
+        assert parent.poll(WAIT), "the holder never took its place"
+        assert parent.recv() == "holding"
+        limiter = Limiter(shared_backend.url, name=name, interval=INTERVAL, max_running=1, lease=lease)
+        with pytest.raises(AcquireTimeout):
+            limiter.acquire(timeout=lease / 3)  # taken while the holder lives (and renews)
+        assert parent.poll(WAIT)
+        assert parent.recv() == "renewed"  # the holder's lease was renewed at least once
+        os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        killed = time.monotonic()
+        limiter.acquire(timeout=WAIT)
+        recovered = time.monotonic() - killed
+    finally:
+        holder.kill()
+        holder.join(WAIT)
+    # renewed at most a third of the lease before the kill, so it expires at most a lease after it;
+    # the waiting process asks again at least every FULL_RECHECK_US
+    assert recovered <= lease + FULL_RECHECK_US / US + 0.25
+    limiter.close()
