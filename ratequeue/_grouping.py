@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from . import _validate
-from ._limiting import LimiterBase, Seconds
+from ._limiting import DEFAULT_LEASE, LimiterBase, Seconds
 from ._redact import redact
 from .errors import ConfigurationError
 from .rates import RateLike
@@ -61,6 +61,8 @@ class GroupBase(ABC, Generic[L, S]):
         lead: Seconds | None = None,
         max_late: Seconds | None = DEFAULT_MAX_LATE,
         clock: Callable[[], float] | None = None,
+        max_running: int | None = None,
+        lease: Seconds = DEFAULT_LEASE,
     ) -> None:
         """
         :param url: the state, as for :class:`~ratequeue.Limiter` (opened once, shared by every key).
@@ -75,6 +77,9 @@ class GroupBase(ABC, Generic[L, S]):
         :param lead: as for :class:`~ratequeue.Limiter`.
         :param max_late: as for :class:`~ratequeue.Limiter`.
         :param clock: as for :class:`~ratequeue.Limiter`.
+        :param max_running: how many jobs of one key may run at once across
+            every process (``None``: no cap), as for :class:`~ratequeue.Limiter`.
+        :param lease: as for :class:`~ratequeue.Limiter`, with ``max_running``.
         """
         self.name = _validate.name(name)
         if keep is None:
@@ -87,6 +92,8 @@ class GroupBase(ABC, Generic[L, S]):
             "lead": lead,
             "max_late": max_late,
             "clock": clock,
+            "max_running": max_running,
+            "lease": lease,
         }
         self._max_keys = _validate.positive_int("max_keys", max_keys)
         # Every setting is checked now, by the limiter of a first key, not at the first use of a key.
@@ -142,7 +149,8 @@ class GroupBase(ABC, Generic[L, S]):
     def _forget_idle(self) -> None:
         """Drop the least recently used limiters beyond ``max_keys`` that nobody waits on (holding the guard).
 
-        A paused limiter is kept: dropping it would drop its pause.
+        A paused limiter is kept: dropping it would drop its pause; so is one
+        holding leases (its keeper renews them).
         """
         excess = len(self._limiters) - self._max_keys
         if excess <= 0:

@@ -12,7 +12,12 @@ The order, stated once (docs/queues.md):
   drops its oldest to make room (``"drop_oldest"``: the dropped job's
   future fails with :class:`~ratequeue.QueueFull`). Only jobs waiting
   for their first try count, and only they are dropped: a retry's job was
-  accepted already.
+  accepted already;
+- a job of a ``group`` is *gated* until it holds its group's one place
+  (a lease on the group's own record, across the fleet): the jobs of one
+  group take that place one after another, in the order they asked for it
+  (:class:`GroupGate`), and keep it until they end for good (a retry
+  keeps it through its backoff). A gated job takes no turn of the queue.
 """
 
 from __future__ import annotations
@@ -22,13 +27,24 @@ import heapq
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, Union
 
 from .errors import ConfigurationError
 
-__all__ = ["OVERFLOW_RULES", "Backoff", "DeadLetter", "Job", "JobOptions", "PendingJobs", "delay_until"]
+__all__ = [
+    "OVERFLOW_RULES",
+    "Backoff",
+    "DeadLetter",
+    "GroupGate",
+    "Job",
+    "JobOptions",
+    "PendingJobs",
+    "check_group",
+    "delay_until",
+]
 
 #: what ``overflow=`` accepts
 OVERFLOW_RULES = ("reject", "drop_oldest")
@@ -154,6 +170,12 @@ class Job(Generic[F]):
     ticket: int | None = None
     #: the order it was added in
     seq: int = 0
+    #: the group whose one place it needs, if any
+    group: str | None = None
+    #: whether it waits for its group's place (kept among the held jobs, for ever, until it has it)
+    gated: bool = False
+    #: the ticket of the group's turn it holds (its lease on the group's place), once it has it
+    group_ticket: int | None = None
 
     def dead_letter(self, exception: BaseException) -> DeadLetter:
         """The :class:`DeadLetter` of this job failing for good with ``exception``."""
@@ -192,14 +214,25 @@ class PendingJobs(Generic[F]):
         """Add ``job`` (new, or back for a retry, keeping its order number)."""
         self._gone.discard(job.seq)
         self._first_tries += job.attempts == 0
-        if job.not_before is not None:
+        self._place(job)
+        self._count += 1
+
+    def ungate(self, job: Job[F]) -> None:
+        """``job`` holds its group's place now: it is held (until its ``not_before``) or ready."""
+        job.gated = False
+        self._place(job)  # its entry among the held (for ever) is stale now: see _is_stale
+
+    def _place(self, job: Job[F]) -> None:
+        if job.gated:
+            heapq.heappush(self._held, (math.inf, job.seq, job))
+        elif job.not_before is not None:
             heapq.heappush(self._held, (job.not_before, job.seq, job))
         else:
             heapq.heappush(self._ready, (-job.priority, job.seq, job))
-        self._count += 1
 
     def release_due(self, now: float) -> None:
         """Move the held jobs whose time has come (local time ``now``) among the ready ones."""
+        self._drop_gone(self._held)
         while self._held and self._held[0][0] <= now:
             _, seq, job = heapq.heappop(self._held)
             if seq in self._gone:
@@ -227,9 +260,7 @@ class PendingJobs(Generic[F]):
 
     def remove(self, job: Job[F]) -> bool:
         """Take ``job`` out wherever it is; ``False`` if it is not here."""
-        if job.seq in self._gone or not any(
-            entry[2] is job for entry in itertools.chain(self._ready, self._held)
-        ):
+        if job.seq in self._gone or not any(entry[2] is job for entry in self._entries()):
             return False
         self._gone.add(job.seq)
         self._count -= 1
@@ -238,25 +269,34 @@ class PendingJobs(Generic[F]):
 
     def oldest(self) -> Job[F] | None:
         """The job added first among those waiting for their first try (a retry is never dropped)."""
-        jobs = [
-            entry[2]
-            for entry in itertools.chain(self._ready, self._held)
-            if entry[1] not in self._gone and entry[2].attempts == 0
-        ]
+        jobs = [entry[2] for entry in self._entries() if entry[2].attempts == 0]
         return min(jobs, key=lambda job: job.seq, default=None)
 
     def drain(self) -> Iterator[Job[F]]:
         """Take every job out, in no particular order."""
-        jobs = [entry[2] for entry in itertools.chain(self._ready, self._held) if entry[1] not in self._gone]
+        jobs = [entry[2] for entry in self._entries()]
         self._ready.clear()
         self._held.clear()
         self._gone.clear()
         self._count = self._first_tries = 0
         return iter(jobs)
 
+    def _entries(self) -> Iterator[tuple[Any, int, Job[F]]]:
+        """Every entry of a job here, once each (no removed job, no stale entry)."""
+        for entry in itertools.chain(self._ready, self._held):
+            if entry[1] not in self._gone and not self._is_stale(entry):
+                yield entry
+
+    @staticmethod
+    def _is_stale(entry: tuple[Any, int, Job[F]]) -> bool:
+        """Whether ``entry`` is the "for ever" held entry of a job that has its group's place now."""
+        return entry[0] == math.inf and not entry[2].gated
+
     def _drop_gone(self, heap: list[Any]) -> None:
-        while heap and heap[0][1] in self._gone:
-            self._gone.discard(heapq.heappop(heap)[1])
+        while heap and (heap[0][1] in self._gone or self._is_stale(heap[0])):
+            entry = heapq.heappop(heap)
+            if not self._is_stale(entry):
+                self._gone.discard(entry[1])
 
 
 def delay_until(value: object, clock: Callable[[], float]) -> float | None:
@@ -297,3 +337,74 @@ def check_bound(max_waiting: object, overflow: object) -> tuple[int | None, str]
     if overflow not in OVERFLOW_RULES:
         raise ConfigurationError(f"overflow must be one of {', '.join(OVERFLOW_RULES)}, got {overflow!r}")
     return max_waiting, str(overflow)
+
+
+def check_group(value: object) -> str | None:
+    """A job's ``group``: ``None``, or a non-empty string (the rest is checked as part of a queue name)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"group must be None or a non-empty string, got {value!r}")
+    return value
+
+
+class GroupGate(Generic[F]):
+    """Which jobs of a queue object wait for their group's one place, in the order they asked.
+
+    Per group, the jobs wait in a line; the first of them is the one a
+    group waiter (a thread or a task of the queue) asks the group's place
+    for. A group is *busy* from the moment a waiter starts for it until its
+    last job here has ended, so at most one waiter runs per group.
+    """
+
+    def __init__(self) -> None:
+        self._lines: dict[str, deque[Job[F]]] = {}
+        #: groups with a waiter running, or a job holding the place
+        self._busy: set[str] = set()
+
+    def __len__(self) -> int:
+        """How many jobs wait for their group's place."""
+        return sum(len(line) for line in self._lines.values())
+
+    def enter(self, job: Job[F]) -> bool:
+        """Put ``job`` (with a group) in its group's line; whether a waiter must start for the group."""
+        assert job.group is not None
+        job.gated = True
+        self._lines.setdefault(job.group, deque()).append(job)
+        if job.group in self._busy:
+            return False
+        self._busy.add(job.group)
+        return True
+
+    def first(self, group: str) -> Job[F] | None:
+        """The job the group's place is asked for next; ``None`` (and the group is idle) if none waits."""
+        line = self._lines.get(group)
+        if line:
+            return line[0]
+        self._lines.pop(group, None)
+        self._busy.discard(group)
+        return None
+
+    def granted(self, job: Job[F]) -> None:
+        """``job``, the first of its group's line, has the place: it leaves the line."""
+        assert job.group is not None
+        line = self._lines[job.group]
+        assert line[0] is job
+        line.popleft()
+
+    def leave(self, job: Job[F]) -> bool:
+        """Take ``job`` out of its group's line (it was cancelled or dropped); whether it was the first."""
+        line = self._lines.get(job.group or "")
+        if not line or job not in line:
+            return False
+        first = line[0] is job
+        line.remove(job)
+        return first
+
+    def ended(self, group: str) -> bool:
+        """The job holding ``group``'s place here has ended for good; whether a waiter must start again."""
+        if self._lines.get(group):
+            return True
+        self._lines.pop(group, None)
+        self._busy.discard(group)
+        return False

@@ -53,9 +53,12 @@ class LeaseBook:
         """Whether the job on ``ticket`` runs, holding its lease, as far as this shard knows."""
         return ticket in self._renewed
 
-    def held(self) -> list[int]:
-        """The tickets whose leases this shard holds."""
-        return list(self._renewed)
+    def drain(self) -> list[int]:
+        """Every lease held or waiting to be released, taken off the book (the limiter is closing)."""
+        tickets = [*self._to_release, *self._renewed]
+        self._to_release.clear()
+        self._renewed.clear()
+        return tickets
 
     def to_release(self, ticket: int) -> None:
         """Have the keeper release ``ticket``'s lease (no job runs on it any more)."""

@@ -473,7 +473,7 @@ class LimiterBase(ABC, Generic[S]):
     def _is_idle(self) -> bool:
         """Whether nobody waits here and no call or begin is under way (a group may then drop it)."""
         with self._locked():
-            return self._shard.idle
+            return self._shard.idle and not self._leases.busy
 
     def _add_job(self, cost: int = 1) -> Job:
         """A new job of ``cost`` at the back of the shard's queue (holding the lock), for a reservation."""

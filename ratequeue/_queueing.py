@@ -28,14 +28,17 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from . import _validate
 from ._flow import Call, Flow, Sleep
+from ._grouping import DEFAULT_KEEP, GroupBase
 from ._jobs import (
     Backoff,
     DeadLetter,
+    GroupGate,
     Job,
     JobOptions,
     NotBefore,
     PendingJobs,
     check_bound,
+    check_group,
     check_priority,
     delay_until,
 )
@@ -151,6 +154,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
         self._options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
         self._max_running = _validate.max_running(max_running)
         self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
+        self._lease = _validate.lease(lease)
         limiter = self._limiter_class()(
             url,
             name=name,
@@ -173,6 +177,11 @@ class QueueBase(ABC, Generic[L, FutureT]):
         self._pacing = False
         #: the pacer's place in the limiter's queue, cancelled when no queued job is left to use it
         self._reservation: PlaceInQueue | None = None
+        #: the jobs waiting for their group's place, and the groups' limiters (made at the first group)
+        self._gate: GroupGate[FutureT] = GroupGate()
+        self._groups: GroupBase[Any, Any] | None = None
+        #: each group waiter's place in its group limiter's queue, while it waits
+        self._group_places: dict[str, PlaceInQueue] = {}
         #: counts the running jobs when their number is bounded (set by the driver)
         self._places: Releasable | None = None
         self._closed = False
@@ -192,6 +201,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
         backoff: Backoff | None = None,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         dead_letter: Callable[[DeadLetter], Any] | None = None,
+        group: str | None = None,
         **kwargs: Any,
     ) -> FutureT:
         """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future at once.
@@ -209,6 +219,10 @@ class QueueBase(ABC, Generic[L, FutureT]):
             and holds no ticket meanwhile.
         :param retries: ``backoff``, ``retry_on``, ``dead_letter``: this job's own, in
             place of the queue's (see the constructor).
+        :param group: run at most one job of this group at a time, across
+            every process of the queue name, in the order they asked
+            (docs/queues.md): the job holds its group's place from before its
+            turn until it ends for good (a retry keeps it).
         :raises QueueClosed: if the queue is closed.
         :raises QueueFull: if ``max_waiting`` jobs wait and ``overflow`` is ``"reject"``.
         :raises ConfigurationError: for a bad option.
@@ -226,6 +240,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
             backoff=backoff,
             retry_on=retry_on,
             dead_letter=dead_letter,
+            group=group,
         )
         return future
 
@@ -307,6 +322,14 @@ class QueueBase(ABC, Generic[L, FutureT]):
         self._wake_pacer()
 
     @abstractmethod
+    def _group_class(self) -> type[GroupBase[Any, Any]]:
+        """The limiter group class of this driver (for the groups' places)."""
+
+    @abstractmethod
+    def _start_group_waiter(self, group: str) -> None:
+        """Run :meth:`_group_flow` for ``group`` (a thread or a task); called holding the lock."""
+
+    @abstractmethod
     def _take_running_place(self) -> Any:
         """Wait (plain or coroutine) until fewer than ``max_running`` jobs run, and count one more."""
 
@@ -335,6 +358,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
         backoff: object = None,
         retry_on: object = None,
         dead_letter: object = None,
+        group: object = None,
     ) -> None:
         """Queue ``fn(*args, **kwargs)`` with ``future``, starting the pacer if none runs.
 
@@ -358,7 +382,10 @@ class QueueBase(ABC, Generic[L, FutureT]):
             check_priority(priority),
             options,
             delay_until(not_before, self._limiter._clock),
+            group=check_group(group),
         )
+        if entry.group is not None:
+            self._group_limiter(entry.group)  # checks the group as part of a queue name, now
         dropped: Entry[FutureT] | None = None
         with self._locked():
             if self._closed:
@@ -370,6 +397,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 if dropped is not None:
                     self._pending.remove(dropped)
             entry.seq = self._pending.number()
+            if entry.group is not None and self._gate.enter(entry):
+                self._start_group_waiter(entry.group)
             self._pending.push(entry)
             self._jobs_added()
             if not self._pacing:
@@ -382,7 +411,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
                     f"and a newer one came"
                 )
             )
-        future.add_done_callback(lambda _: self._forget_if_cancelled(entry))
+        future.add_done_callback(lambda _: self._job_done(entry))
 
     def _is_idle(self) -> bool:
         return not self._pending and not self._running and not self._pacing
@@ -558,6 +587,92 @@ class QueueBase(ABC, Generic[L, FutureT]):
         future cannot be claimed twice): it only must not be done.
         """
         return self._claim(entry.future) if entry.attempts == 0 else not entry.future.done()
+
+    def _group_limiter(self, group: str) -> LimiterBase[Any]:
+        """The limiter of ``group``'s place: a queue of its own, ``max_running=1``, no rate to speak of."""
+        if self._groups is None:
+            self._groups = self._group_class()(
+                self._limiter.state,
+                name=f"{self.name}:group",
+                interval=1e-6,
+                max_running=1,
+                lease=self._lease,
+                keep=DEFAULT_KEEP,
+            )
+        limiter: LimiterBase[Any] = self._groups[group]
+        return limiter
+
+    def _group_flow(self, group: str) -> Flow[None]:
+        """A group waiter: get ``group``'s place for the first job in its line, make that job ready, stop.
+
+        A job that leaves the line meanwhile (cancelled, dropped) has its
+        request withdrawn, and the waiter asks for the next one. A failure of
+        the state fails the job it asked for, and the waiter goes on.
+        """
+        backoff = _FAILURE_BACKOFF
+        while True:
+            with self._locked():
+                job = self._gate.first(group)
+                if job is None:
+                    return
+                limiter = self._group_limiter(group)
+                place = self._group_places[group] = limiter.reserve()
+            try:
+                turn: Turn | None = yield Call(place.wait)
+            except Exception as exc:
+                with self._locked():
+                    self._group_places.pop(group, None)
+                    self._gate.leave(job)
+                    if self._pending.remove(job) and self._takes(job):
+                        job.future.set_exception(exc)
+                    self._idle_changed()
+                yield Sleep(backoff)
+                backoff = min(backoff * 2, _FAILURE_BACKOFF_CAP)
+                continue
+            with self._locked():
+                self._group_places.pop(group, None)
+                if turn is None or self._gate.first(group) is not job:  # it left the line meanwhile
+                    if turn is not None:
+                        self._end_group_lease(group, turn.ticket)
+                    continue
+                self._gate.granted(job)
+                job.group_ticket = turn.ticket
+                self._pending.ungate(job)
+                self._jobs_added()
+                if not self._pacing:
+                    self._pacing = True
+                    self._start_pacer()
+                return
+
+    def _end_group_lease(self, group: str, ticket: int) -> None:
+        """Release ``group``'s place (held on ``ticket``) in the background."""
+        limiter = self._group_limiter(group)
+        with limiter._locked():
+            limiter._end_lease(ticket, later=True)
+
+    def _job_done(self, entry: Entry[FutureT]) -> None:
+        """``entry``'s future is done (the job ended for good, or left): give its group's place back."""
+        self._forget_if_cancelled(entry)
+        group = entry.group
+        if group is None:
+            return
+        cancel: PlaceInQueue | None = None
+        with self._locked():
+            if entry.gated:
+                if self._gate.leave(entry):  # the waiter asks for it now: withdraw that request
+                    cancel = self._group_places.get(group)
+                entry.gated = False
+            elif entry.group_ticket is not None:
+                self._end_group_lease(group, entry.group_ticket)
+                entry.group_ticket = None
+                if self._gate.ended(group):
+                    self._start_group_waiter(group)
+        if cancel is not None:
+            cancel.cancel()
+
+    def _group_limiters(self) -> list[LimiterBase[Any]]:
+        """The groups' limiters this queue made (closing them releases the places they hold)."""
+        return list(self._groups._limiters.values()) if self._groups is not None else []
 
     def _forget_if_cancelled(self, entry: Entry[FutureT]) -> None:
         """Drop a job whose future was cancelled before it started."""

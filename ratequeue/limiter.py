@@ -285,10 +285,11 @@ class Limiter(LimiterBase[State]):
         """Close the state if this limiter opened it from a URL; the limiter may not be used afterwards.
 
         A :class:`State` object passed in by the caller is left open. With
-        ``max_running``, the leases of jobs still running are released first.
+        ``max_running``, the leases of jobs still running (and those waiting
+        to be released) are released first.
         """
         with self._cond:
-            held = self._leases.held()
+            held = self._leases.drain()  # the keeper, finding nothing left, stops
         for ticket in held:
             self._release_quietly(ticket)
         if self._owns_state:

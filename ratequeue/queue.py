@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _validate
 from ._flow import run
 from ._limiting import Seconds
 from ._queueing import Entry, QueueBase
+from .group import LimiterGroup
 from .limiter import Limiter, Status
 from .state import State
 
@@ -87,6 +88,8 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
         self._lock.notify_all()
 
     def _close_state_soon(self) -> None:
+        for limiter in self._group_limiters():
+            cast(Limiter, limiter).close()  # releases the group places still held (the state is the queue's)
         self._limiter.close()
 
     def _start_pacer(self) -> None:
@@ -94,6 +97,14 @@ class Queue(QueueBase[Limiter, "Future[Any]"]):
 
     def _start_job(self, entry: Entry[Future[Any]]) -> None:
         threading.Thread(target=run, args=(self._job_flow(entry),), name=f"ratequeue-job-{self.name}").start()
+
+    def _group_class(self) -> type[LimiterGroup]:
+        return LimiterGroup
+
+    def _start_group_waiter(self, group: str) -> None:
+        threading.Thread(
+            target=run, args=(self._group_flow(group),), name=f"ratequeue-group-{self.name}", daemon=True
+        ).start()
 
     def _claim(self, future: Future[Any]) -> bool:
         return future.set_running_or_notify_cancel()

@@ -184,3 +184,33 @@ def hold_a_place(url: str, name: str, lease: float, conn: Any) -> None:
             conn.send("renewed")
             break
     threading.Event().wait()  # until SIGKILL
+
+
+def run_grouped_jobs(url: str, name: str, interval: float, jobs: int, seed: int, record: str) -> int:
+    """Add ``jobs`` jobs of groups "even" and "odd" to a queue; each appends its begin and end to ``record``.
+
+    Lines ``b GROUP KEY T`` and ``e GROUP KEY T`` on the host's monotonic
+    clock, each one ``write`` to a file opened for appending.
+    """
+    from ratequeue import Queue
+
+    rng = random.Random(seed)
+    fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def job(group: str, key: str, seconds: float) -> None:
+        os.write(fd, f"b {group} {key} {time.monotonic()!r}\n".encode())
+        time.sleep(seconds)
+        os.write(fd, f"e {group} {key} {time.monotonic()!r}\n".encode())
+
+    queue = Queue(url, name=name, interval=interval)
+    try:
+        futures = []
+        for number in range(jobs):
+            group = "even" if number % 2 == 0 else "odd"
+            futures.append(queue.add(job, group, f"{seed}-{number}", rng.uniform(0.005, 0.03), group=group))
+        for future in futures:
+            future.result(60)
+    finally:
+        queue.close()
+        os.close(fd)
+    return jobs

@@ -175,6 +175,11 @@ def check_max_running(output: str) -> None:
     assert 0.6 <= waited <= 1.5  # renewed at most a third of the lease before the kill
 
 
+def check_group_fifo(output: str) -> None:
+    for customer in ("ada", "grace", "linus"):
+        search(rf"(?m)^{customer}: 8 orders, at most 1 at once, each process's in order: True$", output)
+
+
 def check_scheduling(output: str) -> None:
     lines = re.findall(r"^\d\. (.*)$", output, re.MULTILINE)
     assert lines == [
@@ -190,6 +195,7 @@ def check_scheduling(output: str) -> None:
 CHECKS: dict[str, Callable[[str], None]] = {
     "retries.py": check_retries,
     "max_running.py": check_max_running,
+    "group_fifo.py": check_group_fifo,
     "scheduling.py": check_scheduling,
     "rates_and_bursts.py": check_rates_and_bursts,
     "per_key.py": check_per_key,

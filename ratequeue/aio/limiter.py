@@ -193,7 +193,7 @@ class Limiter(LimiterBase[AsyncState]):
 
     async def close(self) -> None:
         """Close the state if opened from a URL; with ``max_running``, release leases first."""
-        for ticket in self._leases.held():
+        for ticket in self._leases.drain():  # the keeper, finding nothing left, stops
             await self._release_quietly(ticket)
         if self._keeper is not None:
             self._keeper.cancel()

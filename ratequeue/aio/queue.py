@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, cast
 
 from .. import _validate
 from .._flow import arun
 from .._limiting import Seconds, Status
 from .._queueing import Entry, QueueBase
+from .group import LimiterGroup
 from .limiter import Limiter
 from .state import AsyncState
 
@@ -92,7 +93,12 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
             self._idle.set()
 
     def _close_state_soon(self) -> None:
-        self._state_closing = self._spawn(self._limiter.close())
+        self._state_closing = self._spawn(self._close_limiters())
+
+    async def _close_limiters(self) -> None:
+        for limiter in self._group_limiters():
+            await cast(Limiter, limiter).close()  # releases the places they hold
+        await self._limiter.close()
 
     def _start_pacer(self) -> None:
         self._spawn(arun(self._pace_flow()), name=f"ratequeue-pacer-{self.name}")
@@ -105,6 +111,12 @@ class Queue(QueueBase[Limiter, "asyncio.Future[Any]"]):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def _group_class(self) -> type[LimiterGroup]:
+        return LimiterGroup
+
+    def _start_group_waiter(self, group: str) -> None:
+        self._spawn(arun(self._group_flow(group)), name=f"ratequeue-group-{self.name}")
 
     def _claim(self, future: asyncio.Future[Any]) -> bool:
         return not future.cancelled()
