@@ -352,6 +352,18 @@ class CountingState(State):
         self._count("retime", started, answer)
         return answer
 
+    def release(self, name: str, interval_us: int, ticket: int, **terms: int) -> bool:
+        started = time.perf_counter()
+        answer = self.inner.release(name, interval_us, ticket, **terms)
+        self._count("release", started, answer)
+        return answer
+
+    def renew(self, name: str, interval_us: int, ticket: int, **terms: int) -> bool:
+        started = time.perf_counter()
+        answer = self.inner.renew(name, interval_us, ticket, **terms)
+        self._count("renew", started, answer)
+        return answer
+
     def local_now(self) -> float | None:
         return self.inner.local_now()
 
@@ -379,6 +391,12 @@ class CountingState(State):
 
     def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
         return self.inner._set_paused(name, terms, paused)
+
+    def _release(self, name: str, terms: Terms, ticket: int) -> bool:
+        return self.inner._release(name, terms, ticket)
+
+    def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
+        return self.inner._renew(name, terms, ticket)
 
     def _read(self, name: str) -> Snapshot:
         return self.read(name)
