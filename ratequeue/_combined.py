@@ -70,6 +70,28 @@ def all_of_flow(
         return Call(functools.partial(limiter.acquire, left, cost=cost))
 
     turns: dict[int, Turn] = {}
+    try:
+        return (yield from _line_up(limiters, turns, acquire, clock, cost))
+    except BaseException:
+        for i, turn in turns.items():  # the job will not run: its places (max_running) go back
+            _drop(limiters[i], turn)
+        raise
+
+
+def _drop(limiter: LimiterBase[Any], turn: Turn) -> None:
+    """``turn`` will not be begun: with ``max_running``, its lease is released in the background."""
+    with limiter._locked():
+        limiter._end_lease(turn.ticket, later=True)
+
+
+def _line_up(
+    limiters: Sequence[LimiterBase[Any]],
+    turns: dict[int, Turn],
+    acquire: Callable[[LimiterBase[Any]], Call],
+    clock: Callable[[], float],
+    cost: int,
+) -> Flow[list[Turn]]:
+    """Take a turn of every limiter into ``turns`` and line them up to begin together (see above)."""
     for i in order(limiters):
         limiter = limiters[i]
         turn, expected = yield Call(limiter._attempt, (cost,))
@@ -99,7 +121,10 @@ def all_of_flow(
         target = max(begin, clock() + max(_move_lead(limiters[i]) for i in turns))
         for i in [i for i, turn in turns.items() if _is_late(limiters[i], turn, target)]:
             moved = yield from _moved(limiters[i], turns[i], clock, until=target)
-            turns[i] = moved if moved is not None else (yield acquire(limiters[i]))
+            if moved is None:  # passed: this turn is given up for a new one
+                _drop(limiters[i], turns.pop(i))
+                moved = yield acquire(limiters[i])
+            turns[i] = moved
     else:  # out of rounds: begin with the latest start all the same, never before it
         yield Call(limiters[0]._wait_precisely, (max(turn.local_start for turn in turns.values()),))
     return [turns[i] for i in range(len(limiters))]

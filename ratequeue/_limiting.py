@@ -345,8 +345,27 @@ class LimiterBase(ABC, Generic[S]):
         if later:
             self._leases.to_release(ticket)
             self._keep_leases()
+            self._changed()  # a keeper sleeping until its next renewal releases it now
             return None
         return self._lease_call("release", ticket)
+
+    def _release_unused(self) -> Flow[None]:
+        """Release, now, the leases of the turns this shard was granted and nobody began.
+
+        A release that fails is left to the keeper (which retries it, or the
+        lease expires); an interrupted one too, and the interruption goes on.
+        """
+        tickets, self._shard.unused[:] = list(self._shard.unused), []
+        while tickets:
+            ticket = tickets.pop(0)
+            try:
+                yield Call(self._call_state, self._lease_call("release", ticket))
+            except Exception:
+                self._end_lease(ticket, later=True)
+            except BaseException:
+                for left in (ticket, *tickets):
+                    self._end_lease(left, later=True)
+                raise
 
     def _lease_call(self, what: str, ticket: int) -> tuple[Any, ...]:
         """The arguments of :meth:`_call_state` for a ``release`` or ``renew`` of ``ticket``'s lease."""
@@ -407,6 +426,7 @@ class LimiterBase(ABC, Generic[S]):
                 book.renewed(due, now, bool(live))
         finally:
             self._keeping = False
+            self._changed()  # a close() waiting for the keeper to finish goes on
 
     def _timeout_error(self, job: Job) -> AcquireTimeout:
         timeout = None if job.deadline is None else job.timeout
@@ -444,6 +464,9 @@ class LimiterBase(ABC, Generic[S]):
                 elif isinstance(step, BeginAt):
                     yield Call(self._wait_until, (step.until, now, step.spin))
                 else:
+                    if self.max_running and self._shard.unused:
+                        # a turn given up (G7) holds a place: give it back before asking for a new one
+                        yield from self._release_unused()
                     call = self._operation(step)
                     try:
                         outcome, sent, received, state_now = yield Call(self._call_state, call)

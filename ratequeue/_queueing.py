@@ -514,6 +514,9 @@ class QueueBase(ABC, Generic[L, FutureT]):
         """
         future = entry.future
         entry.attempts += 1
+        # this attempt's lease: taken off the entry now, since a retry queued below may get a
+        # new turn (and set a new ticket) before this attempt's end releases its own
+        ticket, entry.ticket = entry.ticket, None
         try:
             result = yield Call(entry.call)
         except asyncio.CancelledError:
@@ -533,9 +536,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
             if not future.done():
                 future.set_result(result)
         finally:
-            if entry.ticket is not None:
-                self._end_lease(entry.ticket)
-                entry.ticket = None
+            if ticket is not None:
+                self._end_lease(ticket)
             self._release_running_place()
             with self._locked():
                 self._running -= 1

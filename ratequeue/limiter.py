@@ -31,6 +31,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _log = logging.getLogger("ratequeue")
 
+#: the longest (s) close() waits for the lease keeper's call under way
+_CLOSE_WAIT = 10.0
+
 #: the last part (s) of a precise wait that is busy-waited: more than a loaded host's wake-up lateness
 _SPIN = 0.0015
 
@@ -245,6 +248,10 @@ class Limiter(LimiterBase[State]):
                     turn = await asyncio.to_thread(reservation.wait)
                 except BaseException:
                     reservation.cancel()  # the worker thread stops waiting, and no turn is used
+                    begun = reservation.turn  # unless it had begun already: its place goes back
+                    if begun is not None and self.max_running:
+                        with self._cond:
+                            self._end_lease(begun.ticket, later=True)
                     raise
                 try:
                     return await fn(*args, **kwargs)
@@ -289,7 +296,10 @@ class Limiter(LimiterBase[State]):
         to be released) are released first.
         """
         with self._cond:
-            held = self._leases.drain()  # the keeper, finding nothing left, stops
+            held = self._leases.drain()  # the keeper, finding nothing left, stops...
+            self._cond.notify_all()
+            # ...after the call it may be making (a release it took off the book before the drain)
+            self._cond.wait_for(lambda: not self._keeping, _CLOSE_WAIT)
         for ticket in held:
             self._release_quietly(ticket)
         if self._owns_state:
@@ -356,5 +366,8 @@ class Reservation(ReservationBase[State]):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.turn is None:
+        turn = self.turn
+        if turn is None:
             self.cancel()
+        elif self._limiter.max_running:
+            cast(Limiter, self._limiter)._release_quietly(turn)

@@ -257,8 +257,12 @@ class Shard:
         #: the ticket this shard holds, the cost it was taken for, and the local time of its slot if known
         self._ticket: int | None = None
         self._ticket_cost = 1
-        #: the cost of the ticket the call in flight takes or tries
+        #: the cost of the ticket the call in flight takes or tries, and the lead (us) it asks with
         self._call_cost = 1
+        self._call_lead_us = 0
+        #: whether the held ticket's slot is a time to ask again (a paused or full queue's
+        #: answer, within the lead), not a time to start: the head then wakes at it, not a lead early
+        self._recheck = False
         self._slot: float | None = None
         #: local time of the answer that gave the held ticket's slot
         self._asked: float | None = None
@@ -411,6 +415,7 @@ class Shard:
             # taken for a cheaper job that has left: starting it at this cost would overlap the
             # next ticket's units, so it is dropped (it is passed, as a dead shard's ticket is)
             self._ticket = self._slot = None
+        self._call_lead_us = lead_us
         if self._ticket is None:
             self._in_flight = job
             self._call_cost = job.cost
@@ -419,7 +424,7 @@ class Shard:
             if deadline is not None and self._slot > deadline:
                 job.expected = self._slot  # when the turn would come, for a caller that asks (all_of)
                 return Expired()
-            wake = self._slot - self.lead
+            wake = self._slot if self._recheck else self._slot - self.lead
             if self._asked is not None:
                 wake = min(wake, self._asked + RECHECK)  # re-ask: the record may have been reset
             if now < wake:
@@ -514,6 +519,9 @@ class Shard:
             self._ticket = outcome.ticket
             self._slot = job.expected = outcome.slot / US + offset
             self._asked = received
+            # a slot within the lead asked with would have been granted, were only the rate in
+            # the way: the queue is paused or full, and the slot is when to ask again
+            self._recheck = outcome.slot - outcome.now <= self._call_lead_us
         elif isinstance(outcome, Passed):
             self._ticket = self._slot = None
         else:  # pragma: no cover - the protocol has three answers

@@ -15,9 +15,11 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,3 +295,157 @@ def test_sigkill_of_a_holder_frees_its_place_within_the_lease(shared_backend: Ba
     # the waiting process asks again at least every FULL_RECHECK_US
     assert recovered <= lease + FULL_RECHECK_US / US + 0.25
     limiter.close()
+
+
+# Found by a review of the leases, each failing before its fix.
+
+
+def test_a_queue_jobs_end_frees_its_place_for_another_shard_at_once() -> None:
+    """The keeper is woken to release a finished job's lease, not left asleep until its next renewal."""
+    queue = Queue("memory://end-frees", name="q", interval=0.001, max_running=1, lease=30)
+    other = Limiter("memory://end-frees", name="q", interval=0.001, max_running=1, lease=30)
+    started = threading.Event()
+    finish = threading.Event()
+
+    def job() -> None:
+        started.set()
+        finish.wait(WAIT)
+
+    future = queue.add(job)
+    assert started.wait(WAIT)
+    finish.set()
+    future.result(WAIT)
+    # the other shard learns of the free place at its next ask (100 ms); before the fix the place
+    # stayed taken until the keeper's next renewal, a third of the lease (10 s) away
+    other.release(other.acquire(timeout=2.0))
+    queue.close()
+    other.close()
+
+
+def test_retries_release_their_own_leases_only() -> None:
+    """A retry that gets a new turn before its failed attempt has ended does not lose either lease."""
+    from ratequeue import Backoff
+
+    queue = Queue(
+        "memory://retry-leases",
+        name="q",
+        interval=0.0001,
+        max_running=4,
+        lease=30,
+        retries=1,
+        backoff=Backoff(base=0.0, jitter=False),
+    )
+    tries: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def job(number: int) -> int:
+        with lock:
+            tries[number] = tries.get(number, 0) + 1
+            first = tries[number] == 1
+        if first:
+            raise RuntimeError("fails once")
+        return number
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so that the race comes up
+    try:
+        futures = [queue.add(job, number) for number in range(400)]
+        assert [future.result(WAIT) for future in futures] == list(range(400))
+    finally:
+        sys.setswitchinterval(previous)
+    queue.close()  # releases what the keeper was handed
+    record = Limiter("memory://retry-leases", name="q", interval=0.0001, max_running=4).state.read("q").record
+    assert record is not None
+    assert record.leases == ()  # before the fix: 1-3 leases held for good (renewed by the keeper)
+
+
+def test_all_of_gives_the_places_of_its_turns_back_when_it_times_out() -> None:
+    from ratequeue import all_of
+
+    # the scarcer limit is waited for first: the capped one (1/s), whose turn is free now
+    capped = Limiter("memory://all-of-leases", name="a", interval=1.0, max_running=1, lease=30)
+    slow = Limiter("memory://all-of-leases", name="b", interval=0.5)
+    slow.acquire()  # b's next turn is half a second away
+    with pytest.raises(AcquireTimeout):
+        all_of(capped, slow, timeout=0.1)
+    assert capped.status().pos == 1  # a's turn was taken (and its place)
+    capped.release(capped.acquire(timeout=2.0))  # before the fix: taken until the lease ran out
+
+
+def test_a_reservation_left_after_its_turn_releases_the_lease() -> None:
+    limiter = Limiter("memory://reservation-lease", name="q", interval=0.001, max_running=1, lease=30)
+    with limiter.reserve() as reservation:
+        assert reservation.wait(WAIT) is not None
+        assert limiter.status().running == 1
+    assert limiter.status().running == 0
+
+
+def test_a_full_queue_is_not_polled_in_a_loop_whatever_the_lead() -> None:
+    """A full queue's "ask again in 100 ms" lies within a long lead: the head waits for it all the same."""
+    from ratequeue.state.memory import MemoryState
+
+    class Counting(MemoryState):
+        calls = 0
+
+        def _try_start(self, *args: Any, **kwargs: Any) -> Any:
+            Counting.calls += 1
+            return super()._try_start(*args, **kwargs)
+
+    limiter = Limiter(Counting("full-poll", private=True), name="q", interval=0.01, max_running=1, lead=0.2)
+    held = limiter.acquire()
+    with pytest.raises(AcquireTimeout):
+        limiter.acquire(timeout=1.0)
+    limiter.release(held)
+    assert Counting.calls <= 15  # one ask per 100 ms; before the fix about 19,000 in that second
+
+
+def test_an_async_function_cancelled_after_its_turn_began_gives_its_place_back() -> None:
+    """``@limiter`` (thread driver) on an ``async def``: a cancel racing the worker thread's begin."""
+    limiter = Limiter("memory://async-cancel", name="q", interval=0.01, max_running=1, lease=30)
+
+    @limiter
+    async def job() -> str:
+        return "ran"
+
+    async def main() -> None:
+        task = asyncio.create_task(job())
+        await asyncio.sleep(0)  # the worker thread waits for the turn...
+        deadline = time.monotonic() + WAIT
+        while limiter.status().running == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)  # ...and begins it while the loop is blocked here
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    limiter.release(limiter.acquire(timeout=2.0))  # before the fix: taken for good (renewed)
+
+
+def test_an_asyncio_acquire_cancelled_mid_call_gives_the_granted_place_back() -> None:
+    """The state grants a start (and its lease) but the caller is cancelled before the answer comes."""
+    from ratequeue.state.memory import MemoryState
+
+    class SlowAnswers(MemoryState):
+        def _take_and_try(self, *args: Any, **kwargs: Any) -> Any:
+            answer = super()._take_and_try(*args, **kwargs)
+            time.sleep(0.3)  # applied on the state; the answer is slow to come back
+            return answer
+
+    async def main() -> float:
+        state = SlowAnswers("aio-cancel", private=True)
+        limiter = aio.Limiter(state, name="q", interval=0.01, max_running=1, lease=30)
+        task = asyncio.create_task(limiter.acquire())
+        deadline = time.monotonic() + WAIT
+        while not state.read("q").record and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # until the state has applied the call
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        began = time.monotonic()
+        turn = await limiter.acquire(timeout=5.0)  # before the fix: the lease ran its 30 s
+        waited = time.monotonic() - began
+        await limiter.release(turn)
+        await limiter.close()
+        return waited
+
+    assert asyncio.run(main()) < 2.0

@@ -22,6 +22,7 @@ from .._limiting import DEFAULT_LEASE, LimiterBase, ReservationBase, Seconds, St
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from .._sleep import wait_until
 from ..errors import AcquireTimeout
+from ..protocol import Started
 from ..rates import RateLike
 from ..shard import DEFAULT_MAX_LATE, Turn
 from .state import AsyncState, AsyncStateLike, from_url
@@ -33,6 +34,9 @@ __all__ = ["Limiter", "Reservation"]
 _LOOP_RESOLUTION = 0.0015
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: the longest (s) close() waits for the lease keeper's call under way
+_CLOSE_WAIT = 10.0
 
 _log = logging.getLogger("ratequeue")
 
@@ -110,7 +114,11 @@ class Limiter(LimiterBase[AsyncState]):
         call = self._end_lease(ticket, later=False)
         if call is None:
             return False
-        live, *_ = await self._call_state(*call)
+        try:
+            live, *_ = await self._call_state(*call)
+        except asyncio.CancelledError:
+            self._end_lease(ticket, later=True)  # the keeper releases it (again, if it was)
+            raise
         self._place_freed()
         return bool(live)
 
@@ -193,10 +201,14 @@ class Limiter(LimiterBase[AsyncState]):
 
     async def close(self) -> None:
         """Close the state if opened from a URL; with ``max_running``, release leases first."""
-        for ticket in self._leases.drain():  # the keeper, finding nothing left, stops
+        held = self._leases.drain()  # the keeper, finding nothing left, stops...
+        self._changed()
+        if self._keeper is not None and not self._keeper.done():
+            # ...after the call it may be making (a release it took off the book before the drain)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._keeper), _CLOSE_WAIT)
+        for ticket in held:
             await self._release_quietly(ticket)
-        if self._keeper is not None:
-            self._keeper.cancel()
         if self._owns_state:
             await self._state.close()
 
@@ -240,9 +252,27 @@ class Limiter(LimiterBase[AsyncState]):
         self, operation: Callable[..., Any], args: tuple[int, ...], kwargs: dict[str, int]
     ) -> TimedAnswer:
         sent = self._clock()
-        outcome = await operation(self.name, *args, **kwargs)
+        if not self.max_running:
+            outcome = await operation(self.name, *args, **kwargs)
+        else:
+            # A call cancelled on its way may still be carried out by the state: its answer
+            # is awaited in the background, and a start it granted gives its lease back.
+            call = asyncio.ensure_future(operation(self.name, *args, **kwargs))
+            try:
+                outcome = await asyncio.shield(call)
+            except asyncio.CancelledError:
+                call.add_done_callback(self._answer_lost)
+                raise
         received = self._clock()
         return outcome, sent, received, self._state.local_now()
+
+    def _answer_lost(self, call: asyncio.Future[Any]) -> None:
+        """A state call whose caller was cancelled has ended: release the lease of a start it granted."""
+        if call.cancelled() or call.exception() is not None:
+            return
+        answer = call.result()
+        if isinstance(answer, Started):
+            self._end_lease(answer.ticket, later=True)
 
 
 class Reservation(ReservationBase[AsyncState]):
@@ -260,5 +290,9 @@ class Reservation(ReservationBase[AsyncState]):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.turn is None:
+        turn = self.turn
+        if turn is None:
             self.cancel()
+        elif self._limiter.max_running:
+            limiter = cast(Limiter, self._limiter)
+            await limiter._release_quietly(turn.ticket)
