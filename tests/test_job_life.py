@@ -215,9 +215,12 @@ def test_a_backoff_is_never_shorter_than_its_delay_nor_past_its_max(
 @given(
     st.lists(
         st.one_of(
-            st.tuples(st.just("push"), st.integers(-2, 2), st.one_of(st.none(), st.floats(0, 10))),
+            st.tuples(
+                st.just("push"), st.integers(-2, 2), st.one_of(st.none(), st.floats(0, 10)), st.booleans()
+            ),
             st.tuples(st.just("pop"), st.floats(0, 12)),
             st.tuples(st.just("remove"), st.integers(0, 30)),
+            st.tuples(st.just("ungate"), st.integers(0, 30)),
         ),
         max_size=60,
     )
@@ -225,19 +228,24 @@ def test_a_backoff_is_never_shorter_than_its_delay_nor_past_its_max(
 def test_pending_jobs_come_out_by_priority_then_order_never_held_and_never_lost(
     ops: list[tuple[Any, ...]],
 ) -> None:
+    """With gated jobs too (a group's, waiting for its place): none out before it is ungated, nor twice."""
     pending: PendingJobs[Future[Any]] = PendingJobs()
     inside: list[Job[Future[Any]]] = []
     now = 0.0  # the monotonic clock the queue reads
     for op in ops:
         if op[0] == "push":
-            job: Job[Future[Any]] = Job(Future(), print, priority=op[1], not_before=op[2])
+            job: Job[Future[Any]] = Job(Future(), print, priority=op[1], not_before=op[2], gated=op[3])
             job.seq = pending.number()
             pending.push(job)
             inside.append(job)
+        elif op[0] == "ungate":
+            gated = [j for j in inside if j.gated]
+            if gated:
+                pending.ungate(gated[op[1] % len(gated)])
         elif op[0] == "pop":
             now = max(now, op[1])
             pending.release_due(now)
-            ready = [j for j in inside if j.not_before is None or j.not_before <= now]
+            ready = [j for j in inside if not j.gated and (j.not_before is None or j.not_before <= now)]
             head = pending.head()
             if not ready:
                 assert head is None
