@@ -180,6 +180,13 @@ def check_group_fifo(output: str) -> None:
         search(rf"(?m)^{customer}: 8 orders, at most 1 at once, each process's in order: True$", output)
 
 
+def check_pause_everywhere(output: str) -> None:
+    found = search(r"(\d+) starts before the pause, 0 during it, (\d+) after the resume", output)
+    assert int(found[1]) >= 10
+    assert int(found[2]) >= 1
+    assert float(search(r"longest gap ([\d.]+) s \(the pause\)", output)[1]) >= 0.9
+
+
 def check_scheduling(output: str) -> None:
     lines = re.findall(r"^\d\. (.*)$", output, re.MULTILINE)
     assert lines == [
@@ -196,6 +203,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "retries.py": check_retries,
     "max_running.py": check_max_running,
     "group_fifo.py": check_group_fifo,
+    "pause_everywhere.py": check_pause_everywhere,
     "scheduling.py": check_scheduling,
     "rates_and_bursts.py": check_rates_and_bursts,
     "per_key.py": check_per_key,
