@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import redis.asyncio
+import redis.asyncio.cluster
 from redis.asyncio.retry import Retry
 
 from .._flow import arun
@@ -94,6 +95,7 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
     """
 
     _client_class = redis.asyncio.Redis
+    _cluster_class = redis.asyncio.cluster.RedisCluster
     _retry_class = Retry
     _lean_class = AsyncLeanScripts
     _lean: AsyncLeanScripts | None
@@ -126,6 +128,10 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
 
     async def _read(self, name: str) -> Snapshot:
         return await arun(self._read_flow(name))
+
+    async def _cluster_keys(self, pattern: str) -> list[Any]:
+        cluster: Any = self._client
+        return [key async for key in cluster.scan_iter(match=pattern, count=1000)]
 
     async def _reset(self, name: str) -> bool:
         return await arun(self._reset_flow(name))

@@ -45,6 +45,8 @@ BACKENDS: dict[str, Backend] = {
     "file": Backend("ratequeue.state.file", "FileState"),
     "redis": _REDIS,
     "rediss": _REDIS,
+    "redis+cluster": _REDIS,
+    "rediss+cluster": _REDIS,
     "unix": _REDIS,
     "mongodb": _MONGODB,
     "mongodb+srv": _MONGODB,

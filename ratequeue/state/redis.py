@@ -6,8 +6,11 @@ two and reads as burst 1; ``paused`` is ``1`` while the queue is paused for
 every shard, and absent otherwise; a queue with ``max_running`` also has
 ``max_running``, ``leases`` -- ``TICKET:EXPIRY`` pairs joined by commas --
 and ``held``, absent until the queue was first found full), so every
-operation touches a single key (ready for Redis Cluster, though
-``RedisCluster`` clients are not supported yet). Every
+operation touches a single key, on one hash slot: a Redis Cluster
+(``redis+cluster://``, or a ready ``RedisCluster`` client) runs every
+operation on the master that holds its queue's slot, redis-py's cluster
+client following MOVED and ASK redirections and loading the script where a
+node answers NOSCRIPT. Every
 operation is one call of one Lua script (``redis.lua``), which reads the
 server's ``TIME`` itself, so hosts whose clocks disagree still share one
 rate. The script is sent by SHA and loaded again when the server answers
@@ -46,6 +49,8 @@ from urllib.parse import quote, urlencode
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript, Script
@@ -96,6 +101,17 @@ BACKOFF_CAP = 0.5
 #: a redis-py client of either kind
 Client = Union[redis.Redis, redis.asyncio.Redis]
 
+#: a redis-py cluster client of either kind
+ClusterClient = Union[redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster]
+
+#: the URL scheme of a Redis Cluster state (the client reaches it by ``redis://`` or ``rediss://``)
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is a redis-py cluster client (sync or asyncio)."""
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
 
 def retry_delay(failures: int) -> float:
     """Seconds to wait before retrying a script call that has failed ``failures`` times.
@@ -116,6 +132,15 @@ def split_url(url: str) -> tuple[str, str]:
 
 def url_of(client: Client, prefix: str) -> str:
     """A URL that reconnects as ``client`` does: host or socket, db, credentials, TLS, prefix."""
+    if is_cluster(client):
+        cluster: Any = client
+        node = cluster.get_default_node() or cluster.get_nodes()[0]
+        kwargs = cluster.nodes_manager.connection_kwargs
+        user, password = kwargs.get("username") or "", kwargs.get("password")
+        auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if password else ""
+        tls = kwargs.get("ssl") or "SSL" in str(kwargs.get("connection_class"))
+        scheme = "rediss+cluster" if tls else "redis+cluster"
+        return f"{scheme}://{auth}{node.host}:{node.port}?{urlencode({'prefix': prefix})}"
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
     user, password = kwargs.get("username") or "", kwargs.get("password")
@@ -129,7 +154,11 @@ def url_of(client: Client, prefix: str) -> str:
 
 
 def where_of(client: Client) -> str:
-    """``host:port`` (or the socket path) a client connects to."""
+    """``host:port`` (or the socket path) a client connects to; a cluster's first node."""
+    if is_cluster(client):
+        cluster: Any = client
+        node = cluster.get_default_node() or cluster.get_nodes()[0]
+        return f"cluster {node.host}:{node.port}"
     kwargs = client.connection_pool.connection_kwargs
     return str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
 
@@ -372,10 +401,11 @@ class RedisStateBase(StateBase, Generic[C]):
     with :func:`~ratequeue._flow.run` or :func:`~ratequeue._flow.arun`.
     """
 
-    _driver_errors = (redis.RedisError,)
+    _driver_errors = (redis.RedisError, redis.exceptions.RedisClusterException)
 
     #: the client :meth:`from_url` makes, its retry, and the lean calls on it: each driver's own
     _client_class: ClassVar[type[redis.Redis] | type[redis.asyncio.Redis]]
+    _cluster_class: ClassVar[type[redis.cluster.RedisCluster] | type[redis.asyncio.cluster.RedisCluster]]
     _retry_class: ClassVar[type[Retry] | type[AsyncRetry]]
     _lean_class: ClassVar[type[LeanCalls[Any]]]
 
@@ -387,7 +417,7 @@ class RedisStateBase(StateBase, Generic[C]):
         url: str | None = None,
         clock: Clock | None = None,
     ) -> None:
-        """Use a ready client: ``redis.Redis``, or ``redis.asyncio.Redis`` for the asyncio state.
+        """Use a ready client: ``redis.Redis`` or ``redis.cluster.RedisCluster``; asyncio: theirs.
 
         :param prefix: put before every queue name to form its key.
         :param url: the URL to pickle limiters as (default: built from the client's host
@@ -415,8 +445,12 @@ class RedisStateBase(StateBase, Generic[C]):
         (``ssl_cert_reqs``, ``socket_timeout``, ...).
         """
         client_url, prefix = split_url(url)
+        scheme, _, rest = client_url.partition("://")
+        cluster = CLUSTER_SCHEMES.get(scheme.lower())
         retry = cls._retry_class(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), retries=RETRIES)
         with secrets_kept_out(url):
+            if cluster is not None:
+                return cls(cls._open_cluster(f"{cluster}://{rest}", url), prefix=prefix, url=url)
             try:
                 client = cls._client_class.from_url(
                     client_url,
@@ -429,6 +463,23 @@ class RedisStateBase(StateBase, Generic[C]):
                 raise ConfigurationError(f"bad Redis URL {redact(url)!r}: {scrub(str(exc), url)}") from exc
             return cls(client, prefix=prefix, url=url)
 
+    @classmethod
+    def _open_cluster(cls, client_url: str, url: str) -> Any:
+        """A cluster client for ``client_url`` (its seed node), with ratequeue's timeouts and retries."""
+        try:
+            return cls._cluster_class.from_url(
+                client_url,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                socket_timeout=SOCKET_TIMEOUT,
+            )
+        except (ValueError, TypeError) as exc:
+            message = scrub(str(exc), url)
+            raise ConfigurationError(f"bad Redis Cluster URL {redact(url)!r}: {message}") from exc
+        except (redis.exceptions.RedisClusterException, redis.RedisError) as exc:
+            where = redact(url)
+            message = scrub(str(exc), url)
+            raise StateUnavailable(f"Redis Cluster at {where} is down: {message}", where=where) from exc
+
     @property
     def client(self) -> C:
         """The Redis client in use."""
@@ -437,6 +488,10 @@ class RedisStateBase(StateBase, Generic[C]):
     def key(self, name: str) -> str:
         """The Redis key holding queue ``name``."""
         return self._prefix + name
+
+    @abstractmethod
+    def _cluster_keys(self, pattern: str) -> Any:
+        """The keys matching ``pattern`` on every master of a cluster (a coroutine on asyncio)."""
 
     def _error_for(self, exc: Exception, name: str) -> RateQueueError:
         where = self._where
@@ -494,11 +549,16 @@ class RedisStateBase(StateBase, Generic[C]):
         Keys Redis has expired are not listed; a key SCAN meets twice (the
         keyspace was rehashed meanwhile) is listed once.
         """
+        pattern = glob_escape(self._prefix + prefix) + "*"
+        found: set[str] = set()
+        if is_cluster(self._client):  # every master's keys
+            for key in (yield Call(self._cluster_keys, (pattern,))):
+                text = key.decode() if isinstance(key, bytes) else str(key)
+                found.add(text[len(self._prefix) :])
+            return list(found)
         kwargs = self._client.connection_pool.connection_kwargs
         encoding, errors = kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
-        pattern = glob_escape(self._prefix + prefix) + "*"
         scan = functools.partial(self._client.scan, match=pattern, count=1000)
-        found: set[str] = set()
         cursor: int | str = 0
         while True:
             cursor, keys = yield Call(scan, (cursor,))
@@ -513,6 +573,7 @@ class RedisState(RedisStateBase[redis.Redis], State):
     """Records kept in Redis hashes, changed only by a Lua script timed on the server's clock."""
 
     _client_class = redis.Redis
+    _cluster_class = redis.cluster.RedisCluster
     _retry_class = Retry
     _lean_class = LeanScripts
     _lean: LeanScripts | None
@@ -554,3 +615,7 @@ class RedisState(RedisStateBase[redis.Redis], State):
 
     def _sweep(self) -> int:
         return 0  # Redis deletes keys past their TTL itself
+
+    def _cluster_keys(self, pattern: str) -> list[Any]:
+        cluster: Any = self._client
+        return list(cluster.scan_iter(match=pattern, count=1000))
