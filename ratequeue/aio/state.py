@@ -9,32 +9,44 @@ default executor so the event loop never blocks on a file lock.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, Union
+from typing import Any, Concatenate, ParamSpec, TypeVar, Union, cast
 
 from .. import _validate
 from .._redact import secrets_kept_out
 from ..protocol import Outcome, Taken
 from ..state import State, backend_of, opener
 from ..state import from_url as sync_from_url
-from ..state.base import (
-    Snapshot,
-    StateBase,
-    Terms,
-    release_args,
-    renew_args,
-    retime_args,
-    set_paused_args,
-    take_and_try_args,
-    take_args,
-    try_start_args,
-)
+from ..state.base import Snapshot, StateBase, Terms
 
 __all__ = ["AsyncState", "AsyncStateLike", "ThreadedState", "from_url"]
 
 R = TypeVar("R")
+
+
+P = ParamSpec("P")
+
+
+def _awaited(
+    operation: Callable[Concatenate[State, P], R],
+) -> Callable[Concatenate[AsyncState, P], Awaitable[R]]:
+    """The asyncio twin of :class:`State`'s public ``operation``: the same checks, awaited.
+
+    ``operation`` checks its arguments and calls ``self._guarded``; on an
+    :class:`AsyncState` that is a coroutine function, so the call returns an
+    awaitable of the answer, awaited here.
+    """
+
+    async def twin(self: AsyncState, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        pending: Any = operation(cast(State, self), *args, **kwargs)
+        answer: R = await pending
+        return answer
+
+    functools.update_wrapper(twin, operation)
+    return twin
 
 
 class AsyncState(StateBase, ABC):
@@ -44,125 +56,17 @@ class AsyncState(StateBase, ABC):
     :class:`ratequeue.state.State`, as coroutines.
     """
 
-    async def take(
-        self,
-        name: str,
-        interval_us: int,
-        *,
-        burst: int = 1,
-        cost: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> Taken:
-        """Hand out the next ticket of queue ``name``, for a job of ``cost``."""
-        args = take_args(interval_us, burst, cost, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._take, *args)
-
-    async def try_start(
-        self,
-        name: str,
-        interval_us: int,
-        ticket: int,
-        lead_us: int,
-        *,
-        burst: int = 1,
-        cost: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> Outcome:
-        """Start ``ticket`` (taken for ``cost``) if its earliest start is at most ``lead_us`` us away."""
-        args = try_start_args(interval_us, ticket, lead_us, burst, cost, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._try_start, *args)
-
-    async def take_and_try(
-        self,
-        name: str,
-        interval_us: int,
-        lead_us: int,
-        *,
-        burst: int = 1,
-        cost: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> Outcome:
-        """Take a ticket and try to start it, in one atomic step."""
-        args = take_and_try_args(interval_us, lead_us, burst, cost, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._take_and_try, *args)
-
-    async def retime(
-        self,
-        name: str,
-        interval_us: int,
-        ticket: int,
-        lead_us: int,
-        *,
-        burst: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> Outcome:
-        """Move the start of ``ticket``, if it is the latest, to ``now + lead_us`` at the earliest."""
-        args = retime_args(interval_us, ticket, lead_us, burst, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._retime, *args)
-
-    async def release(
-        self,
-        name: str,
-        interval_us: int,
-        ticket: int,
-        *,
-        burst: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> bool:
-        """Release ``ticket``'s lease; whether it was live (see :meth:`ratequeue.state.State.release`)."""
-        args = release_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._release, *args)
-
-    async def renew(
-        self,
-        name: str,
-        interval_us: int,
-        ticket: int,
-        *,
-        burst: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> bool:
-        """Make ``ticket``'s lease last ``lease_us`` from now; whether it was live (see ``State.renew``)."""
-        args = renew_args(interval_us, ticket, burst, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._renew, *args)
-
-    async def set_paused(
-        self,
-        name: str,
-        interval_us: int,
-        paused: bool,
-        *,
-        burst: int = 1,
-        keep_us: int = 0,
-        max_running: int = 0,
-        lease_us: int = 0,
-    ) -> bool:
-        """Pause queue ``name`` for every shard, or resume it; say whether that changed it.
-
-        See :meth:`ratequeue.state.State.set_paused`.
-        """
-        args = set_paused_args(interval_us, paused, burst, keep_us, max_running, lease_us)
-        return await self._guarded(name, self._set_paused, *args)
-
-    async def read(self, name: str) -> Snapshot:
-        """The record of queue ``name`` and the state clock's time; changes nothing."""
-        return await self._guarded(name, self._read)
-
-    async def reset(self, name: str) -> bool:
-        """Delete the record of queue ``name``; say whether there was one."""
-        return await self._guarded(name, self._reset)
+    # The operations are State's, written once: their bodies call self._guarded, which here is
+    # a coroutine function, so each returns an awaitable, which the twin awaits.
+    take = _awaited(State.take)
+    try_start = _awaited(State.try_start)
+    take_and_try = _awaited(State.take_and_try)
+    retime = _awaited(State.retime)
+    release = _awaited(State.release)
+    renew = _awaited(State.renew)
+    set_paused = _awaited(State.set_paused)
+    read = _awaited(State.read)
+    reset = _awaited(State.reset)
 
     async def names(self, prefix: str = "") -> list[str]:
         """The names of the queues that have a record here and begin with ``prefix``, sorted."""
