@@ -12,6 +12,7 @@ import redis.asyncio
 from pymongo import AsyncMongoClient, MongoClient
 
 from ratequeue.aio.mongodb import AsyncMongoState
+from ratequeue.aio.postgresql import AsyncPostgresState
 from ratequeue.aio.redis import AsyncRedisState
 from ratequeue.aio.state import AsyncState, ThreadedState
 from ratequeue.state import State
@@ -19,11 +20,15 @@ from ratequeue.state.base import Clock
 from ratequeue.state.file import FileState
 from ratequeue.state.memory import MemoryState
 from ratequeue.state.mongodb import MongoState
+from ratequeue.state.postgresql import PostgresState
 from ratequeue.state.redis import RedisState
 
 from .servers import Server
 
 _names = itertools.count()
+
+#: the table the PostgreSQL backend's tests keep their queues in
+PG_TABLE = "ratequeue_test"
 
 
 @dataclass
@@ -46,6 +51,8 @@ class Backend:
         elif self.kind == "redis":
             client = redis.Redis(host="127.0.0.1", port=self.server.port)  # type: ignore[union-attr]
             state = RedisState(client, prefix="test:", clock=clock, url=self.url)
+        elif self.kind == "postgresql":
+            state = PostgresState(conninfo=self.conninfo, table=PG_TABLE, clock=clock, url=self.url)
         else:
             mongo: MongoClient[Any] = MongoClient(f"mongodb://127.0.0.1:{self.server.port}")  # type: ignore[union-attr]
             state = MongoState(mongo, database="ratequeue_test", clock=clock, url=self.url)
@@ -59,8 +66,16 @@ class Backend:
         if self.kind == "redis":
             client = redis.asyncio.Redis(host="127.0.0.1", port=self.server.port)  # type: ignore[union-attr]
             return AsyncRedisState(client, prefix="test:", clock=clock, url=self.url)
+        if self.kind == "postgresql":
+            return AsyncPostgresState(conninfo=self.conninfo, table=PG_TABLE, clock=clock, url=self.url)
         mongo: AsyncMongoClient[Any] = AsyncMongoClient(f"mongodb://127.0.0.1:{self.server.port}")  # type: ignore[union-attr]
         return AsyncMongoState(mongo, database="ratequeue_test", clock=clock, url=self.url)
+
+    @property
+    def conninfo(self) -> str:
+        """The PostgreSQL server's URL, less ratequeue's options."""
+        assert self.server is not None
+        return f"postgresql://postgres@127.0.0.1:{self.server.port}/postgres"
 
     def clocked(self) -> tuple[State, list[int]]:
         """A state whose ``now`` is ``holder[0]``, set by the test (one per backend and session)."""
@@ -84,6 +99,10 @@ def make_backend(kind: str, workdir: Path, server: Server | None) -> Backend:
     if kind == "file":
         return Backend(kind, f"file://{workdir / 'state.json'}")
     assert server is not None
+    if kind == "postgresql":
+        return Backend(
+            kind, f"postgresql://postgres@127.0.0.1:{server.port}/postgres?table={PG_TABLE}", server
+        )
     if kind == "redis":
         return Backend(kind, f"redis://127.0.0.1:{server.port}/0?prefix=test:", server)
     return Backend(kind, f"mongodb://127.0.0.1:{server.port}/?database=ratequeue_test", server)

@@ -38,23 +38,33 @@ def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers
     yield from servers.mongodb_server(tmp_path_factory.mktemp("mongodb"))
 
 
-@pytest.fixture(scope="session", params=["memory", "file", "redis", "mongodb"])
+@pytest.fixture(scope="session")
+def postgresql_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Server]:
+    """A PostgreSQL cluster of its own (initdb in a temporary directory) on a free loopback port."""
+    yield from servers.postgresql_server(tmp_path_factory.mktemp("postgresql"))
+
+
+#: the backends that run on a server the tests start
+SERVED = ("redis", "mongodb", "postgresql")
+
+
+@pytest.fixture(scope="session", params=["memory", "file", "redis", "mongodb", "postgresql"])
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     """Each backend in turn, on a real server where it needs one (the contract table)."""
     kind = str(request.param)
-    server = request.getfixturevalue(f"{kind}_server") if kind in ("redis", "mongodb") else None
+    server = request.getfixturevalue(f"{kind}_server") if kind in SERVED else None
     made = make_backend(kind, tmp_path_factory.mktemp(kind), server)
     yield made
     made.close()
 
 
-@pytest.fixture(scope="session", params=["file", "redis", "mongodb"])
+@pytest.fixture(scope="session", params=["file", "redis", "mongodb", "postgresql"])
 def shared_backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Backend]:
     """Each backend that processes can share (all but memory)."""
     kind = str(request.param)
-    server = request.getfixturevalue(f"{kind}_server") if kind in ("redis", "mongodb") else None
+    server = request.getfixturevalue(f"{kind}_server") if kind in SERVED else None
     made = make_backend(kind, tmp_path_factory.mktemp(kind), server)
     yield made
     made.close()

@@ -21,6 +21,7 @@ import pytest
 import redis
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg import sql
 
 import ratequeue
 from ratequeue import protocol
@@ -32,6 +33,7 @@ from ratequeue.state._redis_codec import SCRIPT
 from ratequeue.state.file import FileState
 from ratequeue.state.memory import MemoryState
 from ratequeue.state.mongodb import MongoState
+from ratequeue.state.postgresql import PostgresState
 from ratequeue.state.redis import RedisState
 
 from .backends import Backend
@@ -64,6 +66,27 @@ def poke(backend: Backend, state: State, name: str, fields: dict[str, Any]) -> N
         client: redis.Redis = state.client
         client.delete(state.key(name))
         client.hset(state.key(name), mapping={key: str(value) for key, value in fields.items()})
+    elif isinstance(state, PostgresState):
+        state.read(name)  # the table exists
+        row = {
+            "burst": 1,
+            "due_us": fields.get("at"),
+            "paused": False,
+            "max_running": 0,
+            "leases": [],
+            "held_us": NEVER,
+            **{
+                f"{key}_us" if key in ("at", "interval", "due", "held") else key: v
+                for key, v in fields.items()
+            },
+        }
+        state._fetch(sql.SQL("DELETE FROM {} WHERE name = %s").format(state.table), (name,))
+        insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            state.table,
+            sql.SQL(", ").join(map(sql.Identifier, ["name", *row])),
+            sql.SQL(", ").join([sql.Placeholder()] * (len(row) + 1)),
+        )
+        state._fetch(insert, (name, *row.values()))
     else:
         assert isinstance(state, MongoState)
         state.collection.replace_one({"_id": name}, {"_id": name, **fields}, upsert=True)
@@ -79,6 +102,9 @@ def raw(state: State, name: str) -> object:
         return json.loads(state.path.read_text())["queues"].get(name)
     if isinstance(state, RedisState):
         return state.client.hgetall(state.key(name))
+    if isinstance(state, PostgresState):
+        rows, _ = state._fetch(sql.SQL("SELECT * FROM {} WHERE name = %s").format(state.table), (name,))
+        return rows
     assert isinstance(state, MongoState)
     # without ``answer``: the reply of the last operation, left beside the record (a refusal's too)
     return state.collection.find_one({"_id": name}, {"answer": False})
@@ -245,6 +271,8 @@ def test_out_of_range_numbers_are_refused(backend: Backend, fields: dict[str, An
 )
 def test_wrong_types_are_refused(backend: Backend, fields: dict[str, Any], pattern: str) -> None:
     """Typed stores (file JSON, MongoDB BSON) refuse fields of the wrong type by name and value."""
+    if backend.kind == "postgresql":
+        pytest.skip("PostgreSQL's columns are typed (bigint): they hold no text, boolean or double")
     if backend.kind not in ("file", "mongodb"):
         pytest.skip("Redis stores text (its own tests cover it); memory stores Record objects")
     state = backend.open()
@@ -261,6 +289,8 @@ def test_a_paused_flag_that_is_not_a_boolean_is_refused(backend: Backend, value:
         pytest.skip("the memory state stores Record objects ratequeue made, never raw fields")
     if backend.kind == "redis" and value in (None, 1):
         pytest.skip('a Redis hash has no null (absent: not paused), and "1" is how it says paused')
+    if backend.kind == "postgresql":
+        pytest.skip("a PostgreSQL boolean NOT NULL column holds true or false only")
     state = backend.open()
     name = backend.fresh_name()
     poke(backend, state, name, {"ticket": 3, "pos": 1, "at": 5, "interval": INTERVAL, "paused": value})
@@ -277,7 +307,7 @@ def test_a_paused_record_is_read_by_every_backend(backend: Backend) -> None:
     fields = {"ticket": 3, "pos": 1, "at": 5, "interval": INTERVAL}
     poke(backend, state, name, {**fields, "paused": stored})
     assert state.read(name).record == Record(**fields, paused=True)
-    if backend.kind in ("file", "mongodb"):
+    if backend.kind in ("file", "mongodb", "postgresql"):
         poke(backend, state, name, {**fields, "paused": False})
         assert state.read(name).record == Record(**fields)
     assert state.reset(name) is True

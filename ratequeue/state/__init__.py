@@ -38,6 +38,13 @@ _REDIS = Backend("ratequeue.state.redis", "RedisState", "ratequeue.aio.redis", "
 _MONGODB = Backend(
     "ratequeue.state.mongodb", "MongoState", "ratequeue.aio.mongodb", "AsyncMongoState", "mongodb"
 )
+_POSTGRESQL = Backend(
+    "ratequeue.state.postgresql",
+    "PostgresState",
+    "ratequeue.aio.postgresql",
+    "AsyncPostgresState",
+    "postgresql",
+)
 
 #: every URL scheme :func:`from_url` and :func:`ratequeue.aio.from_url` know, sync and asyncio
 BACKENDS: dict[str, Backend] = {
@@ -50,6 +57,8 @@ BACKENDS: dict[str, Backend] = {
     "unix": _REDIS,
     "mongodb": _MONGODB,
     "mongodb+srv": _MONGODB,
+    "postgresql": _POSTGRESQL,
+    "postgres": _POSTGRESQL,
 }
 
 #: what the limiters and queues accept as their state
