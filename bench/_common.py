@@ -108,14 +108,53 @@ def mongodb_server(url: str | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def postgresql_server() -> Iterator[str]:
+    """Yield a PostgreSQL URL: a cluster of our own (initdb in a temporary directory) on a free port.
+
+    As the tests start it: trust auth, fsync off (nothing waits for a disk
+    flush: the figures are the server's work and the round-trip alone).
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="ratequeue-bench-postgresql-"))
+    started = servers.postgresql_server(workdir)
+    try:
+        server = next(started)
+        yield f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+    finally:
+        started.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_cluster() -> Iterator[str]:
+    """Yield a ``redis+cluster://`` URL: three masters of our own, as the tests start them."""
+    from tests import redis_cluster as cluster_module
+
+    found = cluster_module.executables()
+    if found is None:
+        raise SystemExit("redis-server and redis-cli are needed for the Redis Cluster (Debian: redis-server)")
+    workdir = Path(tempfile.mkdtemp(prefix="ratequeue-bench-cluster-"))
+    try:
+        with cluster_module.cluster(workdir, *found) as made:
+            yield made.url
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def state_url(backend: str, args: argparse.Namespace, file_url: str) -> Iterator[str]:
     """A state URL for ``backend``: a server of our own (or ``args.redis_url`` / ``args.mongodb_url``),
-    ``file_url`` for the file state, or ``memory://bench``."""
+    a PostgreSQL or a Redis Cluster of our own, ``file_url`` for the file state, or ``memory://bench``."""
     if backend == "redis":
         with redis_server(getattr(args, "redis_url", None)) as url:
             yield url
     elif backend == "mongodb":
         with mongodb_server(getattr(args, "mongodb_url", None)) as url:
+            yield url
+    elif backend == "postgresql":
+        with postgresql_server() as url:
+            yield url
+    elif backend == "redis-cluster":
+        with redis_cluster() as url:
             yield url
     elif backend == "file":
         yield file_url

@@ -30,9 +30,10 @@ Run::
     python bench/overhead.py --backends redis --acquires 10000
     python bench/overhead.py --plot bench/results   # also write a PNG there
 
-It starts its own ``redis-server`` and ``secantusd-py`` on free ports (or uses
-``--redis-url`` / ``--mongodb-url``; then the server counts include others'
-traffic) and keeps state files in a temporary directory. secantusd-py is a
+It starts its own ``redis-server``, a Redis Cluster of three masters, a
+PostgreSQL (initdb in a temporary directory, fsync off) and ``secantusd-py``
+on free ports (or uses ``--redis-url`` / ``--mongodb-url``; then the server
+counts include others' traffic) and keeps state files in a temporary directory. secantusd-py is a
 MongoDB-compatible server written in Python, far slower than MongoDB: its
 latencies say more about secantusd-py than about ratequeue.
 """
@@ -74,11 +75,18 @@ from _common import (
     us,
 )
 
-BACKENDS = ["memory", "file", "redis", "mongodb"]
+BACKENDS = ["memory", "file", "redis", "redis-cluster", "mongodb", "postgresql"]
 #: idle acquires (and floor operations) per state
-ACQUIRES = {"memory": 20000, "file": 3000, "redis": 3000, "mongodb": 500}
+ACQUIRES = {
+    "memory": 20000,
+    "file": 3000,
+    "redis": 3000,
+    "redis-cluster": 2000,
+    "mongodb": 500,
+    "postgresql": 2000,
+}
 #: the interval (ms) of the contended run per state: one each state sustains with 4 processes
-CONTENDED_MS = {"file": 5.0, "redis": 5.0, "mongodb": 20.0}
+CONTENDED_MS = {"file": 5.0, "redis": 5.0, "redis-cluster": 5.0, "mongodb": 20.0, "postgresql": 5.0}
 
 
 @dataclass
@@ -191,6 +199,18 @@ def floor_ops(backend: str, url: str) -> Iterator[list[FloorOp]]:
                 lock.release()
 
         yield [("locked read-write", locked_read_write, True)]
+    elif backend == "postgresql":
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as connection:
+            yield [("SELECT 1", lambda: connection.execute("SELECT 1").fetchone(), True)]
+    elif backend == "redis-cluster":
+        cluster: Any = open_state(url)
+        client = cluster.client
+        try:
+            yield [("PING (cluster client)", lambda: client.ping(), True)]
+        finally:
+            cluster.close()
     else:
         yield []
 
@@ -511,7 +531,7 @@ def plot(floor: list[Floor], idles: list[Measured], directory: Path) -> list[Pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = new_parser(__doc__)
-    add_backends(parser, BACKENDS, "states (memory,file,redis,mongodb)")
+    add_backends(parser, BACKENDS, "states (memory,file,redis,redis-cluster,mongodb,postgresql)")
     parser.add_argument("--acquires", type=int, help="idle acquires per state (default: 20000 memory, "
                         "3000 file and Redis, 500 MongoDB)")  # fmt: skip
     parser.add_argument("--procs", type=int, default=4, help="processes of the contended run (4)")
