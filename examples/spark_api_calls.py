@@ -1,7 +1,8 @@
 """A PySpark pipeline calls a rate-limited HTTP API at one call per interval, across all its executors.
 
 A DataFrame of 200 rows, in two partitions, runs on ``local[2]`` (two Python
-worker processes working at once). A column is computed by a UDF that calls a
+worker processes working at once), or on the cluster that ``--master`` or
+``spark-submit`` names. A column is computed by a UDF that calls a
 local HTTP service standing in for the API: the strict referee of the
 benchmarks (``bench/referee.py``, standard library only, in a process of its
 own). It answers **429** to any call that *arrives* sooner than 20 ms after
@@ -27,18 +28,29 @@ interval, or a call came before its turn.
 
 Run, from a checkout of the repository (the referee lives in ``bench/``)::
 
-    python examples/spark_api_calls.py [REDIS_URL]
+    python examples/spark_api_calls.py [--state REDIS_URL] [--master MASTER]
 
-The default ``REDIS_URL`` is ``redis://127.0.0.1:6379/15?prefix=spark-example:``.
-It needs ``pip install 'ratequeue[spark,redis]'`` and Java 17 or later.
+or submit it to a standalone cluster, whose master then applies::
+
+    spark-submit --master spark://HOST:7077 examples/spark_api_calls.py --state REDIS_URL
+
+The default state is ``redis://127.0.0.1:6379/15?prefix=spark-example:``;
+the default master ``local[2]``, unless ``spark-submit`` gives one. The
+state must be reachable from every executor. The referee listens on the
+driver's loopback interface and the clock checks compare this host's clock
+with Redis': on a cluster, the executors and Redis must run on the driver's
+host (as in ``tests/test_spark_cluster.py``). It needs ``pip install
+'ratequeue[spark,redis]'`` and Java 17 or later.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -63,22 +75,35 @@ LIMITER_INTERVAL = INTERVAL + 0.005
 NAME = "spark-example"
 
 
-def main() -> int:
-    url = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_URL
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # Spark binds and connects on loopback only
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this interpreter
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("ratequeue-spark-api-calls")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("url", nargs="?", help=argparse.SUPPRESS)  # the state, as first given
+    parser.add_argument(
+        "--state", help=f"the state's URL, reachable from every executor (default {DEFAULT_URL})"
     )
+    parser.add_argument(
+        "--master", help="Spark's master URL (default: spark-submit's --master, else local[2])"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    url = args.state or args.url or DEFAULT_URL
+    # spark-submit runs this script with a gateway of its own: then its --master (and --conf) apply
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = args.master or (None if submitted else "local[2]")
+    if master is not None and master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # Spark binds and connects on loopback only
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers run this interpreter
+    builder = SparkSession.builder.appName("ratequeue-spark-api-calls").config("spark.ui.enabled", "false")
+    spark = (builder if master is None else builder.master(master)).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     # the workers unpickle a RefereeClient (module referee): ship the module to them
     spark.sparkContext.addPyFile(str(REFEREE))
     limiter = ratequeue.Limiter(url, name=NAME, interval=LIMITER_INTERVAL)
     print(
-        f"{ROWS} rows on local[2]; the API takes one call per {INTERVAL * 1000:g} ms "
+        f"{ROWS} rows on {spark.sparkContext.master}; the API takes one call per {INTERVAL * 1000:g} ms "
         f"({TOLERANCE * 1000:g} ms tolerance), the limiter's interval is {LIMITER_INTERVAL * 1000:g} ms; "
         f"state {url}"
     )
@@ -96,7 +121,9 @@ def main() -> int:
             api = throttled_udf(limiter, call_api, "struct<status:int,ticket:long,start_us:long>")
             # one partition per task slot: Spark's work between tasks delays the calls around it
             frame = spark.range(0, ROWS, numPartitions=2).withColumn("result", api("id"))
+            began = time.monotonic()
             rows = frame.select("id", "result.*").collect()
+            elapsed = time.monotonic() - began
             stats = referee.stats()
     finally:
         spark.stop()
@@ -123,6 +150,12 @@ def main() -> int:
     print(
         f"turns (state clock): smallest gap {min(state_gaps) / 1000:.3f} ms, "
         f"median gap {statistics.median(state_gaps) / 1000:.3f} ms, gaps under the interval: {under}"
+    )
+    span = (stats.arrivals[-1].t_ns - stats.arrivals[0].t_ns) / 1e9
+    print(
+        f"throughput: {len(rows) / elapsed:.1f} rows/s over the job ({elapsed:.2f} s), "
+        f"{(len(stats.arrivals) - 1) / span:.1f} calls/s from the first call to the last "
+        f"(the limiter's rate: {1 / LIMITER_INTERVAL:g}/s)"
     )
     print(
         f"calls after their turn began (this host's clock): {early} before it, "

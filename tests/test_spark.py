@@ -14,6 +14,10 @@ that the referee refused no call (G7 through Spark: the calls' begins are
 ``interval - max_late`` apart, and reach the referee in time). A refused call
 fails the test, which then says where the gap was lost (``refusals``).
 
+The checks (``check_*``), the session (``spark_session``), the example's
+expected output (``check_example``) and the fixtures serve
+``tests/test_spark_cluster.py`` too, which runs them on a standalone cluster.
+
 Without PySpark or Java the tests are skipped locally and fail under CI.
 """
 
@@ -111,23 +115,13 @@ def require_spark(java: bool = True) -> None:
         unavailable("java is not on PATH: install a JDK (17 or later) to run the Spark tests")
 
 
-def test_example_runs_against_the_fixture_redis(redis_server: Server) -> None:
-    """examples/spark_api_calls.py in a subprocess (its own Spark), on the fixture's Redis.
+def example_url(redis_server: Server) -> str:
+    """A state URL for the example on the Redis fixture, under a key prefix of its own."""
+    return f"redis://127.0.0.1:{redis_server.port}/0?prefix=spark-example-{uuid.uuid4().hex[:8]}:"
 
-    First in the module, so that it runs before the module's SparkSession starts: one JVM at a time.
-    """
-    require_spark()
-    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=spark-example-{uuid.uuid4().hex[:8]}:"
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), url],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+
+def check_example(result: subprocess.CompletedProcess[str]) -> str:
+    """What examples/spark_api_calls.py must print and exit with, however it ran; its output."""
     output = result.stdout
 
     def line(pattern: str) -> re.Match[str]:
@@ -138,29 +132,54 @@ def test_example_runs_against_the_fixture_redis(redis_server: Server) -> None:
     line(r"^rows processed: 200 \(200 distinct ids, 0 lost\)$")
     line(r"^turns \(state clock\): smallest gap [\d.]+ ms, .*under the interval: 0$")
     line(r"^calls after their turn began \(this host's clock\): 0 before it, ")
+    line(r"^throughput: [\d.]+ rows/s over the job ")
     refused = int(line(r"^429s: (\d+)$")[1])
     line(rf"^referee saw 200 calls, {200 - refused} accepted, {refused} answered 429; smallest gap ")
     assert refused == 0, f"the referee refused {refused} calls:\n{output}"
     assert result.returncode == 0, f"exited {result.returncode}\n{output}\n{result.stderr[-3000:]}"
     assert output.rstrip().endswith("ok")
+    return output
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """One SparkSession on ``local[2]`` for the module; the workers can import ``referee``."""
+def test_example_runs_against_the_fixture_redis(redis_server: Server) -> None:
+    """examples/spark_api_calls.py in a subprocess (its own Spark, local[2]), on the fixture's Redis.
+
+    First in the module, so that it runs before the module's SparkSession starts: one JVM at a time.
+    """
     require_spark()
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--state", example_url(redis_server)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = check_example(result)
+    assert re.search(r"^200 rows on local\[2\];", output, re.MULTILINE), output
+
+
+def spark_session(master: str, conf: dict[str, str] | None = None) -> Iterator[Any]:
+    """A SparkSession on ``master`` with ``conf``, stopped after; its workers can import ``referee``.
+
+    Spark binds to loopback, and the Python workers run this interpreter.
+    """
     from pyspark.sql import SparkSession
 
     saved = {key: os.environ.get(key) for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON")}
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
+    builder = (
+        SparkSession.builder.master(master)
         .appName("ratequeue-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     session.sparkContext.addPyFile(str(REFEREE))
     try:
@@ -172,6 +191,13 @@ def spark() -> Iterator[Any]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One SparkSession on ``local[2]`` for the module."""
+    require_spark()
+    yield from spark_session("local[2]")
 
 
 @pytest.fixture
@@ -297,6 +323,10 @@ def check_calls(calls: list[Call], stats: RefereeStats, keys: list[str]) -> None
 
 
 def test_partitions_call_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: Referee) -> None:
+    check_partitions(spark, limiter, referee)
+
+
+def check_partitions(spark: Any, limiter: ratequeue.Limiter, referee: Referee) -> list[Call]:
     from ratequeue.spark import throttled_partitions
 
     call = referee_call(referee)
@@ -309,9 +339,14 @@ def test_partitions_call_each_row_once_at_its_turn(spark: Any, limiter: Any, ref
     assert sorted(row for row, _ in out) == list(range(ROWS)), "every row processed exactly once"
     calls = [Call(str(row), *reply) for row, reply in out]
     check_calls(calls, referee.stats(), [str(row) for row in range(ROWS)])
+    return calls
 
 
 def test_batches_call_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: Referee) -> None:
+    check_batches(spark, limiter, referee)
+
+
+def check_batches(spark: Any, limiter: ratequeue.Limiter, referee: Referee) -> list[Call]:
     from ratequeue.spark import throttled_batches
 
     call = referee_call(referee)
@@ -328,10 +363,15 @@ def test_batches_call_each_row_once_at_its_turn(spark: Any, limiter: Any, refere
     assert sorted(row["id"] for row in rows) == list(range(ROWS)), "every row processed exactly once"
     calls = [Call(str(row["ticket"]), *row[1:]) for row in rows]
     check_calls(calls, referee.stats(), [call.who for call in calls])
+    return calls
 
 
 def test_batches_per_batch_take_one_turn_each(spark: Any, limiter: Any, referee: Referee) -> None:
     """per="batch": one turn and one call per Arrow batch (10 rows here), every row once."""
+    check_batches_per_batch(spark, limiter, referee)
+
+
+def check_batches_per_batch(spark: Any, limiter: ratequeue.Limiter, referee: Referee) -> list[Call]:
     from ratequeue.spark import throttled_batches
 
     call = referee_call(referee)
@@ -353,10 +393,16 @@ def test_batches_per_batch_take_one_turn_each(spark: Any, limiter: Any, referee:
     expected = [(first, first + 9) for first in range(0, ROWS, 10)]  # 100 rows per partition
     assert sorted(batches.values()) == expected, "one call per batch of 10 rows"
     per_call = {row["ticket"]: Call(str(row["ticket"]), *row[3:]) for row in rows}
-    check_calls(list(per_call.values()), referee.stats(), [str(ticket) for ticket in batches])
+    calls = list(per_call.values())
+    check_calls(calls, referee.stats(), [str(ticket) for ticket in batches])
+    return calls
 
 
 def test_udf_calls_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: Referee) -> None:
+    check_udf(spark, limiter, referee)
+
+
+def check_udf(spark: Any, limiter: ratequeue.Limiter, referee: Referee) -> list[Call]:
     from ratequeue.spark import throttled_udf
 
     call = referee_call(referee)
@@ -367,6 +413,7 @@ def test_udf_calls_each_row_once_at_its_turn(spark: Any, limiter: Any, referee: 
     assert sorted(row["id"] for row in rows) == list(range(ROWS)), "every row processed exactly once"
     calls = [Call(str(row["id"]), *row[1:]) for row in rows]
     check_calls(calls, referee.stats(), [str(row) for row in range(ROWS)])
+    return calls
 
 
 def test_docs_snippets_run_as_written(
@@ -393,6 +440,10 @@ def test_docs_snippets_run_as_written(
 
 def test_acquire_timeout_in_an_executor_reaches_the_driver(spark: Any, redis_server: Server) -> None:
     """A row that cannot get its turn in time fails its task; the driver sees AcquireTimeout."""
+    check_acquire_timeout(spark, redis_server)
+
+
+def check_acquire_timeout(spark: Any, redis_server: Server) -> None:
     from ratequeue.spark import original_error, throttled_partitions, unwrap_errors
 
     url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=spark-{uuid.uuid4().hex[:8]}:"
@@ -426,6 +477,10 @@ def test_acquire_timeout_in_an_executor_reaches_the_driver(spark: Any, redis_ser
 
 def test_unreachable_state_in_an_executor_reaches_the_driver(spark: Any) -> None:
     """No Redis at the URL: the UDF's rows fail with StateUnavailable, which the driver can unwrap."""
+    check_unreachable_state(spark)
+
+
+def check_unreachable_state(spark: Any) -> None:
     from ratequeue.spark import throttled_udf, unwrap_errors
 
     port = free_port()  # nothing listens there
