@@ -125,9 +125,27 @@ def retry_delay(failures: int) -> float:
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """``url`` without ratequeue's own ``prefix`` option, and that prefix."""
-    client_url, ours = split_options(url, "prefix")
+    """``url`` without ratequeue's own options (``prefix``, ``wait``, ``wait_timeout``), and the prefix."""
+    client_url, ours = split_options(url, "prefix", "wait", "wait_timeout")
     return client_url, ours.get("prefix", DEFAULT_PREFIX)
+
+
+#: how long (ms) a write waits for its replicas by default, with ``wait``
+DEFAULT_WAIT_TIMEOUT_MS = 1000
+
+
+def wait_options(url: str) -> tuple[int, int]:
+    """The ``wait`` (replicas, 0: none) and ``wait_timeout`` (ms) options of a Redis URL, checked."""
+    _, ours = split_options(url, "wait", "wait_timeout")
+    values = []
+    for option, default, low in (("wait", 0, 0), ("wait_timeout", DEFAULT_WAIT_TIMEOUT_MS, 1)):
+        text = ours.get(option, str(default))
+        if not (text.isdigit() and low <= int(text) <= 1_000_000):
+            raise ConfigurationError(
+                f"the Redis URL option {option} must be a whole number >= {low}, got {text!r}"
+            )
+        values.append(int(text))
+    return values[0], values[1]
 
 
 def url_of(client: Client, prefix: str) -> str:
@@ -416,10 +434,16 @@ class RedisStateBase(StateBase, Generic[C]):
         prefix: str = DEFAULT_PREFIX,
         url: str | None = None,
         clock: Clock | None = None,
+        wait: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         """Use a ready client: ``redis.Redis`` or ``redis.cluster.RedisCluster``; asyncio: theirs.
 
         :param prefix: put before every queue name to form its key.
+        :param wait: after each write, wait until this many replicas have it (Redis ``WAIT``,
+            sent with the script on the same connection); 0 (default) does not wait. A write
+            that fewer replicas confirm within ``wait_timeout_ms`` raises
+            :class:`StateUnavailable` (it was made on the master). Not with a cluster client.
         :param url: the URL to pickle limiters as (default: built from the client's host
             or socket, db, user, password and TLS; pass it when other options matter).
         :param clock: **for tests only**: a function returning ``now`` in whole
@@ -427,13 +451,18 @@ class RedisStateBase(StateBase, Generic[C]):
         """
         if not isinstance(prefix, str):
             raise ConfigurationError(f"prefix must be a string, got {type(prefix).__name__}")
+        if wait and is_cluster(client):
+            raise ConfigurationError("wait (Redis WAIT after each write) is not supported on a Redis Cluster")
+        #: replicas each write waits for, and for how long (ms)
+        self._wait, self._wait_timeout_ms = wait, wait_timeout_ms
         self._client: C = client
         self._prefix = prefix
         self._clock = clock
         self._where = where_of(client)
         self.url = url or url_of(client, prefix)
-        #: the lean calls, or None where redis-py's own script calls are needed
-        self._lean = self._lean_class.of(client)
+        #: the lean calls, or None where redis-py's own script calls are needed (and with wait:
+        #: the script and WAIT go together in a pipeline, on one connection)
+        self._lean = None if wait else self._lean_class.of(client)
         #: the script as redis-py calls it, for clients the lean calls do not suit
         self._script: Script | AsyncScript = client.register_script(SCRIPT)
 
@@ -445,11 +474,14 @@ class RedisStateBase(StateBase, Generic[C]):
         (``ssl_cert_reqs``, ``socket_timeout``, ...).
         """
         client_url, prefix = split_url(url)
+        wait, wait_timeout_ms = wait_options(url)
         scheme, _, rest = client_url.partition("://")
         cluster = CLUSTER_SCHEMES.get(scheme.lower())
         retry = cls._retry_class(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), retries=RETRIES)
         with secrets_kept_out(url):
             if cluster is not None:
+                if wait:
+                    raise ConfigurationError("the Redis URL option wait is not supported on a Redis Cluster")
                 return cls(cls._open_cluster(f"{cluster}://{rest}", url), prefix=prefix, url=url)
             try:
                 client = cls._client_class.from_url(
@@ -461,7 +493,7 @@ class RedisStateBase(StateBase, Generic[C]):
                 )
             except (ValueError, TypeError) as exc:
                 raise ConfigurationError(f"bad Redis URL {redact(url)!r}: {scrub(str(exc), url)}") from exc
-            return cls(client, prefix=prefix, url=url)
+            return cls(client, prefix=prefix, url=url, wait=wait, wait_timeout_ms=wait_timeout_ms)
 
     @classmethod
     def _open_cluster(cls, client_url: str, url: str) -> Any:
@@ -512,9 +544,38 @@ class RedisStateBase(StateBase, Generic[C]):
         now_us = None if self._clock is None else self._clock()
         if self._lean is not None:
             reply = yield Call(self._lean, (self._lean.commands.packed(op, key, terms, now_us, args),))
+        elif self._wait and op != "read":
+            reply = yield from self._waited(key, script_args(op, terms, now_us, args))
         else:
             reply = yield Call(self._script, ([key], script_args(op, terms, now_us, args)))
         return parse(reply, name, key, terms)
+
+    def _waited(self, key: str, args: list[Any]) -> Flow[object]:
+        """The script's reply, sent with ``WAIT`` in one pipeline (one connection, one round-trip).
+
+        ``NOSCRIPT`` loads the script and sends the pair again. Fewer
+        replicas than asked confirming within the timeout raise
+        :class:`StateUnavailable`: the write was made on the master only.
+        """
+        for attempt in range(2):
+            pipe: Any = self._client.pipeline(transaction=False)
+            pipe.evalsha(self._script.sha, 1, key, *args)
+            pipe.execute_command("WAIT", self._wait, self._wait_timeout_ms)
+            try:
+                reply, acked = yield Call(pipe.execute)
+            except NoScriptError:
+                if attempt:
+                    raise
+                yield Call(self._client.script_load, (SCRIPT,))
+                continue
+            if int(acked) < self._wait:
+                raise StateUnavailable(
+                    f"Redis at {self._where}: a write reached {acked} of {self._wait} replicas "
+                    f"within {self._wait_timeout_ms} ms (it was made on the master)",
+                    where=self._where,
+                )
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _take_flow(self, name: str, terms: Terms, cost: int) -> Flow[Taken]:
         return self._operation("take", name, terms, (cost,), parse_taken)

@@ -1,0 +1,110 @@
+"""``?wait=N``: each write waits until N replicas have it (Redis WAIT), so a failover loses no start.
+
+A master and one replica (``redis-server --replicaof``) run for this module.
+With ``wait=1`` a start the limiter returns is on the replica already; with
+``wait=2`` (one replica too few) a write fails after the timeout, as
+:class:`StateUnavailable`, and says why. Without ``wait`` nothing changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from ratequeue import Limiter, aio
+from ratequeue.errors import ConfigurationError, StateUnavailable
+from ratequeue.state import from_url
+
+from .servers import Server, free_port, redis_command, redis_executable, running, unavailable
+
+WAIT = 30.0
+
+
+@pytest.fixture(scope="module")
+def master_and_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    executable = redis_executable()
+    if executable is None:
+        unavailable("redis-server is not on PATH (Debian: apt-get install redis-server)")
+        raise AssertionError("unreachable")
+    workdir: Path = tmp_path_factory.mktemp("redis-replication")
+    master_port, replica_port = free_port(), free_port()
+    master_dir, replica_dir = workdir / "master", workdir / "replica"
+    master_dir.mkdir()
+    replica_dir.mkdir()
+    master = Server(
+        "master",
+        redis_command(executable, master_port, master_dir, append_only=False),
+        master_port,
+        master_dir,
+    )
+    replica_command = [
+        *redis_command(executable, replica_port, replica_dir, append_only=False),
+        "--replicaof", "127.0.0.1", str(master_port),
+    ]  # fmt: skip
+    replica = Server("replica", replica_command, replica_port, replica_dir)
+    with running(master), running(replica):
+        deadline = time.monotonic() + WAIT
+        with redis.Redis(port=master_port) as client:
+            while "online" not in str(client.info("replication").get("slave0", "")):
+                assert time.monotonic() < deadline, "the replica never came online"
+                time.sleep(0.05)  # until its first full sync is done: only then does it acknowledge
+        yield master_port, replica_port
+
+
+def test_a_start_is_on_the_replica_when_acquire_returns(master_and_replica: tuple[int, int]) -> None:
+    master_port, replica_port = master_and_replica
+    url = f"redis://127.0.0.1:{master_port}/0?prefix=wait:&wait=1&wait_timeout=2000"
+    limiter = Limiter(url, name="replicated", interval=0.001)
+    with redis.Redis(port=replica_port, decode_responses=True) as replica:
+        for _ in range(20):
+            turn = limiter.acquire()
+            # read at once, no waiting: WAIT returned only once the replica had the write
+            assert int(replica.hget("wait:replicated", "pos") or 0) == turn.ticket
+    limiter.close()
+
+
+def test_asyncio_waits_for_the_replica_too(master_and_replica: tuple[int, int]) -> None:
+    master_port, replica_port = master_and_replica
+    url = f"redis://127.0.0.1:{master_port}/0?prefix=wait:&wait=1"
+
+    async def main() -> list[tuple[int, int]]:
+        limiter = aio.Limiter(url, name="replicated-aio", interval=0.001)
+        seen = []
+        with redis.Redis(port=replica_port, decode_responses=True) as replica:
+            for _ in range(10):
+                turn = await limiter.acquire()
+                seen.append((turn.ticket, int(replica.hget("wait:replicated-aio", "pos") or 0)))
+        await limiter.close()
+        return seen
+
+    assert all(ticket == on_replica for ticket, on_replica in asyncio.run(main()))
+
+
+def test_too_few_replicas_is_an_error_after_the_timeout(master_and_replica: tuple[int, int]) -> None:
+    master_port, _ = master_and_replica
+    url = f"redis://127.0.0.1:{master_port}/0?prefix=wait:&wait=2&wait_timeout=100"
+    state = from_url(url)
+    began = time.monotonic()
+    with pytest.raises(StateUnavailable, match="reached 1 of 2 replicas within 100 ms"):
+        state.take("too-few", 1000)
+    assert time.monotonic() - began >= 0.1
+    state.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("redis://127.0.0.1:1/0?wait=-1", "option wait must be a whole number >= 0"),
+        ("redis://127.0.0.1:1/0?wait=x", "option wait must be a whole number >= 0"),
+        ("redis://127.0.0.1:1/0?wait=1&wait_timeout=0", "option wait_timeout must be a whole number >= 1"),
+        ("redis+cluster://127.0.0.1:1?wait=1", "not supported on a Redis Cluster"),
+    ],
+)
+def test_bad_wait_options_are_refused(url: str, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=words):
+        from_url(url)
