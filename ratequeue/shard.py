@@ -272,6 +272,8 @@ class Shard:
         self._rtt: float | None = None
         #: recent (local receive time, local-minus-state offset) samples, see _offset
         self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
+        #: the latest turn this shard was granted (see _turn)
+        self._last_turn: Turn | None = None
         #: tickets granted a start that no job began (dropped, given up, or nobody left to take
         #: it): on a queue with ``max_running`` their leases are released. The driver empties it.
         self.unused: list[int] = []
@@ -497,7 +499,7 @@ class Shard:
             if self._granted is not job or job.turn is None:
                 return  # the turn was abandoned meanwhile
             if isinstance(outcome, Started):
-                job.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
+                job.turn = self._turn(outcome, offset)
             elif self.burst > 1:
                 job.begins_late = True
             else:
@@ -511,7 +513,7 @@ class Shard:
                 return
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False
-            head.turn = Turn(outcome.ticket, outcome.start, outcome.start / US + offset)
+            head.turn = self._turn(outcome, offset)
             self._granted = head
         elif isinstance(outcome, Wait):
             if outcome.ticket != self._ticket:  # a new ticket, from TakeAndTry
@@ -526,6 +528,24 @@ class Shard:
             self._ticket = self._slot = None
         else:  # pragma: no cover - the protocol has three answers
             raise TypeError(f"not a protocol answer: {outcome!r}")
+
+    def _turn(self, outcome: Started, offset: float) -> Turn:
+        """The turn ``outcome`` grants, its start converted to local time with ``offset``.
+
+        Never closer, in local time, to this shard's previous turn than the
+        two starts are on the state's clock: a better (smaller) offset bound
+        learnt since the previous turn was converted would otherwise move
+        this one earlier by the difference, shortening the gap between two
+        begins of this process (seen with the first turns of a run, when the
+        bound is still loose).
+        """
+        local = outcome.start / US + offset
+        last = self._last_turn
+        if last is not None and outcome.start > last.start_us:
+            local = max(local, last.local_start + (outcome.start - last.start_us) / US)
+        turn = Turn(outcome.ticket, outcome.start, local)
+        self._last_turn = turn
+        return turn
 
     def _offset(self, sample: float, received: float, rtt: float) -> float:
         """The local-minus-state clock offset to convert state times with.

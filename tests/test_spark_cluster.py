@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -114,11 +115,18 @@ def test_example_submitted_to_the_cluster(spark_cluster: SparkCluster, redis_ser
     assert re.search(rf"^200 rows on {re.escape(spark_cluster.master_url)};", output, re.MULTILINE), output
 
 
+#: how long (s) the session waits for an executor on each worker
+EXECUTORS_WAIT = 60.0
+
+
 @pytest.fixture(scope="module")
 def spark(spark_cluster: SparkCluster) -> Iterator[Any]:
     """One SparkSession on the cluster for the module, with an executor on each worker."""
     for session in spark_session(spark_cluster.master_url, APP_CONF):
-        executors = session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
+        status = session.sparkContext._jsc.sc().getExecutorMemoryStatus
+        deadline = time.monotonic() + EXECUTORS_WAIT
+        while (executors := status().size() - 1) < WORKERS and time.monotonic() < deadline:  # less the driver
+            time.sleep(0.1)  # the second executor registers a moment after the session starts
         assert executors == WORKERS, f"{executors} executors\n{spark_cluster.log_tails()}"
         yield session
 
