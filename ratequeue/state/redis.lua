@@ -57,7 +57,7 @@ and, changing nothing:
 
 take, try_start, take_and_try, retime, set_paused, release and renew create a missing record
 (ticket 1, pos 0, at and due NEVER, not paused, with ARGV[2], ARGV[3] and ARGV[5], no leases)
-and write the record back, all six fields and paused (set, or deleted), and with max_running
+and write the record back, all six fields and paused (set, or deleted if it was set), and with max_running
 also max_running, leases and held (unless NEVER); read never writes. While the record is paused,
 try_start (and the try of take_and_try) starts nothing: see protocol.try_start and
 PAUSED_RECHECK. With max_running, a start takes a lease of ARGV[6] us, and while max_running
@@ -377,7 +377,7 @@ expires = math.max(expires, held + FULL_GRACE)
 redis.call("HSET", KEYS[1], unpack(fields))
 if paused then
   redis.call("HSET", KEYS[1], "paused", "1")
-else
+elseif stored[7] then -- resumed: the flag goes (a record never paused has none to delete)
   redis.call("HDEL", KEYS[1], "paused")
 end
 
