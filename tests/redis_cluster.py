@@ -70,6 +70,38 @@ class Cluster:
     def node(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
 
+    def masters(self) -> list[int]:
+        """The ports of the masters, as the first node sees them."""
+        with self.node(self.ports[0]) as node:
+            return sorted({int(master[1]) for _, _, master, *_ in node.execute_command("CLUSTER", "SLOTS")})
+
+    def replica_of(self, master_port: int) -> int:
+        """The port of a replica of the master on ``master_port`` (as the master itself says)."""
+        with self.node(master_port) as node:
+            first = node.info("replication").get("slave0")
+        if not first:
+            raise AssertionError(f"the master on {master_port} has no replica")
+        port = (
+            first["port"]
+            if isinstance(first, dict)
+            else dict(p.split("=") for p in str(first).split(","))["port"]
+        )
+        return int(port)
+
+    def replicas_online(self, per_master: int) -> bool:
+        """Whether every master has ``per_master`` replicas that finished their first sync."""
+        if not per_master:
+            return True
+        for port in self.ports:
+            with self.node(port) as node:
+                info = node.info("replication")
+            if (
+                info.get("role") == "master"
+                and sum("online" in str(info.get(f"slave{i}", "")) for i in range(per_master)) < per_master
+            ):
+                return False
+        return True
+
     def owner(self, slot: int) -> int:
         """The port of the master holding ``slot``, as the first node sees it."""
         with self.node(self.ports[0]) as node:
@@ -90,7 +122,7 @@ class Cluster:
             source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
             while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
                 source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
-            for port in self.ports:
+            for port in self.masters():  # (a replica refuses SETSLOT: it follows its master)
                 with self.node(port) as node:
                     node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
         deadline = time.monotonic() + WAIT
@@ -107,9 +139,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(workdir: Path, server: str, cli: str, masters: int = 3) -> Iterator[Cluster]:
-    """Start ``masters`` cluster nodes in ``workdir``, join them, yield the cluster, stop them."""
-    ports = cluster_ports(masters)
+def cluster(workdir: Path, server: str, cli: str, masters: int = 3, replicas: int = 0) -> Iterator[Cluster]:
+    """Start ``masters`` cluster nodes (and ``replicas`` per master) in ``workdir``, join them, stop them."""
+    ports = cluster_ports(masters * (1 + replicas))
     with contextlib.ExitStack() as stack:
         for port in ports:
             directory = workdir / f"node-{port}"
@@ -121,14 +153,14 @@ def cluster(workdir: Path, server: str, cli: str, masters: int = 3) -> Iterator[
             ]  # fmt: skip
             stack.enter_context(running(Server(f"redis-cluster-{port}", command, port, directory)))
         created = subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports), "--cluster-replicas", "0",
-             "--cluster-yes"],
+            [cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports), "--cluster-replicas",
+             str(replicas), "--cluster-yes"],
             capture_output=True, text=True, timeout=WAIT, check=False,
         )  # fmt: skip
         assert created.returncode == 0, created.stdout + created.stderr
         made = Cluster(ports, cli)
         deadline = time.monotonic() + WAIT
-        while not all(_ok(made, port) for port in ports):
+        while not all(_ok(made, port) for port in ports) or not made.replicas_online(replicas):
             assert time.monotonic() < deadline, "the cluster did not reach cluster_state:ok"
             time.sleep(0.05)
         yield made

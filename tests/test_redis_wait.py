@@ -9,6 +9,8 @@ With ``wait=1`` a start the limiter returns is on the replica already; with
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from ratequeue import Limiter, aio
 from ratequeue.errors import ConfigurationError, StateUnavailable
 from ratequeue.state import from_url
 
+from .redis_cluster import Cluster, cluster, executables
 from .servers import Server, free_port, redis_command, redis_executable, running, unavailable
 
 WAIT = 30.0
@@ -102,9 +105,83 @@ def test_too_few_replicas_is_an_error_after_the_timeout(master_and_replica: tupl
         ("redis://127.0.0.1:1/0?wait=-1", "option wait must be a whole number >= 0"),
         ("redis://127.0.0.1:1/0?wait=x", "option wait must be a whole number >= 0"),
         ("redis://127.0.0.1:1/0?wait=1&wait_timeout=0", "option wait_timeout must be a whole number >= 1"),
-        ("redis+cluster://127.0.0.1:1?wait=1", "not supported on a Redis Cluster"),
     ],
 )
 def test_bad_wait_options_are_refused(url: str, words: str) -> None:
     with pytest.raises(ConfigurationError, match=words):
         from_url(url)
+
+
+# On a Redis Cluster: three masters with a replica each.
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    found = executables()
+    if found is None:
+        unavailable("the Redis Cluster tests need redis-server and redis-cli (Debian: redis-server)")
+        raise AssertionError("unreachable")
+    with cluster(tmp_path_factory.mktemp("redis-cluster-replicas"), *found, masters=3, replicas=1) as made:
+        yield made
+
+
+def test_on_a_cluster_a_start_is_on_the_replica_of_its_master(replicated_cluster: Cluster) -> None:
+    url = f"{replicated_cluster.url}?prefix=cwait:&wait=1&wait_timeout=2000"
+    name = "replicated"
+    with replicated_cluster.node(replicated_cluster.ports[0]) as node:
+        slot = int(node.execute_command("CLUSTER", "KEYSLOT", f"cwait:{name}"))
+    replica_port = replicated_cluster.replica_of(replicated_cluster.owner(slot))
+    limiter = Limiter(url, name=name, interval=0.001)
+    with replicated_cluster.node(replica_port) as replica:
+        replica.execute_command("READONLY")  # a replica answers reads of its master's slots
+        for _ in range(10):
+            turn = limiter.acquire()
+            assert int(replica.hget(f"cwait:{name}", "pos") or 0) == turn.ticket
+    limiter.close()
+
+
+def test_on_a_cluster_writes_wait_through_a_moving_slot(replicated_cluster: Cluster) -> None:
+    """The slot moves to another master twice while a limiter acquires: MOVED and ASK are followed."""
+    url = f"{replicated_cluster.url}?prefix=cwait:&wait=1&wait_timeout=2000"
+    name = f"moving-{time.monotonic_ns()}"
+    with replicated_cluster.node(replicated_cluster.ports[0]) as node:
+        slot = int(node.execute_command("CLUSTER", "KEYSLOT", f"cwait:{name}"))
+    limiter = Limiter(url, name=name, interval=0.002)
+    starts: list[int] = []
+    errors: list[BaseException] = []
+
+    def acquire_all() -> None:
+        try:
+            for _ in range(300):
+                starts.append(limiter.acquire(timeout=WAIT).start_us)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=acquire_all)
+    worker.start()
+    moved = []
+    for _ in range(2):
+        time.sleep(0.2)
+        owner = replicated_cluster.owner(slot)
+        target = next(port for port in replicated_cluster.masters() if port != owner)
+        replicated_cluster.move_slot(slot, target)
+        moved.append(target)
+    worker.join(WAIT)
+    limiter.close()
+    assert not errors, errors
+    assert replicated_cluster.owner(slot) == moved[-1]
+    assert len(starts) == 300
+    assert min(b - a for a, b in itertools.pairwise(sorted(starts))) >= 2000
+
+
+def test_asyncio_on_a_cluster_waits_too(replicated_cluster: Cluster) -> None:
+    url = f"{replicated_cluster.url}?prefix=cwait:&wait=1"
+
+    async def main() -> int:
+        limiter = aio.Limiter(url, name="replicated-aio", interval=0.001)
+        for _ in range(5):
+            turn = await limiter.acquire()
+        await limiter.close()
+        return turn.ticket
+
+    assert asyncio.run(main()) == 5

@@ -103,6 +103,8 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
     async def close(self) -> None:
         if self._lean is not None:
             await self._lean.close()  # the kept connections go back to the pool first
+        for node in self._node_clients.values():
+            await node.aclose()
         await self._client.aclose()
 
     async def _take(self, name: str, terms: Terms, cost: int) -> Taken:

@@ -130,6 +130,10 @@ def split_url(url: str) -> tuple[str, str]:
     return client_url, ours.get("prefix", DEFAULT_PREFIX)
 
 
+#: how many MOVED/ASK redirections a write with ``wait`` follows on a cluster before it gives up
+#: (after the first two, with the backoff of a retry: some 3 s in all)
+_REDIRECTS = 10
+
 #: how long (ms) a write waits for its replicas by default, with ``wait``
 DEFAULT_WAIT_TIMEOUT_MS = 1000
 
@@ -152,7 +156,7 @@ def url_of(client: Client, prefix: str) -> str:
     """A URL that reconnects as ``client`` does: host or socket, db, credentials, TLS, prefix."""
     if is_cluster(client):
         cluster: Any = client
-        node = cluster.get_default_node() or cluster.get_nodes()[0]
+        node = _first_node(cluster)
         kwargs = cluster.nodes_manager.connection_kwargs
         user, password = kwargs.get("username") or "", kwargs.get("password")
         auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if password else ""
@@ -171,11 +175,17 @@ def url_of(client: Client, prefix: str) -> str:
     return f"{scheme}://{auth}{host}/{options.pop('db')}?{urlencode(options)}"
 
 
+def _first_node(cluster: Any) -> Any:
+    """A cluster client's default node, or its first seed (all an asyncio one knows before its first call)."""
+    nodes = cluster.get_nodes() or list(cluster.nodes_manager.startup_nodes.values())
+    return cluster.get_default_node() or nodes[0]
+
+
 def where_of(client: Client) -> str:
     """``host:port`` (or the socket path) a client connects to; a cluster's first node."""
     if is_cluster(client):
         cluster: Any = client
-        node = cluster.get_default_node() or cluster.get_nodes()[0]
+        node = _first_node(cluster)
         return f"cluster {node.host}:{node.port}"
     kwargs = client.connection_pool.connection_kwargs
     return str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
@@ -443,7 +453,8 @@ class RedisStateBase(StateBase, Generic[C]):
         :param wait: after each write, wait until this many replicas have it (Redis ``WAIT``,
             sent with the script on the same connection); 0 (default) does not wait. A write
             that fewer replicas confirm within ``wait_timeout_ms`` raises
-            :class:`StateUnavailable` (it was made on the master). Not with a cluster client.
+            :class:`StateUnavailable` (it was made on the master). On a cluster, the pair
+            goes to the master holding the queue's slot, following MOVED and ASK.
         :param url: the URL to pickle limiters as (default: built from the client's host
             or socket, db, user, password and TLS; pass it when other options matter).
         :param clock: **for tests only**: a function returning ``now`` in whole
@@ -451,10 +462,12 @@ class RedisStateBase(StateBase, Generic[C]):
         """
         if not isinstance(prefix, str):
             raise ConfigurationError(f"prefix must be a string, got {type(prefix).__name__}")
-        if wait and is_cluster(client):
-            raise ConfigurationError("wait (Redis WAIT after each write) is not supported on a Redis Cluster")
         #: replicas each write waits for, and for how long (ms)
         self._wait, self._wait_timeout_ms = wait, wait_timeout_ms
+        #: with wait on a cluster: a plain client per master (host, port), for the script + WAIT pipeline,
+        #: and the master a key was last MOVED to (the cluster client's own map is not refreshed)
+        self._node_clients: dict[tuple[str, int], Any] = {}
+        self._moved: dict[str, tuple[str, int]] = {}
         self._client: C = client
         self._prefix = prefix
         self._clock = clock
@@ -480,9 +493,8 @@ class RedisStateBase(StateBase, Generic[C]):
         retry = cls._retry_class(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), retries=RETRIES)
         with secrets_kept_out(url):
             if cluster is not None:
-                if wait:
-                    raise ConfigurationError("the Redis URL option wait is not supported on a Redis Cluster")
-                return cls(cls._open_cluster(f"{cluster}://{rest}", url), prefix=prefix, url=url)
+                client = cls._open_cluster(f"{cluster}://{rest}", url)
+                return cls(client, prefix=prefix, url=url, wait=wait, wait_timeout_ms=wait_timeout_ms)
             try:
                 client = cls._client_class.from_url(
                     client_url,
@@ -557,16 +569,38 @@ class RedisStateBase(StateBase, Generic[C]):
         replicas than asked confirming within the timeout raise
         :class:`StateUnavailable`: the write was made on the master only.
         """
-        for attempt in range(2):
-            pipe: Any = self._client.pipeline(transaction=False)
+        cluster: Any = self._client if is_cluster(self._client) else None
+        if cluster is not None and not cluster.get_nodes():  # an asyncio client before its first call
+            yield Call(cluster.initialize)
+        address = self._moved.get(key)
+        if address is None and cluster is not None:
+            node = cluster.get_node_from_key(key)
+            address = (node.host, node.port)
+        asking = loaded = False
+        for redirects in range(_REDIRECTS):
+            if redirects > 1:  # redirected back and forth: the masters' views are still settling
+                yield Sleep(retry_delay(redirects))
+            client: Any = self._client if address is None else self._node_client(address)
+            pipe: Any = client.pipeline(transaction=False)
+            if asking:  # the slot is moving: the key is on the importing master already
+                pipe.execute_command("ASKING")
             pipe.evalsha(self._script.sha, 1, key, *args)
             pipe.execute_command("WAIT", self._wait, self._wait_timeout_ms)
             try:
-                reply, acked = yield Call(pipe.execute)
+                *_, reply, acked = yield Call(pipe.execute)
             except NoScriptError:
-                if attempt:
+                if loaded:
                     raise
-                yield Call(self._client.script_load, (SCRIPT,))
+                loaded = True
+                yield Call(client.script_load, (SCRIPT,))
+                continue
+            except redis.exceptions.AskError as redirect:  # MOVED (a MovedError) or ASK
+                if cluster is None:
+                    raise
+                asking = not isinstance(redirect, redis.exceptions.MovedError)
+                address, loaded = redirect.node_addr, False
+                if not asking:  # the slot has moved for good: this key's writes go there from now on
+                    self._moved[key] = address
                 continue
             if int(acked) < self._wait:
                 raise StateUnavailable(
@@ -575,7 +609,23 @@ class RedisStateBase(StateBase, Generic[C]):
                     where=self._where,
                 )
             return reply
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise StateUnavailable(
+            f"Redis at {self._where}: a write was redirected {_REDIRECTS} times (a slot moving to and fro?)",
+            where=self._where,
+        )
+
+    def _node_client(self, address: tuple[str, int]) -> Any:
+        """A plain client of the cluster master at ``address`` (made once), with the cluster's settings."""
+        client = self._node_clients.get(address)
+        if client is None:
+            cluster: Any = self._client
+            settings = getattr(cluster, "connection_kwargs", None) or cluster.nodes_manager.connection_kwargs
+            accepted = inspect.signature(self._client_class.__init__).parameters
+            skipped = {"host", "port", "connection_pool", "retry", "cache", "cache_config"}
+            kwargs = {key: value for key, value in settings.items() if key in accepted and key not in skipped}
+            client = self._client_class(host=address[0], port=address[1], **kwargs)
+            self._node_clients[address] = client
+        return client
 
     def _take_flow(self, name: str, terms: Terms, cost: int) -> Flow[Taken]:
         return self._operation("take", name, terms, (cost,), parse_taken)
@@ -642,6 +692,8 @@ class RedisState(RedisStateBase[redis.Redis], State):
     def close(self) -> None:
         if self._lean is not None:
             self._lean.close()  # the kept connections go back to the pool first
+        for node in self._node_clients.values():
+            node.close()
         self._client.close()
 
     def _take(self, name: str, terms: Terms, cost: int) -> Taken:
