@@ -8,24 +8,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from .._flow import arun
 from .._redact import secrets_kept_out
-from ..errors import ConfigurationError
 from ..protocol import Outcome, Taken
-from ..state.base import Clock, Snapshot, Terms
+from ..state.base import Snapshot, Terms
 from ..state.postgresql import (
-    DEFAULT_TABLE,
     PostgresStateBase,
     Query,
-    check_autocommit,
     connect_kwargs,
-    describe,
     is_pool,
     split_url,
-    url_from,
-    where_of,
 )
 from .state import AsyncState
 
@@ -37,42 +30,11 @@ class AsyncPostgresState(PostgresStateBase, AsyncState):
 
     Made from a ready ``psycopg.AsyncConnection`` (autocommit) or
     ``psycopg_pool.AsyncConnectionPool``, or from a ``conninfo``, with the
-    options of :class:`ratequeue.state.postgresql.PostgresState`; every
+    options of :class:`ratequeue.state.postgresql.PostgresStateBase`; every
     operation runs the same flow, awaiting psycopg's asyncio calls.
     """
 
-    def __init__(
-        self,
-        connection: psycopg.AsyncConnection[Any] | Any | None = None,
-        *,
-        conninfo: str | None = None,
-        table: str = DEFAULT_TABLE,
-        schema: str | None = None,
-        url: str | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        if (connection is None) == (conninfo is None):
-            raise ConfigurationError(
-                "give AsyncPostgresState a connection, a pool or a conninfo, one of them"
-            )
-        if connection is not None:
-            check_autocommit(connection)
-            params = describe(connection)
-        else:
-            assert conninfo is not None
-            params = dict(conninfo_to_dict(conninfo))
-            params.pop("password", None)
-        super().__init__(
-            table=table,
-            schema=schema,
-            url=url or url_from(params, table, schema),
-            where=where_of(params),
-            clock=clock,
-        )
-        self._source: Any = connection
-        self._conninfo = conninfo
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._closed = False
+    _idle: list[psycopg.AsyncConnection[Any]]
 
     @classmethod
     def from_url(cls, url: str) -> AsyncPostgresState:

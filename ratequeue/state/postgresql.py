@@ -167,13 +167,43 @@ class PostgresStateBase(StateBase, ABC):
 
     def __init__(
         self,
+        connection: Any = None,
         *,
+        conninfo: str | None = None,
         table: str = DEFAULT_TABLE,
         schema: str | None = None,
-        url: str | None,
-        where: str,
+        url: str | None = None,
         clock: Clock | None = None,
     ) -> None:
+        """Use a ready connection (autocommit) or pool, or a ``conninfo``: exactly one of them.
+
+        With ``conninfo`` the state opens its own connections as calls need
+        them (one per concurrent call, kept between calls).
+
+        :param table: the table holding one row per queue (created if missing).
+        :param schema: its schema (default: the connection's search path).
+        :param url: the URL to pickle limiters as (default: built from the connection, no password).
+        :param clock: **for tests only**: a function returning ``now`` in whole
+            microseconds, used in place of the server's ``clock_timestamp()``.
+        """
+        if (connection is None) == (conninfo is None):
+            raise ConfigurationError(
+                f"give {type(self).__name__} a connection, a pool or a conninfo, one of them"
+            )
+        if connection is not None:
+            check_autocommit(connection)
+            params = describe(connection)
+        else:
+            assert conninfo is not None
+            params = dict(conninfo_to_dict(conninfo))
+            params.pop("password", None)
+        url = url or url_from(params, table, schema)
+        where = where_of(params)
+        #: the connection or pool given, or None (then connections are opened from ``_conninfo``)
+        self._source: Any = connection
+        self._conninfo = conninfo
+        self._idle: list[Any] = []
+        self._closed = False
         check_identifiers(table, schema)
         self._table_name, self._schema = table, schema
         self._function_name = f"{table}_op_{FUNCTION_VERSION}"
@@ -459,50 +489,16 @@ def check_autocommit(source: Any) -> None:
 
 
 class PostgresState(PostgresStateBase, State):
-    """Records kept in a PostgreSQL table, changed only by one server-side function call each."""
+    """Records kept in a PostgreSQL table, changed only by one server-side function call each.
 
-    def __init__(
-        self,
-        connection: psycopg.Connection[Any] | Any | None = None,
-        *,
-        conninfo: str | None = None,
-        table: str = DEFAULT_TABLE,
-        schema: str | None = None,
-        url: str | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        """Use a ready ``psycopg.Connection`` (autocommit) or ``ConnectionPool``, or a ``conninfo``.
+    Made from a ready ``psycopg.Connection`` (autocommit) or
+    ``psycopg_pool.ConnectionPool``, or from a ``conninfo`` (see
+    :class:`PostgresStateBase`); every operation runs one flow, in this thread.
+    """
 
-        With ``conninfo`` the state opens its own connections as threads need
-        them (one per concurrent call, kept between calls).
-
-        :param table: the table holding one row per queue (created if missing).
-        :param schema: its schema (default: the connection's search path).
-        :param url: the URL to pickle limiters as (default: built from the connection, no password).
-        :param clock: **for tests only**: a function returning ``now`` in whole
-            microseconds, used in place of the server's ``clock_timestamp()``.
-        """
-        if (connection is None) == (conninfo is None):
-            raise ConfigurationError("give PostgresState a connection, a pool or a conninfo, one of them")
-        if connection is not None:
-            check_autocommit(connection)
-            params = describe(connection)
-        else:
-            assert conninfo is not None
-            params = dict(conninfo_to_dict(conninfo))
-            params.pop("password", None)
-        super().__init__(
-            table=table,
-            schema=schema,
-            url=url or url_from(params, table, schema),
-            where=where_of(params),
-            clock=clock,
-        )
-        self._source: Any = connection
-        self._conninfo = conninfo
-        self._idle: list[psycopg.Connection[Any]] = []
+    def __init__(self, connection: psycopg.Connection[Any] | Any | None = None, **options: Any) -> None:
+        super().__init__(connection, **options)
         self._lock = threading.Lock()
-        self._closed = False
 
     @classmethod
     def from_url(cls, url: str) -> PostgresState:
