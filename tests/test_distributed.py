@@ -62,15 +62,15 @@ def check_spacing(starts: list[tuple[int, int, int]]) -> None:
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("kind", ["redis", "mongodb"])
+@pytest.mark.parametrize("kind", ["redis", "mongodb", "postgresql"])
 def test_hosts_with_skewed_clocks_share_one_rate(kind: str, request: pytest.FixtureRequest) -> None:
     """Processes whose local clocks are 2 s apart still start one per interval (server clock)."""
     server: Server = request.getfixturevalue(f"{kind}_server")
-    url = (
-        f"redis://127.0.0.1:{server.port}/0?prefix=skew:"
-        if kind == "redis"
-        else f"mongodb://127.0.0.1:{server.port}/?database=skew"
-    )
+    url = {
+        "redis": f"redis://127.0.0.1:{server.port}/0?prefix=skew:",
+        "mongodb": f"mongodb://127.0.0.1:{server.port}/?database=skew",
+        "postgresql": f"postgresql://postgres@127.0.0.1:{server.port}/postgres?table=skew",
+    }[kind]
     name = f"skew-{kind}"
     starts, errors = run_workers(url, name, 15, [-2.0, 0.0, 2.0])
     assert not errors

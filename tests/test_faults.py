@@ -275,6 +275,14 @@ def test_mongodb_restart_mid_run(fault_mongodb: servers.Server) -> None:
     check_outcomes(out, url, all_turned=True)
 
 
+@pytest.mark.servers
+def test_postgresql_restart_mid_run(postgresql_server: servers.Server) -> None:
+    """A fast shutdown and a start of the server (its data kept): every acquire still gets its turn."""
+    url = f"postgresql://postgres@127.0.0.1:{postgresql_server.port}/postgres?table=faults"
+    out = run_with_fault(url, postgresql_server.restart)
+    check_outcomes(out, url, all_turned=True)
+
+
 # --------------------------------------------------------------------------- SIGKILL of n-1 of n
 
 PROCESSES = 4
