@@ -72,7 +72,7 @@ from _common import (
     wall_minus_monotonic,
 )
 
-BACKENDS = ["floor", "file", "redis", "mongodb"]
+BACKENDS = ["floor", "file", "redis", "redis-cluster", "mongodb", "postgresql"]
 #: the pseudo-state of the floor rows: a schedule, no state at all
 FLOOR = "floor"
 INTERVALS_MS = [10, 5, 2, 1, 0.5, 0.2]
@@ -377,7 +377,7 @@ def plot(results: list[Result], directory: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = new_parser(__doc__)
-    add_backends(parser, BACKENDS, "states to sweep (floor,file,redis,mongodb)")
+    add_backends(parser, BACKENDS, "states to sweep (floor,file,redis,redis-cluster,mongodb,postgresql)")
     parser.add_argument(
         "--intervals", default=",".join(f"{i:g}" for i in INTERVALS_MS), help="intervals in ms (10,...,0.2)"
     )
