@@ -85,7 +85,7 @@ class AsyncPostgresState(PostgresStateBase, AsyncState):
 
     async def _fetch(self, query: Query, params: tuple[Any, ...]) -> tuple[list[Any], int]:
         async with self._connection() as connection:
-            if self._ready and connection not in self._warmed:
+            if self._warms(connection):
                 await self._warm_up(connection)
             cursor = await connection.execute(query, params)
             rows = await cursor.fetchall() if cursor.description is not None else []
@@ -99,7 +99,13 @@ class AsyncPostgresState(PostgresStateBase, AsyncState):
         except psycopg.OperationalError:
             raise
         except psycopg.Error:
-            await connection.rollback()
+            pass
+        finally:
+            if (
+                not connection.broken
+                and connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                await connection.rollback()
 
     async def _setup_call(self, statements: list[Query]) -> None:
         async with self._connection() as connection, connection.transaction():

@@ -103,7 +103,7 @@ class AsyncRedisState(RedisStateBase[redis.asyncio.Redis], AsyncState):
     async def close(self) -> None:
         if self._lean is not None:
             await self._lean.close()  # the kept connections go back to the pool first
-        for node in self._node_clients.values():
+        for node in [*self._node_clients.values(), *self._retired_clients]:
             await node.aclose()
         await self._client.aclose()
 

@@ -311,6 +311,15 @@ class PostgresStateBase(StateBase, ABC):
             yield from self._setup_flow()
         return (yield from self._retrying(Call(self._fetch, (query, params))))
 
+    def _warms(self, connection: Any) -> bool:
+        """Whether ``connection`` is to be warmed up: one of the state's own, or a pool's, not yet warm.
+
+        A single connection the caller gave is left alone: it may be in the
+        middle of the caller's own transaction.
+        """
+        single = self._source is not None and not is_pool(self._source)
+        return self._ready and not single and connection not in self._warmed
+
     def _retrying(self, call: Call) -> Flow[Any]:
         delay = BACKOFF
         for _ in range(RETRIES):
@@ -518,8 +527,8 @@ class PostgresState(PostgresStateBase, State):
         return self._table
 
     def close(self) -> None:
-        self._closed = True
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
@@ -553,29 +562,38 @@ class PostgresState(PostgresStateBase, State):
         self._give_back(connection)
 
     def _give_back(self, connection: psycopg.Connection[Any]) -> None:
-        if self._closed:
-            connection.close()
-            return
         with self._lock:
-            self._idle.append(connection)
+            if not self._closed:
+                self._idle.append(connection)
+                return
+        connection.close()
 
     def _fetch(self, query: Query, params: tuple[Any, ...]) -> tuple[list[Any], int]:
         with self._connection() as connection:
-            if self._ready and connection not in self._warmed:
+            if self._warms(connection):
                 self._warm_up(connection)
             cursor = connection.execute(query, params)
             rows = cursor.fetchall() if cursor.description is not None else []
             return rows, cursor.rowcount
 
     def _warm_up(self, connection: psycopg.Connection[Any]) -> None:
-        """Run :meth:`_warm_up_script` on ``connection``, once; ignore a failure but a broken connection."""
+        """Run :meth:`_warm_up_script` on ``connection``, once; ignore a failure but a broken connection.
+
+        Whatever happens, the connection is left outside a transaction.
+        """
         self._warmed.add(connection)
         try:
             connection.execute(self._warm_up_script(), prepare=False)
         except psycopg.OperationalError:
             raise
         except psycopg.Error:
-            connection.rollback()
+            pass
+        finally:
+            if (
+                not connection.broken
+                and connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                connection.rollback()
 
     def _setup_call(self, statements: list[Query]) -> None:
         with self._connection() as connection, connection.transaction():

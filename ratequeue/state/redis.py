@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import weakref
 from abc import ABC, abstractmethod
@@ -85,6 +86,8 @@ else:
     _STREAMING = (StreamingCredentialProvider,)
 
 __all__ = ["LeanCalls", "LeanScripts", "RedisState", "RedisStateBase"]
+
+_log = logging.getLogger("ratequeue")
 
 #: the key prefix used unless one is given
 DEFAULT_PREFIX = "ratequeue:"
@@ -136,24 +139,35 @@ _REDIRECTS = 10
 
 #: how long (ms) a write waits for its replicas by default, with ``wait``
 DEFAULT_WAIT_TIMEOUT_MS = 1000
+#: the longest ``wait_timeout`` (ms): half the socket timeout, so that a WAIT never times the
+#: connection out (a call that times out is sent again, and its script would run twice)
+MAX_WAIT_TIMEOUT_MS = int(SOCKET_TIMEOUT * 1000 / 2)
 
 
 def wait_options(url: str) -> tuple[int, int]:
     """The ``wait`` (replicas, 0: none) and ``wait_timeout`` (ms) options of a Redis URL, checked."""
     _, ours = split_options(url, "wait", "wait_timeout")
     values = []
-    for option, default, low in (("wait", 0, 0), ("wait_timeout", DEFAULT_WAIT_TIMEOUT_MS, 1)):
+    for option, default, low, high in (
+        ("wait", 0, 0, 1000),
+        ("wait_timeout", DEFAULT_WAIT_TIMEOUT_MS, 1, MAX_WAIT_TIMEOUT_MS),
+    ):
         text = ours.get(option, str(default))
-        if not (text.isdigit() and low <= int(text) <= 1_000_000):
+        if not (text.isdigit() and low <= int(text) <= high):
             raise ConfigurationError(
-                f"the Redis URL option {option} must be a whole number >= {low}, got {text!r}"
+                f"the Redis URL option {option} must be a whole number from {low} to {high}, got {text!r}"
             )
         values.append(int(text))
     return values[0], values[1]
 
 
-def url_of(client: Client, prefix: str) -> str:
-    """A URL that reconnects as ``client`` does: host or socket, db, credentials, TLS, prefix."""
+def url_of(client: Client, prefix: str, wait: int = 0, wait_timeout_ms: int = 0) -> str:
+    """A URL that reconnects as ``client`` does: host or socket, db, credentials, TLS, prefix, wait."""
+    url = _plain_url_of(client, prefix)
+    return f"{url}&{urlencode({'wait': wait, 'wait_timeout': wait_timeout_ms})}" if wait else url
+
+
+def _plain_url_of(client: Client, prefix: str) -> str:
     if is_cluster(client):
         cluster: Any = client
         node = _first_node(cluster)
@@ -467,12 +481,13 @@ class RedisStateBase(StateBase, Generic[C]):
         #: with wait on a cluster: a plain client per master (host, port), for the script + WAIT pipeline,
         #: and the master a key was last MOVED to (the cluster client's own map is not refreshed)
         self._node_clients: dict[tuple[str, int], Any] = {}
+        self._retired_clients: list[Any] = []
         self._moved: dict[str, tuple[str, int]] = {}
         self._client: C = client
         self._prefix = prefix
         self._clock = clock
         self._where = where_of(client)
-        self.url = url or url_of(client, prefix)
+        self.url = url or url_of(client, prefix, wait, wait_timeout_ms)
         #: the lean calls, or None where redis-py's own script calls are needed (and with wait:
         #: the script and WAIT go together in a pipeline, on one connection)
         self._lean = None if wait else self._lean_class.of(client)
@@ -543,7 +558,7 @@ class RedisStateBase(StateBase, Generic[C]):
             return StateUnavailable(f"Redis at {where} refused the credentials: {exc}", where=where)
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             return StateUnavailable(f"Redis at {where} is unreachable: {exc}", where=where)
-        if isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE"):
+        if isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc):  # (a pipeline prefixes it)
             key = self.key(name)
             return StateCorrupted(f"Redis key {key} is not a hash: {exc}", where=key)
         return StateUnavailable(f"Redis at {where} failed: {exc}", where=where)
@@ -566,8 +581,11 @@ class RedisStateBase(StateBase, Generic[C]):
         """The script's reply, sent with ``WAIT`` in one pipeline (one connection, one round-trip).
 
         ``NOSCRIPT`` loads the script and sends the pair again. Fewer
-        replicas than asked confirming within the timeout raise
-        :class:`StateUnavailable`: the write was made on the master only.
+        replicas than asked confirming within the timeout log a warning: the
+        write was made on the master and its answer stands (raising would
+        lose a start, and its lease, that the master keeps). On a cluster, a
+        connection failure asks the cluster client to find the key's master
+        again (it follows a failover) before the pair is sent again.
         """
         cluster: Any = self._client if is_cluster(self._client) else None
         if cluster is not None and not cluster.get_nodes():  # an asyncio client before its first call
@@ -594,6 +612,16 @@ class RedisStateBase(StateBase, Generic[C]):
                 loaded = True
                 yield Call(client.script_load, (SCRIPT,))
                 continue
+            except (redis.ConnectionError, redis.TimeoutError):
+                if cluster is None or redirects + 1 >= _REDIRECTS:
+                    raise
+                # a failover? the cluster client finds the key's master again (it refreshes its map)
+                self._moved.pop(key, None)
+                self._forget_node_client(address)
+                yield Call(cluster.exists, (key,))
+                node = cluster.get_node_from_key(key)
+                address, asking, loaded = (node.host, node.port), False, False
+                continue
             except redis.exceptions.AskError as redirect:  # MOVED (a MovedError) or ASK
                 if cluster is None:
                     raise
@@ -602,17 +630,24 @@ class RedisStateBase(StateBase, Generic[C]):
                 if not asking:  # the slot has moved for good: this key's writes go there from now on
                     self._moved[key] = address
                 continue
-            if int(acked) < self._wait:
-                raise StateUnavailable(
-                    f"Redis at {self._where}: a write reached {acked} of {self._wait} replicas "
-                    f"within {self._wait_timeout_ms} ms (it was made on the master)",
-                    where=self._where,
+            if int(acked) < self._wait:  # made on the master: its answer stands, without the promise
+                _log.warning(
+                    "Redis at %s: a write reached %s of %d replicas within %d ms; a failover could lose it",
+                    self._where,
+                    acked,
+                    self._wait,
+                    self._wait_timeout_ms,
                 )
             return reply
         raise StateUnavailable(
             f"Redis at {self._where}: a write was redirected {_REDIRECTS} times (a slot moving to and fro?)",
             where=self._where,
         )
+
+    def _forget_node_client(self, address: tuple[str, int] | None) -> None:
+        """Stop using the node client of ``address`` (it is closed with the state)."""
+        if address is not None and address in self._node_clients:
+            self._retired_clients.append(self._node_clients.pop(address))
 
     def _node_client(self, address: tuple[str, int]) -> Any:
         """A plain client of the cluster master at ``address`` (made once), with the cluster's settings."""
@@ -623,8 +658,10 @@ class RedisStateBase(StateBase, Generic[C]):
             accepted = inspect.signature(self._client_class.__init__).parameters
             skipped = {"host", "port", "connection_pool", "retry", "cache", "cache_config"}
             kwargs = {key: value for key, value in settings.items() if key in accepted and key not in skipped}
+            if "SSL" in getattr(settings.get("connection_class"), "__name__", ""):
+                kwargs["ssl"] = True  # the cluster's TLS, which a plain client takes as ssl=True
             client = self._client_class(host=address[0], port=address[1], **kwargs)
-            self._node_clients[address] = client
+            client = self._node_clients.setdefault(address, client)  # (a thread may have made one too)
         return client
 
     def _take_flow(self, name: str, terms: Terms, cost: int) -> Flow[Taken]:
@@ -692,7 +729,7 @@ class RedisState(RedisStateBase[redis.Redis], State):
     def close(self) -> None:
         if self._lean is not None:
             self._lean.close()  # the kept connections go back to the pool first
-        for node in self._node_clients.values():
+        for node in [*self._node_clients.values(), *self._retired_clients]:
             node.close()
         self._client.close()
 
