@@ -299,9 +299,12 @@ def test_pause_holds_waiting_jobs_and_resume_runs_them(shared_backend: Backend) 
         assert any(s.ticket > held for s in others_during), (held, others_during)
 
 
-#: G7's bound on how much shorter than the interval two begins may be: the limiters' max_late
-#: (0.3 ms) and the time between a begin's last check and the worker reading its clock
-BEGIN_EPSILON = 0.0005
+#: G7's bound on how much shorter than the interval two begins of different processes may be:
+#: the limiters' max_late (0.3 ms), the time between a begin's last check and the worker reading
+#: its clock, and how far each process's bound on the state clock's offset is from the truth
+#: (each converts starts with the least answer delay it saw in the last second). With 0.5 ms,
+#: 2 of 6 CI runs failed by 0.004-0.08 ms (begins 19.42-19.50 ms apart for 20 ms; issue 9).
+BEGIN_EPSILON = 0.001
 
 
 def test_begins_keep_the_interval_beside_a_busy_loop(shared_backend: Backend) -> None:
