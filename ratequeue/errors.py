@@ -18,6 +18,7 @@ __all__ = [
     "RateQueueError",
     "StateCorrupted",
     "StateUnavailable",
+    "TermsMismatch",
 ]
 
 
@@ -32,6 +33,37 @@ class ConfigurationError(RateQueueError, ValueError):
     interval, name or timeout, an unknown URL scheme, a missing optional
     dependency, or an interval that differs from the one stored for the queue.
     """
+
+
+class TermsMismatch(ConfigurationError):
+    """A queue's stored interval, burst or ``max_running`` differs from the one asked for.
+
+    The queue's record keeps the terms it was created with, so that shards
+    running different code cannot split one rate in two. The message names
+    the commands that change the stored value on purpose
+    (``ratequeue set-interval URL NAME SECONDS``) or delete the record
+    (``ratequeue reset URL NAME``); nothing is changed by the error itself.
+    """
+
+    def __init__(
+        self, message: str, *, name: str = "", field: str = "", stored: float = 0, wanted: float = 0
+    ) -> None:
+        super().__init__(message)
+        #: the queue name
+        self.name = name
+        #: which term differs: ``"interval"`` (seconds), ``"burst"`` or ``"max_running"``
+        self.field = field
+        #: the value stored for the queue
+        self.stored = stored
+        #: the value this caller asked for
+        self.wanted = wanted
+        #: the commands that change the stored value, for the state it came from ("" until known)
+        self.way_out = ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        attrs = {"name": self.name, "field": self.field, "stored": self.stored, "wanted": self.wanted}
+        attrs["way_out"] = self.way_out
+        return (_rebuild, (type(self), self.args, attrs))
 
 
 class StateUnavailable(RateQueueError, ConnectionError):

@@ -9,15 +9,19 @@ answers as :mod:`ratequeue.protocol` and end with the same record.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import multiprocessing
+import pickle
+import shlex
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 from hypothesis import given
 
 from ratequeue import protocol
-from ratequeue.errors import ConfigurationError
+from ratequeue._redact import redact
+from ratequeue.errors import ConfigurationError, TermsMismatch
 from ratequeue.protocol import Started
 from ratequeue.state.redis import RedisState
 
@@ -284,8 +288,11 @@ def test_burst_mismatch_changes_nothing(backend: Backend) -> None:
         lambda: state.retime(name, 10_000, 1, 0),
         lambda: state.set_paused(name, 10_000, True),
     ):
-        with pytest.raises(ConfigurationError, match="burst 3"):
+        with pytest.raises(TermsMismatch, match="burst 3") as raised:
             call()
+        assert str(raised.value).endswith(
+            f"delete the record: ratequeue reset {shlex.quote(redact(state.url))} {name}"
+        )
     assert state.read(name).record == before
 
 
@@ -328,9 +335,37 @@ def test_interval_mismatch_changes_nothing(backend: Backend) -> None:
         lambda: state.retime(name, 20_000, 1, 0),
         lambda: state.set_paused(name, 20_000, True),
     ):
-        with pytest.raises(ConfigurationError, match=r"interval 0\.01 s .* not 0\.02 s"):
+        with pytest.raises(TermsMismatch, match=r"interval 0\.01 s .* not 0\.02 s") as raised:
             call()
+        assert (raised.value.field, raised.value.stored, raised.value.wanted) == ("interval", 0.01, 0.02)
+        # the way out is a command to paste, for this very state (its password masked), said once
+        command = f"ratequeue set-interval {shlex.quote(redact(state.url))} {name} 0.02"
+        assert str(raised.value).endswith(f"stop its shards and run: {command}")
+        assert str(raised.value).count("ratequeue set-interval") == 1
+        copy = pickle.loads(pickle.dumps(raised.value))
+        assert (str(copy), copy.name, copy.way_out) == (str(raised.value), name, raised.value.way_out)
     assert state.read(name).record == before
+
+
+def test_interval_mismatch_names_the_command_on_asyncio(backend: Backend) -> None:
+    """The asyncio states name the same way out as the thread ones."""
+
+    async def main() -> TermsMismatch:
+        state = backend.open_async()
+        name = backend.fresh_name()
+        try:
+            await state.take(name, 10_000)
+            with pytest.raises(TermsMismatch) as raised:
+                await state.take(name, 30_000)
+            await state.reset(name)
+            return raised.value
+        finally:
+            await state.close()
+
+    error = asyncio.run(main())
+    assert error.field == "interval"
+    assert " ratequeue set-interval " in str(error)
+    assert str(error).endswith(f" {error.name} 0.03")
 
 
 def test_reset_and_read(backend: Backend) -> None:

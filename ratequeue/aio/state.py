@@ -17,10 +17,11 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, Union, cast
 
 from .. import _validate
 from .._redact import secrets_kept_out
+from ..errors import TermsMismatch
 from ..protocol import Outcome, Taken
 from ..state import State, backend_of, opener
 from ..state import from_url as sync_from_url
-from ..state.base import Snapshot, StateBase, Terms
+from ..state.base import Snapshot, StateBase, Terms, way_out
 
 __all__ = ["AsyncState", "AsyncStateLike", "ThreadedState", "from_url"]
 
@@ -94,6 +95,8 @@ class AsyncState(StateBase, ABC):
         """``await call(*args)``, an operation on queue ``name`` (or ``""``), driver errors mapped."""
         try:
             return await call(*args)
+        except TermsMismatch as exc:
+            raise way_out(exc, self.url) from None
         except self._driver_errors as exc:
             raise self._error_for(exc, name) from exc
 

@@ -10,6 +10,7 @@ ones check their arguments first, so bad input never reaches a driver.
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from .. import _validate
 from .._redact import redact
-from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
+from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable, TermsMismatch
 from ..protocol import MAX_LEAD_US, MAX_RUNNING, NEVER, TICKET_LIMIT, US, Outcome, Record, Taken, Unwritten
 
 #: larger times and intervals (us) are refused: about 142 years, so that every
@@ -44,6 +45,7 @@ __all__ = [
     "terms",
     "ticket_number",
     "unwritten",
+    "way_out",
 ]
 
 R = TypeVar("R")
@@ -312,6 +314,8 @@ class State(StateBase, ABC):
         """``call(*args)``, an operation on queue ``name`` (or ``""``), with the driver's errors mapped."""
         try:
             return call(*args)
+        except TermsMismatch as exc:
+            raise way_out(exc, self.url) from None
         except self._driver_errors as exc:
             raise self._error_for(exc, name) from exc
 
@@ -507,36 +511,67 @@ def split_options(url: str, *names: str) -> tuple[str, dict[str, str]]:
 
 
 def check_interval_matches(name: str, stored: int, wanted: int) -> None:
-    """Raise :class:`ConfigurationError` if a queue's stored interval (us) is not ``wanted``."""
+    """Raise :class:`TermsMismatch` if a queue's stored interval (us) is not ``wanted``."""
     if stored != wanted:
-        raise ConfigurationError(
+        raise TermsMismatch(
             f"queue {name!r} has interval {stored / US:g} s in this state, not {wanted / US:g} s; "
-            f"use the stored interval, another name, or reset the queue to change it"
+            f"use the stored interval or another name",
+            name=name,
+            field="interval",
+            stored=stored / US,
+            wanted=wanted / US,
         )
 
 
 def check_terms_match(name: str, record: Record, wanted: Terms) -> None:
-    """Raise :class:`ConfigurationError` unless ``record``'s interval, burst, max_running are ``wanted``'s."""
+    """Raise :class:`TermsMismatch` unless ``record``'s interval, burst, max_running are ``wanted``'s."""
     check_interval_matches(name, record.interval, wanted.interval_us)
     if record.burst != wanted.burst:
-        raise ConfigurationError(
+        raise TermsMismatch(
             f"queue {name!r} has burst {record.burst} in this state, not {wanted.burst}; "
-            f"use the stored burst, another name, or reset the queue to change it"
+            f"use the stored burst or another name",
+            name=name,
+            field="burst",
+            stored=record.burst,
+            wanted=wanted.burst,
         )
     check_max_running_matches(name, record.max_running, wanted.max_running)
 
 
 def check_max_running_matches(name: str, stored: int, wanted: int) -> None:
-    """Raise :class:`ConfigurationError` if a queue's stored ``max_running`` is not ``wanted``."""
+    """Raise :class:`TermsMismatch` if a queue's stored ``max_running`` is not ``wanted``."""
     if stored != wanted:
 
         def said(value: int) -> str:
             return str(value) if value else "no cap (0)"
 
-        raise ConfigurationError(
+        raise TermsMismatch(
             f"queue {name!r} has max_running {said(stored)} in this state, not {said(wanted)}; "
-            f"use the stored max_running, another name, or reset the queue to change it"
+            f"use the stored max_running or another name",
+            name=name,
+            field="max_running",
+            stored=stored,
+            wanted=wanted,
         )
+
+
+def way_out(error: TermsMismatch, url: str) -> TermsMismatch:
+    """``error`` with the commands that change the stored term on purpose, for the state at ``url``.
+
+    Said once: an error already carrying them is returned as it is. A
+    password in ``url`` is shown as ``***`` (fill it in to run the command).
+    """
+    if error.way_out:
+        return error
+    where, name = shlex.quote(redact(url)), shlex.quote(error.name)
+    if error.field == "interval":
+        change = f"ratequeue set-interval {where} {name} {error.wanted!r}"
+        how = f"to change it on purpose, stop its shards and run: {change}"
+    else:
+        how = f"to change it, stop its shards and delete the record: ratequeue reset {where} {name}"
+    error.args = (f"{error.args[0]}; {how}", *error.args[1:])
+    error.way_out = how
+    return error
 
 
 def check_record(fields: Any, *, where: str) -> Record:
