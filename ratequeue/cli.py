@@ -1,100 +1,172 @@
-"""The ``ratequeue`` command (also ``python -m ratequeue``).
+"""The ``ratequeue`` command (also ``python -m ratequeue``); docs/cli.md is its reference.
 
 ``demo`` starts several processes that share one rate and shows their starts
-live; ``status`` and ``reset`` inspect and clear a queue's shared record;
-``pause`` and ``resume`` stop and restart a queue's starts in every shard at
-once (the pause flag in its record); ``keys`` lists the queues that have one
-(the live keys of a limiter group).
+live; ``status`` (``--watch``: live) and ``reset`` inspect and clear a queue's
+shared record; ``list`` shows every queue of a state and ``keys`` their names
+(a limiter group's live keys); ``pause`` and ``resume`` stop and restart a
+queue's starts in every shard at once (the pause flag in its record);
+``set-interval`` changes a queue's stored interval on purpose. The demo, the
+watch and set-interval live in ``_cli_demo``, ``_cli_watch`` and
+``_cli_interval``.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
-import itertools
-import multiprocessing
-import queue as queue_module
-import statistics
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from . import __version__, _validate
+from . import __version__, _cli_demo, _cli_interval, _cli_watch, _validate
+from ._cli_common import DEFAULT_URL, age_text, open_state, queue_fields, running_text, say, say_json
 from ._redact import redact, scrub
-from .errors import ConfigurationError, RateQueueError
-from .limiter import Limiter
-from .protocol import NEVER, US, live_leases
-from .state import State, from_url
-from .state.memory import MemoryState
+from .errors import ConfigurationError, RateQueueError, StateCorrupted
 
 __all__ = ["main"]
 
-#: what the command line accepts for "the per-user default state file"
-DEFAULT_URL = "default"
+#: the exit statuses, as ``--help`` and docs/cli.md state them
+EXIT_STATUS = """\
+exit status:
+  0    done (for demo: no state-clock gap under the interval, no failure, every start came)
+  1    demo only: a state-clock gap under the interval, a failed process, or a missing start
+       (begin gaps under the interval are reported, not failures: the OS may delay a process)
+  2    bad input, or an error of the state (unreachable, corrupted, terms that differ)
+  130  interrupted (Ctrl-C); status --watch ends with 0 on Ctrl-C
+
+docs/cli.md describes every command and its --json fields."""
+
+_URL_HELP = f"state URL, or {DEFAULT_URL!r} for the per-user file"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit status."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # reported by the command's own parser, with its usage (argparse would show the top level's)
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.run(args, sys.stdout))
     except RateQueueError as exc:
         # every error redacts the URLs it quotes; the URL given is scrubbed again, to be sure
-        print(f"ratequeue: error: {scrub(str(exc), args.url)}", file=sys.stderr)
+        print(f"ratequeue: error: {scrub(str(exc), args.url)}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
-        print("ratequeue: interrupted", file=sys.stderr)
+        print("ratequeue: interrupted", file=sys.stderr, flush=True)
         return 130
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ratequeue", description="One start per interval, globally, in first-come order."
+        prog="ratequeue",
+        description="One start per interval, globally, in first-come order.",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ratequeue {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    demo = commands.add_parser(
+    def command(name: str, run: Any, help: str, description: str = "", epilog: str = EXIT_STATUS) -> Any:
+        sub = commands.add_parser(
+            name,
+            help=help,
+            # paragraphs wrapped here: the raw formatter keeps the epilog's table as written
+            description="\n\n".join(textwrap.fill(part, 79) for part in (description or help).split("\n\n")),
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.set_defaults(run=run, parser=sub)
+        return sub
+
+    demo = command(
         "demo",
-        help="run several processes sharing one rate and show their starts",
-        description="Start several processes that share one rate through one state, show every "
-        "start as it happens, and summarise the gaps between starts.",
+        _cli_demo.run,
+        "run several processes sharing one rate and show their starts",
+        "Start several processes that share one rate through one state, show every start as it "
+        "happens, and summarise the gaps between starts. Two gaps are shown: the state-clock gap "
+        "between two starts as the state recorded them (never under the interval: that decides the "
+        "exit status), and the begin gap between two moments at which acquire() returned, read with "
+        "time.monotonic() on this host (what a called service feels; one under the interval is "
+        "reported, not a failure, since the OS can delay a process).\n\n"
+        "Without --name the demo uses a fresh queue, ratequeue-demo-<random hex>, and deletes its "
+        "record at the end. With --name it refuses a queue that already has a record (resetting it "
+        "would break the shards using it) unless --reset is given, and keeps the record at the end.",
     )
     demo.add_argument("--processes", type=int, default=4, help="processes to start (default 4)")
     demo.add_argument("--jobs", type=int, default=25, help="acquires per process (default 25)")
-    demo.add_argument("--interval", type=float, default=0.05, help="seconds between starts (default 0.05)")
-    demo.add_argument("--url", default=DEFAULT_URL, help="state URL (default: the per-user state file)")
-    demo.add_argument("--name", default="ratequeue-demo", help="queue name (default ratequeue-demo)")
-    demo.add_argument("--quiet", action="store_true", help="print only the summary")
-    demo.set_defaults(run=_demo)
-
-    status = commands.add_parser("status", help="show a queue's shared record")
-    status.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
-    status.add_argument("name", metavar="NAME", help="queue name")
-    status.set_defaults(run=_status)
-
-    keys = commands.add_parser(
-        "keys",
-        help="list the queue names that have a record (a group's live keys: PREFIX = 'GROUP:')",
-        description="List, sorted, the names of the queues that have a record in the state and begin "
-        "with PREFIX. A LimiterGroup named G keeps key K as queue 'G:K', so PREFIX 'G:' lists its live keys.",
+    demo.add_argument(
+        "--interval",
+        type=float,
+        default=0.05,
+        metavar="SECONDS",
+        help="seconds between starts (default 0.05)",
     )
-    keys.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
+    demo.add_argument("--url", default=DEFAULT_URL, help="state URL (default: the per-user state file)")
+    demo.add_argument("--name", help="queue name (default: a fresh ratequeue-demo-<hex>, deleted at the end)")
+    demo.add_argument(
+        "--reset", action="store_true", help="reset the --name queue's record if it has one (else refused)"
+    )
+    demo.add_argument("--quiet", action="store_true", help="print only the header and the summary")
+    demo.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw the begins per process and the gap histogram into FILE (needs ratequeue[plot])",
+    )
+
+    status = command(
+        "status",
+        _status,
+        "show a queue's shared record (--watch: live)",
+        "Show a queue's shared record. With --watch, read it again every --every seconds until "
+        "Ctrl-C (or --count refreshes) and show the rate of starts over the last minute, as the "
+        "watcher observes the latest started ticket move between its refreshes.",
+    )
+    status.add_argument("url", metavar="URL", help=_URL_HELP)
+    status.add_argument("name", metavar="NAME", help="queue name")
+    status.add_argument("--json", action="store_true", help="one JSON object (--watch: one per line)")
+    status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (exit status 0)")
+    status.add_argument(
+        "--every", type=float, default=1.0, metavar="SECONDS", help="seconds between refreshes (default 1)"
+    )
+    status.add_argument("--count", type=int, metavar="N", help="stop after N refreshes (with --watch)")
+
+    listing = command(
+        "list",
+        _list,
+        "show every queue of a state, one row each",
+        "Show every queue that has a record in the state (those beginning with --prefix): its "
+        "interval, burst, tickets handed out, latest started ticket, unstarted tickets, the age of "
+        "its last start on the state clock, the pause flag and its running jobs. A LimiterGroup "
+        "named G keeps key K as queue 'G:K': --prefix G: lists the group's keys.",
+    )
+    listing.add_argument("url", metavar="URL", help=_URL_HELP)
+    listing.add_argument("--prefix", default="", help="list only the names beginning with this")
+    listing.add_argument("--json", action="store_true", help="one JSON object")
+
+    keys = command(
+        "keys",
+        _keys,
+        "list the queue names that have a record (a group's live keys: PREFIX = 'GROUP:')",
+        "List, sorted, the names of the queues that have a record in the state and begin with "
+        "PREFIX. A LimiterGroup named G keeps key K as queue 'G:K', so PREFIX 'G:' lists its live keys.",
+    )
+    keys.add_argument("url", metavar="URL", help=_URL_HELP)
     keys.add_argument(
         "prefix", metavar="PREFIX", nargs="?", default="", help="beginning of the names (default: all)"
     )
-    keys.set_defaults(run=_keys)
+    keys.add_argument("--json", action="store_true", help="one JSON object")
 
     for verb, paused in (("pause", True), ("resume", False)):
-        command = commands.add_parser(
+        pausing = command(
             verb,
-            help=(
+            _pause if paused else _resume,
+            (
                 "pause a queue everywhere: no shard, in any process, starts a job until resumed"
                 if paused
                 else "resume a queue paused everywhere"
             ),
-            description=(
+            (
                 "Set the pause flag in the queue's shared record: no shard starts a job while it is "
                 "set (waiting shards ask again once a second), and tickets held meanwhile keep their "
                 "places. The stored interval and burst are used; --interval (and --burst) are needed "
@@ -104,55 +176,65 @@ def _parser() -> argparse.ArgumentParser:
                 "again within about a second, at the rate. A queue without a record is not paused."
             ),
         )
-        command.add_argument(
-            "url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file"
-        )
-        command.add_argument("name", metavar="NAME", help="queue name")
-        command.add_argument(
+        pausing.add_argument("url", metavar="URL", help=_URL_HELP)
+        pausing.add_argument("name", metavar="NAME", help="queue name")
+        pausing.add_argument(
             "--interval",
             type=float,
             metavar="SECONDS",
             help="the queue's interval, to create a missing record (else the stored one; it must match)",
         )
-        command.add_argument(
+        pausing.add_argument(
             "--burst", type=int, metavar="N", help="the queue's burst, to create a missing record (default 1)"
         )
-        command.set_defaults(run=_pause if paused else _resume)
 
-    reset = commands.add_parser("reset", help="delete a queue's shared record")
-    reset.add_argument("url", metavar="URL", help=f"state URL, or {DEFAULT_URL!r} for the per-user file")
+    setting = command(
+        "set-interval",
+        _cli_interval.run,
+        "change a queue's stored interval on purpose",
+        "Change the interval stored in a queue's record, keeping its burst, max_running and pause "
+        "flag. Refused while tickets are handed out and not started, or jobs run (live leases). "
+        "The queue is paused meanwhile, and the change waits until its last start is at least "
+        "max(old, new) interval ago on the state clock, so that no two starts come closer than "
+        "an interval across it. Shards whose code still names the old interval get a "
+        "ConfigurationError on their next call: update their code.",
+    )
+    setting.add_argument("url", metavar="URL", help=_URL_HELP)
+    setting.add_argument("name", metavar="NAME", help="queue name")
+    setting.add_argument("seconds", metavar="SECONDS", type=float, help="the new interval, in seconds")
+    setting.add_argument("--json", action="store_true", help="one JSON object")
+
+    reset = command("reset", _reset, "delete a queue's shared record")
+    reset.add_argument("url", metavar="URL", help=_URL_HELP)
     reset.add_argument("name", metavar="NAME", help="queue name")
-    reset.set_defaults(run=_reset)
     return parser
 
 
-def _open(url: str) -> State:
-    return from_url(None if url == DEFAULT_URL else url)
-
-
 def _status(args: argparse.Namespace, out: TextIO) -> int:
-    with _open(args.url) as state:
-        snapshot = state.read(_validate.name(args.name))
-        print(f"state:      {redact(state.url)}", file=out)
-        print(f"queue:      {args.name}", file=out)
-        record = snapshot.record
-        if record is None:
-            print("record:     none (no ticket handed out yet)", file=out)
-            return 0
-        print(f"interval:   {record.interval / US:g} s", file=out)
-        print(f"burst:      {record.burst}", file=out)
-        print(f"tickets:    {record.ticket - 1} handed out, {record.pos} is the latest started", file=out)
-        if record.at == NEVER:
-            print("last start: never", file=out)
-        else:
-            ago = (snapshot.now - record.at) / US
-            print(f"last start: {ago:.3f} s ago (state clock)", file=out)
-        waiting = record.ticket - 1 - record.pos
-        print(f"unstarted:  {waiting} ticket(s) handed out and not started", file=out)
-        print(f"paused everywhere: {'yes' if record.paused else 'no'}", file=out)
-        if record.max_running:
-            running = len(live_leases(record, snapshot.now))
-            print(f"running:    {running} of at most {record.max_running} (live leases)", file=out)
+    if args.watch:
+        return _cli_watch.run(args, out)
+    if args.count is not None:
+        raise ConfigurationError("--count counts the refreshes of --watch: give --watch too")
+    name = _validate.name(args.name)
+    with open_state(args.url) as state:
+        where = redact(state.url)
+        fields = queue_fields(name, state.read(name))
+    if args.json:
+        say_json(out, {"state": where, **fields})
+        return 0
+    say(out, f"state:      {where}")
+    say(out, f"queue:      {name}")
+    if not fields["exists"]:
+        say(out, "record:     none (no ticket handed out yet)")
+        return 0
+    say(out, f"interval:   {fields['interval']:g} s")
+    say(out, f"burst:      {fields['burst']}")
+    say(out, f"tickets:    {fields['tickets']} handed out, {fields['pos']} is the latest started")
+    say(out, f"last start: {age_text(fields)}")
+    say(out, f"unstarted:  {fields['unstarted']} ticket(s) handed out and not started")
+    say(out, f"paused everywhere: {'yes' if fields['paused'] else 'no'}")
+    if fields["max_running"]:
+        say(out, f"running:    {fields['running']} of at most {fields['max_running']} (live leases)")
     return 0
 
 
@@ -169,11 +251,11 @@ def _set_paused(args: argparse.Namespace, out: TextIO, paused: bool) -> int:
     name = _validate.name(args.name)
     interval_us = None if args.interval is None else _validate.interval_us(_validate.interval(args.interval))
     burst = None if args.burst is None else _validate.burst(args.burst)
-    with _open(args.url) as state:
+    with open_state(args.url) as state:
         where = redact(state.url)
         record = state.read(name).record
         if record is None and not paused:
-            print(f"no record for queue {name!r} in {where}: it is not paused", file=out)
+            say(out, f"no record for queue {name!r} in {where}: it is not paused")
             return 0
         if record is None and interval_us is None:
             raise ConfigurationError(
@@ -189,119 +271,87 @@ def _set_paused(args: argparse.Namespace, out: TextIO, paused: bool) -> int:
         now = state.read(name).now
     verb = "paused" if paused else "resumed"
     if changed:
-        print(f"{verb} queue {name!r} everywhere in {where}", file=out)
+        say(out, f"{verb} queue {name!r} everywhere in {where}")
     else:
-        print(f"queue {name!r} in {where} was {'paused already' if paused else 'not paused'}", file=out)
-    print(f"state clock: {now} us", file=out)
+        say(out, f"queue {name!r} in {where} was {'paused already' if paused else 'not paused'}")
+    say(out, f"state clock: {now} us")
     return 0
 
 
 def _keys(args: argparse.Namespace, out: TextIO) -> int:
-    with _open(args.url) as state:
-        names = state.names(args.prefix)
+    prefix = _validate.prefix(args.prefix)
+    with open_state(args.url) as state:
+        where = redact(state.url)
+        names = state.names(prefix)
+    if args.json:
+        say_json(out, {"state": where, "prefix": prefix, "names": names})
+        return 0
     for name in names:
-        print(name, file=out)
-    print(f"{len(names)} queue(s) with a record beginning with {args.prefix!r}", file=sys.stderr)
+        say(out, name)
+    print(f"{len(names)} queue(s) with a record beginning with {prefix!r}", file=sys.stderr, flush=True)
     return 0
+
+
+#: the columns of ``list``: heading, and the text of a queue's fields
+_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("NAME", lambda f: f["name"]),
+    ("INTERVAL", lambda f: f"{f['interval']:g} s"),
+    ("BURST", lambda f: str(f["burst"])),
+    ("TICKETS", lambda f: str(f["tickets"])),
+    ("POS", lambda f: str(f["pos"])),
+    ("UNSTARTED", lambda f: str(f["unstarted"])),
+    ("LAST START", lambda f: _ago(f["last_start_age"])),
+    ("PAUSED", lambda f: "yes" if f["paused"] else "no"),
+    ("RUNNING", running_text),
+)
+
+
+def _ago(age: float | None) -> str:
+    """The age of a last start, shortly: ``never``, ``1.234 s ago``, or ``in 0.002 s`` (granted ahead)."""
+    if age is None:
+        return "never"
+    return f"{age:.3f} s ago" if age >= 0 else f"in {-age:.3f} s"
+
+
+def _list(args: argparse.Namespace, out: TextIO) -> int:
+    """Every queue with a record (beginning with ``--prefix``), one row each; unreadable ones on stderr."""
+    prefix = _validate.prefix(args.prefix)
+    rows: list[dict[str, Any]] = []
+    unreadable: list[str] = []
+    with open_state(args.url) as state:
+        where = redact(state.url)
+        for name in state.names(prefix):
+            try:
+                snapshot = state.read(name)
+            except StateCorrupted as exc:
+                unreadable.append(scrub(str(exc), args.url))
+                continue
+            if snapshot.record is not None:  # else deleted since names() listed it
+                rows.append(queue_fields(name, snapshot))
+    if args.json:
+        say_json(out, {"state": where, "prefix": prefix, "queues": rows, "unreadable": unreadable})
+    else:
+        table = [[heading for heading, _ in _COLUMNS]] + [[text(row) for _, text in _COLUMNS] for row in rows]
+        widths = [max(len(line[column]) for line in table) for column in range(len(_COLUMNS))]
+        for line in table:
+            cells = [
+                cell.ljust(width) if column == 0 else cell.rjust(width)
+                for column, (cell, width) in enumerate(zip(line, widths, strict=True))
+            ]
+            say(out, "  ".join(cells).rstrip())
+        print(
+            f"{len(rows)} queue(s) with a record beginning with {prefix!r} in {where} "
+            f"(last start on the state clock; running: live leases/max_running)",
+            file=sys.stderr,
+            flush=True,
+        )
+    for problem in unreadable:
+        print(f"ratequeue: error: {problem}", file=sys.stderr, flush=True)
+    return 2 if unreadable else 0
 
 
 def _reset(args: argparse.Namespace, out: TextIO) -> int:
-    with _open(args.url) as state:
+    with open_state(args.url) as state:
         existed = state.reset(_validate.name(args.name))
-        print(
-            f"{'reset' if existed else 'no record for'} queue {args.name!r} in {redact(state.url)}", file=out
-        )
+        say(out, f"{'reset' if existed else 'no record for'} queue {args.name!r} in {redact(state.url)}")
     return 0
-
-
-def _demo(args: argparse.Namespace, out: TextIO) -> int:
-    processes = _validate.positive_int("--processes", args.processes)
-    jobs = _validate.positive_int("--jobs", args.jobs)
-    interval = _validate.interval(args.interval)
-    name = _validate.name(args.name)
-    with _open(args.url) as state:
-        if isinstance(state, MemoryState):
-            raise ConfigurationError(
-                "memory:// lives inside one process; the demo needs a state its processes share"
-            )
-        url = state.url
-        state.reset(name)  # a fresh record, with this demo's interval
-    total = processes * jobs
-    print(
-        f"{processes} processes x {jobs} starts, one start every {interval * 1000:g} ms, "
-        f"through {redact(url)} (queue {name!r})",
-        file=out,
-    )
-    context = multiprocessing.get_context("spawn")
-    reports: Any = context.Queue()
-    workers = [
-        context.Process(target=_demo_worker, args=(url, name, interval, jobs, index, reports), daemon=True)
-        for index in range(1, processes + 1)
-    ]
-    for worker in workers:
-        worker.start()
-    starts: list[int] = []  # kept sorted: reports from different processes may arrive out of order
-    failures: list[str] = []
-    finished = 0
-    wait = max(30.0, 10 * interval)
-    while finished < processes:
-        try:
-            index, ticket, start, error = reports.get(timeout=wait)
-        except queue_module.Empty:
-            failures.append(f"no report for {wait:g} s; giving up")
-            break
-        if ticket is None:
-            finished += 1
-            if error:
-                failures.append(f"process {index}: {scrub(error, url)}")
-            continue
-        place = bisect.bisect(starts, start)
-        late = place < len(starts)
-        starts.insert(place, start)
-        if not args.quiet:
-            gap = "" if place == 0 else f"gap {(start - starts[place - 1]) / 1000:8.3f} ms"
-            flag = "  UNDER INTERVAL" if place and start - starts[place - 1] < interval * US else ""
-            note = "  (reported after a later start)" if late else ""
-            progress = f"[{len(starts):>{len(str(total))}}/{total}]"
-            print(f"{progress} process {index}  ticket {ticket:>6}  {gap}{flag}{note}", file=out)
-    for worker in workers:
-        worker.join(timeout=5)
-    return _summary(starts, total, interval, failures, out)
-
-
-def _summary(starts: list[int], total: int, interval: float, failures: list[str], out: TextIO) -> int:
-    starts = sorted(starts)
-    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
-    interval_us = _validate.interval_us(interval)
-    under = sum(1 for gap in gaps if gap < interval_us)
-    print(file=out)
-    if gaps:
-        span = (starts[-1] - starts[0]) / US
-        rate = len(gaps) / span if span > 0 else float("inf")
-        target = 1 / interval
-        print(
-            f"summary: {len(starts)}/{total} starts, smallest gap {min(gaps) / 1000:.3f} ms, "
-            f"median gap {statistics.median(gaps) / 1000:.3f} ms, "
-            f"rate {rate:.2f}/s of {target:.2f}/s target ({100 * rate / target:.1f} %), "
-            f"gaps under the interval: {under}",
-            file=out,
-        )
-    else:
-        print(f"summary: {len(starts)}/{total} starts", file=out)
-    for failure in failures:
-        print(f"failure: {failure}", file=out)
-    return 0 if under == 0 and not failures and len(starts) == total else 1
-
-
-def _demo_worker(url: str, name: str, interval: float, jobs: int, index: int, reports: Any) -> None:
-    error = ""
-    try:
-        limiter = Limiter(url, name=name, interval=interval)
-        for _ in range(jobs):
-            turn = limiter.acquire()
-            reports.put((index, turn.ticket, turn.start_us, ""))
-        limiter.close()
-    except Exception as exc:  # reported to the parent, which fails the demo
-        error = f"{type(exc).__name__}: {exc}"
-    finally:
-        reports.put((index, None, None, error))

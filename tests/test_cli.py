@@ -2,17 +2,20 @@
 
 Every run gets ``RATEQUEUE_STATE_FILE`` pointing into ``tmp_path`` (and a
 ``HOME`` and ``XDG_CACHE_HOME`` of its own), so nothing touches the real
-per-user state file.
+per-user state file. The demo's tests are here; ``list``, ``status --json``
+and ``--watch`` and ``set-interval`` are in ``test_cli_admin.py``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +58,19 @@ class Cli:
             check=False,
         )
 
+    def popen(self, *args: str, **options: Any) -> subprocess.Popen[str]:
+        """Start ``python -m ratequeue ARGS`` in a process group of its own (as a shell's job is)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "ratequeue", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            cwd=self.tmp_path,
+            start_new_session=True,
+            **options,
+        )
+
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
@@ -66,10 +82,15 @@ def state_url(tmp_path: Path) -> str:
     return (tmp_path / "state.json").as_uri()
 
 
-def _summary(out: str) -> str:
-    lines = [line for line in out.splitlines() if line.startswith("summary:")]
+def _summary(out: str, begins: str = "summary:") -> str:
+    """The one line of the demo's summary that begins with ``begins`` (stripped)."""
+    lines = [line.strip() for line in out.splitlines() if line.strip().startswith(begins)]
     assert len(lines) == 1, out
     return lines[0]
+
+
+def _state_gaps(out: str) -> str:
+    return _summary(out, "state-clock gaps:")
 
 
 def _demo(cli: Cli, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -82,7 +103,8 @@ def test_demo_runs_every_start_with_no_gap_under_the_interval(cli: Cli, state_ur
     assert result.returncode == 0, result.stdout + result.stderr
     summary = _summary(result.stdout)
     assert summary.startswith("summary: 15/15 starts"), summary
-    assert "gaps under the interval: 0" in summary
+    assert "under the interval: 0" in _state_gaps(result.stdout)
+    assert _summary(result.stdout, "result:") == "result: ok"
     # one live line per start, from each of the three processes
     progress = re.findall(r"^\[\s*\d+/15\] process (\d)  ticket", result.stdout, re.MULTILINE)
     assert sorted(progress) == sorted(["1", "2", "3"] * 5), result.stdout
@@ -102,7 +124,7 @@ def test_demo_quiet_prints_only_the_header_and_summary(cli: Cli, state_url: str)
 def test_demo_with_the_default_state_uses_the_private_file(cli: Cli) -> None:
     result = cli("demo", "--processes", "2", "--jobs", "2", "--interval", "0.02", "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "gaps under the interval: 0" in _summary(result.stdout)
+    assert "under the interval: 0" in _state_gaps(result.stdout)
     assert cli.default_state.is_file()
     assert cli.default_state.as_uri() in result.stdout
     assert list(cli.home.iterdir()) == []  # nothing written under HOME
@@ -336,12 +358,27 @@ def test_status_and_reset_show_a_password_url_redacted(
         if where == "query"
         else f"redis://{redis_user}:{SECRET}@{host}/0?prefix=cli-test:"
     )
-    for args in (["status", url, "q"], ["reset", url, "q"]):
+    ratequeue.Limiter(url, name="q", interval=0.05).acquire()
+    for args in (
+        ["status", url, "q"],
+        ["status", url, "q", "--json"],
+        ["status", url, "q", "--watch", "--count", "1"],
+        ["status", url, "q", "--watch", "--count", "1", "--json"],
+        ["list", url],
+        ["list", url, "--json"],
+        ["keys", url, "--json"],
+        ["set-interval", url, "q", "0.05"],
+        ["reset", url, "q"],
+    ):
         result = cli(*args)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert host in result.stdout, result.stdout
-        assert "***" in result.stdout, result.stdout
+        assert host in result.stdout + result.stderr, result.stdout
+        assert "***" in result.stdout + result.stderr, result.stdout
         assert SECRET not in result.stdout + result.stderr
+    refused = cli("set-interval", url, "q", "0.1")  # no record any more: the error names the state
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "***" in refused.stderr
+    assert SECRET not in refused.stdout + refused.stderr
 
 
 @pytest.mark.processes
@@ -441,3 +478,187 @@ def test_resume_of_a_queue_without_a_record_creates_none(cli: Cli, state_url: st
     assert "no record for queue 'q'" in result.stdout
     assert "not paused" in result.stdout
     assert re.search(r"^record:\s+none", cli("status", state_url, "q").stdout, re.MULTILINE)
+
+
+#: a live line of the demo: place, process, ticket, state-clock gap and begin gap (ms, or "-")
+LIVE_LINE = re.compile(
+    r"^\[\s*(\d+)/(\d+)\] process (\d+)  ticket\s+(\d+)  state-clock gap\s+([\d.]+|-) ms"
+    r"  begin gap\s+([\d.]+|-) ms",
+    re.MULTILINE,
+)
+
+
+def _quick_demo(cli: Cli, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cli("demo", "--processes", "2", "--jobs", "3", "--interval", "0.02", "--url", url, *extra)
+
+
+@pytest.mark.processes
+def test_demo_shows_state_clock_gaps_and_begin_gaps(cli: Cli, state_url: str) -> None:
+    result = _quick_demo(cli, state_url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("2 processes x 3 starts, one start every 20 ms"), result.stdout
+    lines = LIVE_LINE.findall(result.stdout)
+    assert len(lines) == 6, result.stdout
+    # the first start has no gap before it; every later one has both, the state's one never under 20 ms
+    assert [line[4] == "-" and line[5] == "-" for line in lines] == [True] + [False] * 5, result.stdout
+    assert all(float(line[4]) >= 20.0 for line in lines[1:]), result.stdout
+    assert all(float(line[5]) > 0 for line in lines[1:]), result.stdout
+    state = re.fullmatch(
+        r"state-clock gaps: smallest ([\d.]+) ms, median ([\d.]+) ms, under the interval: 0",
+        _state_gaps(result.stdout),
+    )
+    assert state, result.stdout
+    assert float(state[1]) >= 20.0
+    begins = re.match(
+        r"begin gaps:\s+smallest ([\d.]+) ms, median ([\d.]+) ms, under the interval: (\d+)",
+        _summary(result.stdout, "begin gaps:"),
+    )
+    assert begins, result.stdout
+    assert 0 < float(begins[1]) <= float(begins[2])
+    assert int(begins[3]) <= 5
+    assert _summary(result.stdout, "result:") == "result: ok"
+
+
+@pytest.mark.processes
+def test_demo_says_one_process_and_one_start_in_the_singular(cli: Cli, state_url: str) -> None:
+    result = cli("demo", "--processes", "1", "--jobs", "1", "--interval", "0.02", "--url", state_url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("1 process x 1 start, one start every 20 ms"), result.stdout
+
+
+@pytest.mark.processes
+def test_demo_without_a_name_uses_a_fresh_queue_and_leaves_no_record(cli: Cli, state_url: str) -> None:
+    from ratequeue.state import from_url
+
+    ratequeue.Limiter(state_url, name="real", interval=0.5).acquire()
+    result = _quick_demo(cli, state_url, "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    header = re.search(r"\(queue '(ratequeue-demo-[0-9a-f]+)', deleted at the end\)", result.stdout)
+    assert header, result.stdout
+    with from_url(state_url) as state:
+        assert state.names() == ["real"]  # the demo's record is gone; the other queue is untouched
+        record = state.read("real").record
+    assert record is not None
+    assert record.interval == 500_000
+
+
+@pytest.mark.processes
+def test_demo_refuses_a_queue_that_has_a_record_unless_reset(cli: Cli, state_url: str) -> None:
+    from ratequeue.state import from_url
+
+    ratequeue.Limiter(state_url, name="prod", interval=0.5).acquire()
+    with from_url(state_url) as state:
+        before = state.read("prod").record
+    refused = _quick_demo(cli, state_url, "--name", "prod")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.startswith("ratequeue: error: queue 'prod' already has a record"), refused.stderr
+    assert "--reset" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert refused.stdout == ""  # refused before anything is printed
+    with from_url(state_url) as state:
+        assert state.read("prod").record == before  # untouched: interval 0.5 s, its ticket and start
+
+    reset = _quick_demo(cli, state_url, "--name", "prod", "--reset", "--quiet")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    assert "(queue 'prod', kept at the end)" in reset.stdout
+    with from_url(state_url) as state:
+        after = state.read("prod").record
+    assert after is not None
+    assert after.interval == 20_000  # reset on purpose, and kept for status to show
+
+
+def test_demo_help_states_the_safety_rule_the_gaps_and_the_exit_status(cli: Cli) -> None:
+    result = cli("demo", "--help")
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = " ".join(result.stdout.split())
+    assert "--reset" in text
+    assert "ratequeue-demo-<random hex>" in text
+    assert "state-clock gap" in text
+    assert "begin gap" in text
+    for status in ("0 ", "1 ", "2 ", "130 "):
+        assert f"\n  {status}" in result.stdout, result.stdout
+
+
+def test_demo_refuses_a_tiny_interval_before_printing_anything(cli: Cli, state_url: str) -> None:
+    result = cli("demo", "--interval", "1e-9", "--url", state_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.startswith("ratequeue: error: interval must be at least one microsecond")
+
+
+def test_an_unknown_option_shows_the_commands_usage(cli: Cli) -> None:
+    result = cli("demo", "--bogus")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("usage: ratequeue demo "), result.stderr
+    assert "unrecognized arguments: --bogus" in result.stderr
+    listed = cli("list", "default", "--bogus")
+    assert listed.returncode == 2
+    assert listed.stderr.startswith("usage: ratequeue list "), listed.stderr
+
+
+@pytest.mark.processes
+def test_demo_plot_writes_a_png(cli: Cli, tmp_path: Path, state_url: str) -> None:
+    plot = tmp_path / "demo.png"
+    result = _quick_demo(cli, state_url, "--quiet", "--plot", str(plot))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"plot: {plot}" in result.stdout
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_demo_plot_without_matplotlib_says_what_to_install(cli: Cli, tmp_path: Path, state_url: str) -> None:
+    # python -S: no site-packages, so no matplotlib (ratequeue itself needs only the standard library)
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "ratequeue", "demo", "--url", state_url, "--plot", "demo.png"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=cli.env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "pip install 'ratequeue[plot]'" in result.stderr
+    assert result.stdout == ""  # refused before the demo runs
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_demo_plot_refuses_a_file_it_cannot_write(cli: Cli, tmp_path: Path, state_url: str) -> None:
+    for plot, said in (
+        (tmp_path / "demo.txt", ".png"),
+        (tmp_path / "nowhere" / "demo.png", "does not exist"),
+    ):
+        result = _quick_demo(cli, state_url, "--plot", str(plot))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert said in result.stderr
+        assert result.stdout == ""
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(
+    sys.platform == "win32", reason="a process group and SIGINT, as a POSIX terminal sends them"
+)
+def test_ctrl_c_stops_the_demo_without_a_traceback(cli: Cli, state_url: str) -> None:
+    """A real SIGINT to the demo's process group, as a terminal's Ctrl-C sends it, once a start is shown."""
+    demo = cli.popen("demo", "--processes", "2", "--jobs", "1000", "--interval", "0.02", "--url", state_url)
+    try:
+        assert demo.stdout is not None
+        header = demo.stdout.readline()
+        assert header.startswith("2 processes x 1000 starts"), header
+        first = demo.stdout.readline()
+        assert LIVE_LINE.match(first), first
+        # the line came through a pipe while the demo runs (its 40 s are far from over): flushed live
+        assert demo.poll() is None
+        os.killpg(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=TIMEOUT)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.communicate()
+    assert demo.returncode == 130, out + err
+    assert "Traceback" not in err, err
+    assert err.strip() == "ratequeue: interrupted", err
+    assert "summary:" not in out
+    from ratequeue.state import from_url
+
+    with from_url(state_url) as state:
+        assert state.names() == []  # the demo's fresh queue was deleted on the way out

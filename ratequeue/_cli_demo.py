@@ -1,0 +1,302 @@
+"""``ratequeue demo``: several processes share one rate; every start shown live, then a summary.
+
+Two kinds of gap are shown. A **state-clock gap** lies between two starts as
+the state recorded them: the promise (G1) is that none is under the
+interval, and the exit status says whether that held. A **begin gap** lies
+between two moments at which ``acquire()`` returned, each read with
+``time.monotonic()`` by its worker right after (every worker runs on this
+host, so their monotonic clocks agree): what a called service feels. The OS
+may delay a process, so a begin gap under the interval is reported, not
+counted as a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import multiprocessing
+import queue as queue_module
+import secrets
+import signal
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import _validate
+from ._cli_common import open_state, plural, say
+from ._redact import redact, scrub
+from .errors import ConfigurationError
+from .limiter import Limiter
+from .protocol import US
+from .state.memory import MemoryState
+
+__all__ = ["run"]
+
+#: the beginning of the fresh queue name a demo uses unless given ``--name``
+NAME_PREFIX = "ratequeue-demo-"
+
+
+@dataclass
+class Seen:
+    """What the parent has heard from the workers so far."""
+
+    #: state-clock starts (us), sorted: reports of different processes may arrive out of order
+    starts: list[int] = field(default_factory=list)
+    #: begins (``time.monotonic()`` of this host, s), sorted
+    begins: list[float] = field(default_factory=list)
+    #: (process, begin) of every start, in the order reported, for the plot
+    timeline: list[tuple[int, float]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run the demo as ``args`` says; its exit status (docs/cli.md)."""
+    # everything is checked before anything is printed or changed
+    processes = _validate.positive_int("--processes", args.processes)
+    jobs = _validate.positive_int("--jobs", args.jobs)
+    interval = _validate.interval(args.interval)
+    interval_us = _validate.interval_us(interval)
+    given = args.name is not None
+    if args.reset and not given:
+        raise ConfigurationError(
+            "--reset resets the queue named with --name; without --name the demo "
+            "uses a fresh name and resets nothing"
+        )
+    name = _validate.name(args.name) if given else f"{NAME_PREFIX}{secrets.token_hex(4)}"
+    draw = _plotter(args.plot) if args.plot is not None else None
+    with open_state(args.url) as state:
+        if isinstance(state, MemoryState):
+            raise ConfigurationError(
+                "memory:// lives inside one process; the demo needs a state its processes share"
+            )
+        url = state.url
+        if state.read(name).record is not None:
+            if not args.reset:
+                raise ConfigurationError(
+                    f"queue {name!r} already has a record in {redact(url)}: the demo would reset it, and "
+                    f"shards using it with other terms would then fail; leave out --name (the demo then "
+                    f"uses a fresh name), or give --reset to reset queue {name!r} anyway"
+                )
+            state.reset(name)  # on purpose (--reset): a fresh record, with this demo's interval
+        total = processes * jobs
+        kept = "kept at the end" if given else "deleted at the end"
+        say(
+            out,
+            f"{plural(processes, 'process')} x {plural(jobs, 'start')}, one start every "
+            f"{interval * 1000:g} ms, through {redact(url)} (queue {name!r}, {kept})",
+        )
+        seen = Seen()
+        try:
+            _run_workers(url, name, interval, processes, jobs, args.quiet, seen, out)
+        finally:
+            if not given:
+                state.reset(name)  # the demo's own fresh queue: leave nothing behind
+    status = _summary(seen, total, interval_us, out)
+    if draw is not None:
+        draw(seen, interval)
+        say(out, f"plot: {args.plot}")
+    return status
+
+
+def _run_workers(
+    url: str, name: str, interval: float, processes: int, jobs: int, quiet: bool, seen: Seen, out: TextIO
+) -> None:
+    """Start the workers and show each start as its report arrives, until every worker is done."""
+    interval_us = _validate.interval_us(interval)
+    total = processes * jobs
+    context = multiprocessing.get_context("spawn")
+    reports: Any = context.Queue()
+    workers = [
+        context.Process(target=_worker, args=(url, name, interval, jobs, index, reports), daemon=True)
+        for index in range(1, processes + 1)
+    ]
+    try:
+        with _sigint_held():  # inherited by the workers: Ctrl-C reaches this process only
+            for worker in workers:
+                worker.start()
+        finished = 0
+        wait = max(30.0, 10 * interval)
+        while finished < processes:
+            try:
+                index, ticket, start, begin, error = reports.get(timeout=wait)
+            except queue_module.Empty:
+                seen.failures.append(f"no report for {wait:g} s; giving up")
+                break
+            if ticket is None:
+                finished += 1
+                if error:
+                    seen.failures.append(f"process {index}: {scrub(error, url)}")
+                continue
+            late, state_gap = _insert(seen.starts, start)
+            _, begin_gap = _insert(seen.begins, begin)
+            seen.timeline.append((index, begin))
+            if not quiet:
+                say(
+                    out,
+                    _line(len(seen.starts), total, index, ticket, state_gap, begin_gap, interval_us, late),
+                )
+        for worker in workers:
+            worker.join(timeout=5)
+    finally:
+        for worker in workers:  # interrupted, or a worker hung: stop them before leaving
+            if worker.is_alive():
+                worker.terminate()
+        for worker in workers:
+            if worker.pid is not None:
+                worker.join(timeout=5)
+
+
+def _insert(values: list[Any], value: Any) -> tuple[bool, Any]:
+    """Insert ``value`` into sorted ``values``; whether a later one is there, the gap to the one before."""
+    place = bisect.bisect(values, value)
+    values.insert(place, value)
+    return place < len(values) - 1, None if place == 0 else value - values[place - 1]
+
+
+def _line(
+    count: int,
+    total: int,
+    index: int,
+    ticket: int,
+    state_gap: int | None,
+    begin_gap: float | None,
+    interval_us: int,
+    late: bool,
+) -> str:
+    """One live line: the start's place, process, ticket, state-clock gap and begin gap (ms)."""
+    state = "-" if state_gap is None else f"{state_gap / 1000:.3f}"
+    begin = "-" if begin_gap is None else f"{begin_gap * 1000:.3f}"
+    flags = ""
+    if state_gap is not None and state_gap < interval_us:
+        flags += "  STATE-CLOCK GAP UNDER THE INTERVAL"
+    if begin_gap is not None and begin_gap * US < interval_us:
+        flags += "  (begin gap under the interval)"
+    if late:
+        flags += "  (reported after a later start)"
+    progress = f"[{count:>{len(str(total))}}/{total}]"
+    gaps = f"state-clock gap {state:>9} ms  begin gap {begin:>9} ms"
+    return f"{progress} process {index}  ticket {ticket:>6}  {gaps}{flags}"
+
+
+def _summary(seen: Seen, total: int, interval_us: int, out: TextIO) -> int:
+    """Print the summary; the exit status: 0 if no state-clock gap was under the interval, nothing failed
+    and every start came; else 1. Begin gaps are reported only."""
+    starts, begins = seen.starts, seen.begins
+    state_gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    begin_gaps = [(later - earlier) * US for earlier, later in itertools.pairwise(begins)]
+    under = sum(1 for gap in state_gaps if gap < interval_us)
+    begins_under = sum(1 for gap in begin_gaps if gap < interval_us)
+    say(out)
+    if state_gaps:
+        span = (starts[-1] - starts[0]) / US
+        rate = len(state_gaps) / span if span > 0 else float("inf")
+        target = US / interval_us
+        say(
+            out,
+            f"summary: {len(starts)}/{total} starts in {span:.3f} s (state clock), "
+            f"rate {rate:.2f}/s of {target:.2f}/s target ({100 * rate / target:.1f} %)",
+        )
+        say(
+            out,
+            f"  state-clock gaps: smallest {min(state_gaps) / 1000:.3f} ms, "
+            f"median {statistics.median(state_gaps) / 1000:.3f} ms, under the interval: {under}",
+        )
+        say(
+            out,
+            f"  begin gaps:       smallest {min(begin_gaps) / 1000:.3f} ms, "
+            f"median {statistics.median(begin_gaps) / 1000:.3f} ms, under the interval: {begins_under}"
+            + (" (reported, not failures: the OS may delay a process)" if begins_under else ""),
+        )
+    else:
+        say(out, f"summary: {len(starts)}/{total} starts")
+    for failure in seen.failures:
+        say(out, f"failure: {failure}")
+    problems = []
+    if under:
+        problems.append(f"{plural(under, 'state-clock gap')} under the interval")
+    if seen.failures:
+        problems.append(plural(len(seen.failures), "failure"))
+    if len(starts) < total:
+        problems.append(f"{total - len(starts)} of {plural(total, 'start')} missing")
+    say(out, f"result: {'FAILED: ' + ', '.join(problems) if problems else 'ok'}")
+    return 1 if problems else 0
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT back meanwhile; processes started meanwhile inherit that, and never see it.
+
+    A terminal sends Ctrl-C to its whole foreground process group: the
+    workers would each raise KeyboardInterrupt, with a traceback, even while
+    starting up. A signal mask is inherited across exec, so a worker starts
+    with SIGINT blocked (and ignores it first thing); this process gets a
+    Ctrl-C that came meanwhile once the mask is lifted, and ends the workers
+    itself. Without ``pthread_sigmask`` (Windows) SIGINT is ignored meanwhile.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        return
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _worker(url: str, name: str, interval: float, jobs: int, index: int, reports: Any) -> None:
+    """One demo process: ``jobs`` acquires; each reported with its state-clock start and its begin."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends this process
+    error = ""
+    try:
+        limiter = Limiter(url, name=name, interval=interval)
+        try:
+            for _ in range(jobs):
+                turn = limiter.acquire()
+                begin = time.monotonic()  # the moment the caller begins, on this host's clock
+                reports.put((index, turn.ticket, turn.start_us, begin, ""))
+        finally:
+            limiter.close()
+    except Exception as exc:  # reported to the parent, which fails the demo
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        reports.put((index, None, None, None, error))
+
+
+def _plotter(path: str) -> Callable[[Seen, float], None]:
+    """A function drawing the demo into ``path``; checked now (matplotlib, format, folder), drawn later."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as exc:
+        raise ConfigurationError(f"--plot needs matplotlib ({exc}): pip install 'ratequeue[plot]'") from exc
+    target = Path(path)
+    kinds = FigureCanvasAgg.get_supported_filetypes()
+    kind = target.suffix.lstrip(".").lower()
+    if kind not in kinds:
+        raise ConfigurationError(
+            f"--plot {path!r}: give a file name ending in one of {', '.join('.' + k for k in sorted(kinds))}"
+        )
+    if not target.parent.is_dir():
+        raise ConfigurationError(f"--plot {path!r}: folder {str(target.parent)!r} does not exist")
+
+    def draw(seen: Seen, interval: float) -> None:
+        from ._cli_plot import draw_demo
+
+        try:
+            draw_demo(target, seen.timeline, seen.starts, interval)
+        except OSError as exc:
+            raise ConfigurationError(f"--plot {path!r}: cannot write it: {exc}") from exc
+
+    return draw
