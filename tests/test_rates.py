@@ -225,7 +225,9 @@ def test_old_records_keep_working_and_a_burst_on_them_is_a_clear_error() -> None
     state = MemoryState(private=True)
     plain = Limiter(state, name="old", interval=0.01)
     plain.acquire()
-    with pytest.raises(ConfigurationError, match=r"has burst 1 in this state, not 5; .* reset the queue"):
+    with pytest.raises(
+        ConfigurationError, match=r"has burst 1 in this state, not 5; .*state\.reset\('old'\)"
+    ):
         Limiter(state, name="old", interval=0.01, burst=5).acquire()
 
 

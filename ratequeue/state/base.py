@@ -564,7 +564,11 @@ def way_out(error: TermsMismatch, url: str) -> TermsMismatch:
     if error.way_out:
         return error
     where, name = shlex.quote(redact(url)), shlex.quote(error.name)
-    if error.field == "interval":
+    if url.startswith("memory:"):
+        # each process has its own memory state: a command in another process cannot reach it
+        reset = f"state.reset({error.name!r})"
+        how = f"memory:// lives in this process: delete the record there ({reset}) or restart it"
+    elif error.field == "interval":
         change = f"ratequeue set-interval {where} {name} {error.wanted!r}"
         how = f"to change it on purpose, stop its shards and run: {change}"
     else:
