@@ -22,7 +22,9 @@ from .errors import (
     RateQueueError,
     StateCorrupted,
     StateUnavailable,
+    TermsMismatch,
 )
+from .events import Event
 from .group import LimiterGroup
 from .limiter import Limiter, Reservation, Status
 from .queue import Queue
@@ -35,13 +37,15 @@ from .state import from_url as open_state
 from_url = open_state
 
 # What ``import ratequeue`` offers: the limiter and queue (thread API; ``ratequeue.aio``
-# has the asyncio ones), what they return (Turn, Reservation, Status), the errors, and
+# has the asyncio ones), what they return (Turn, Reservation, Status), what they report to an
+# on_event hook (Event; ratequeue.prometheus has an exporter), the errors, and
 # the state contract with its opener for tools that read or reset records directly.
 __all__ = [
     "AcquireTimeout",
     "Backoff",
     "ConfigurationError",
     "DeadLetter",
+    "Event",
     "Limiter",
     "LimiterGroup",
     "Queue",
@@ -55,6 +59,7 @@ __all__ = [
     "StateCorrupted",
     "StateUnavailable",
     "Status",
+    "TermsMismatch",
     "Turn",
     "__version__",
     "all_of",

@@ -24,12 +24,13 @@ The rule (docs/rates.md, "Several limits at once"):
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _validate
 from ._flow import Call, Flow
-from ._limiting import LimiterBase, Seconds
+from ._limiting import LimiterBase, Seconds, _calls_log
 from .errors import ConfigurationError
 from .protocol import MAX_LEAD_US, US, Started
 from .shard import Turn
@@ -163,9 +164,16 @@ def _moved(
         state.retime, limiter.name, limiter._interval_us, turn.ticket, round(lead * US), **limiter._terms
     )
     sent = clock()
-    outcome = yield Call(call)
+    try:
+        outcome = yield Call(call)
+    except Exception as exc:
+        if limiter._on_event is not None or _calls_log.isEnabledFor(logging.DEBUG):
+            limiter._call_failed(state.retime, (limiter._interval_us, turn.ticket), exc, sent)
+        raise
     received = clock()
     state_now = state.local_now()  # a state on this host's clock converts exactly
+    if limiter._on_event is not None or _calls_log.isEnabledFor(logging.DEBUG):
+        limiter._call_answered(state.retime, (limiter._interval_us, turn.ticket), outcome, sent, received)
     if not isinstance(outcome, Started):
         return None
     # otherwise the state read its clock between sent and received: converting with the

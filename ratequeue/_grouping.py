@@ -23,6 +23,7 @@ from . import _validate
 from ._limiting import DEFAULT_LEASE, LimiterBase, Seconds
 from ._redact import redact
 from .errors import ConfigurationError
+from .events import EventHook
 from .rates import RateLike
 from .shard import DEFAULT_MAX_LATE
 from .state.base import StateBase
@@ -63,6 +64,7 @@ class GroupBase(ABC, Generic[L, S]):
         clock: Callable[[], float] | None = None,
         max_running: int | None = None,
         lease: Seconds = DEFAULT_LEASE,
+        on_event: EventHook | None = None,
     ) -> None:
         """
         :param url: the state, as for :class:`~ratequeue.Limiter` (opened once, shared by every key).
@@ -80,6 +82,8 @@ class GroupBase(ABC, Generic[L, S]):
         :param max_running: how many jobs of one key may run at once across
             every process (``None``: no cap), as for :class:`~ratequeue.Limiter`.
         :param lease: as for :class:`~ratequeue.Limiter`, with ``max_running``.
+        :param on_event: as for :class:`~ratequeue.Limiter`, given to every key's
+            limiter: each :class:`~ratequeue.Event` names its key's queue, ``f"{name}:{key}"``.
         """
         self.name = _validate.name(name)
         if keep is None:
@@ -94,6 +98,7 @@ class GroupBase(ABC, Generic[L, S]):
             "clock": clock,
             "max_running": max_running,
             "lease": lease,
+            "on_event": on_event,
         }
         self._max_keys = _validate.positive_int("max_keys", max_keys)
         # Every setting is checked now, by the limiter of a first key, not at the first use of a key.

@@ -27,7 +27,8 @@ from ._flow import Call, Flow
 from ._leases import LeaseBook
 from ._redact import redact
 from .errors import AcquireTimeout
-from .protocol import NEVER, US, Outcome, live_leases
+from .events import Event, EventHook, check_hook
+from .protocol import NEVER, US, Outcome, Passed, Started, live_leases
 from .rates import RateLike
 from .shard import (
     DEFAULT_MAX_LATE,
@@ -57,7 +58,23 @@ TimedAnswer = tuple[Outcome, float, float, Union[float, None]]
 #: how long (s) a lease lasts by default: a killed holder's place comes back within this
 DEFAULT_LEASE = 10.0
 
-_log = logging.getLogger("ratequeue")
+#: the acquire flow and the lease keeper: begins (DEBUG), passed and lost tickets, late turns, clock steps
+_log = logging.getLogger("ratequeue.limiter")
+#: one DEBUG line per state call of a limiter: operation, queue, ticket, answer, duration
+_calls_log = logging.getLogger("ratequeue.limiter.calls")
+#: an ``on_event`` hook that raised
+_events_log = logging.getLogger("ratequeue.events")
+
+_DEBUG = logging.DEBUG
+
+#: a clock step (s) at least this large is logged at WARNING; smaller ones (a slow answer, a
+#: preempted thread, a state clock's coarse ticks) at DEBUG
+CLOCK_STEP_WARNING = 0.05
+
+#: a caller that gives up this many turns in a row for late wake-ups is logged at WARNING (fewer: INFO)
+LATE_WARNING_REPEATS = 2
+#: the most often (s) a limiter logs turns given up at WARNING; the others meanwhile are INFO
+LATE_WARNING_EVERY = 60.0
 
 #: the turns taken by ``with limiter:`` in this thread or task and not yet left: (limiter id, turn)
 _ENTERED: ContextVar[tuple[tuple[int, Turn], ...]] = ContextVar("ratequeue_entered", default=())
@@ -171,7 +188,15 @@ class LimiterBase(ABC, Generic[S]):
         clock: Callable[[], float] | None = None,
         max_running: int | None = None,
         lease: Seconds = DEFAULT_LEASE,
+        on_event: EventHook | None = None,
     ) -> None:
+        #: called with an :class:`~ratequeue.events.Event` for each start, state call, ...; or ``None``
+        self._on_event = check_hook(on_event)
+        #: whether the hook has raised once (the first failure is logged at WARNING, the rest at DEBUG)
+        self._hook_failed = False
+        #: turns given up for late wake-ups since the last warning about them, and when that was
+        self._late_given_up = 0
+        self._late_warned: float | None = None
         pace = _validate.pace(interval, rate)
         self.name, self.interval, self._interval_us, self._lead = _validate.limiter(name, pace, lead)
         self.burst, self.keep = _validate.burst(burst), _validate.keep(keep)
@@ -235,6 +260,7 @@ class LimiterBase(ABC, Generic[S]):
             self._changed()
 
     def __reduce__(self) -> tuple[Any, ...]:
+        # without on_event: a hook (and its metrics) belongs to the process that made it
         settings = (self.name, self.interval, self._lead, self._max_late, self.burst, self.keep)
         return (_rebuild, (type(self), self._state.url, *settings, self.max_running, self.lease))
 
@@ -428,31 +454,245 @@ class LimiterBase(ABC, Generic[S]):
             self._keeping = False
             self._changed()  # a close() waiting for the keeper to finish goes on
 
+    # Reporting: events for the on_event hook, and log lines. Each is called only where the
+    # hook is set or the level is on, so an unused hook or logger costs one test per place.
+
+    def _emit(self, event: Event) -> None:
+        """Call the ``on_event`` hook with ``event``; an exception it raises is logged, never raised."""
+        hook = self._on_event
+        if hook is None:
+            return
+        try:
+            hook(event)
+        except Exception:
+            level = _DEBUG if self._hook_failed else logging.WARNING
+            self._hook_failed = True
+            _events_log.log(
+                level,
+                "the on_event hook of %r raised on a %r event; the event is dropped and the limiter "
+                "goes on (later failures of this hook are logged at DEBUG)",
+                self,
+                event.kind,
+                exc_info=True,
+            )
+
+    def _call_answered(
+        self,
+        operation: Callable[..., Any],
+        args: tuple[int, ...],
+        answer: object,
+        sent: float,
+        received: float,
+    ) -> None:
+        """Report a state call of this limiter that was answered (a ``"call"`` event, a DEBUG line)."""
+        what = getattr(operation, "__name__", "call")
+        ticket = getattr(answer, "ticket", None) if what == "take_and_try" else args[1]
+        outcome = _outcome_name(answer)
+        if self._on_event is not None:
+            self._emit(
+                Event(
+                    "call",
+                    self.name,
+                    ticket=ticket,
+                    duration=received - sent,
+                    operation=what,
+                    outcome=outcome,
+                )
+            )
+        if _calls_log.isEnabledFor(_DEBUG):
+            _calls_log.debug(
+                "%s queue=%r ticket=%s -> %s in %d us",
+                what,
+                self.name,
+                ticket,
+                outcome,
+                round((received - sent) * US),
+            )
+
+    def _call_failed(
+        self, operation: Callable[..., Any], args: tuple[int, ...], exc: Exception, sent: float
+    ) -> None:
+        """Report a state call of this limiter that raised (a ``"state_error"`` event, a DEBUG line).
+
+        The error itself goes on to the caller, who sees it; the states log
+        the failures they retried (at WARNING) before giving up.
+        """
+        duration = self._clock() - sent
+        what = getattr(operation, "__name__", "call")
+        ticket = None if what == "take_and_try" else args[1]
+        error = type(exc).__name__
+        if self._on_event is not None:
+            self._emit(
+                Event(
+                    "state_error",
+                    self.name,
+                    ticket=ticket,
+                    duration=duration,
+                    operation=what,
+                    error=error,
+                )
+            )
+        if _calls_log.isEnabledFor(_DEBUG):
+            _calls_log.debug(
+                "%s queue=%r ticket=%s -> %s (%s) in %d us",
+                what,
+                self.name,
+                ticket,
+                error,
+                exc,
+                round(duration * US),
+            )
+
+    def _report_start(self, turn: Turn, now: float, since: float) -> None:
+        """Report the begin of ``turn`` at local time ``now``, asked for at ``since``."""
+        wait, lateness = now - since, now - turn.local_start
+        if self._on_event is not None:
+            self._emit(Event("start", self.name, ticket=turn.ticket, wait=wait, lateness=lateness))
+        if _log.isEnabledFor(_DEBUG):
+            _log.debug(
+                "queue %r: ticket %d begins after a wait of %.6f s, %d us after its start",
+                self.name,
+                turn.ticket,
+                wait,
+                round(lateness * US),
+            )
+
+    def _report_timeout(self, job: Job, waited: float) -> None:
+        """Report a caller that gives up after ``waited`` seconds (its ``AcquireTimeout`` follows)."""
+        if self._on_event is not None:
+            self._emit(Event("timeout", self.name, wait=waited))
+        if _log.isEnabledFor(_DEBUG):
+            _log.debug(
+                "queue %r: a caller gives up after %.6f s (timeout %s s)", self.name, waited, job.timeout
+            )
+
+    def _report_passed(self, outcome: Passed) -> None:
+        """Report a held ticket the state answered as passed; the shard takes a new one.
+
+        A ticket the record never handed out (``pos`` below it) was lost:
+        the record was reset, deleted, or lost in a failover -- a WARNING,
+        unless the queue keeps idle records for a while only (``keep``),
+        where an expired record is the expected cause. A ticket a later one
+        started before is the usual end of a ticket held past its slot (a
+        caller that gave up left it; the shard was paused; it woke late).
+        """
+        if self._on_event is not None:
+            self._emit(Event("passed", self.name, ticket=outcome.ticket))
+        if outcome.pos < outcome.ticket and self.keep is None:
+            _log.warning(
+                "queue %r: ticket %d was lost: the state's record no longer knows it (it is at ticket "
+                "%d), so it was reset, deleted or lost in a failover; taking a new ticket",
+                self.name,
+                outcome.ticket,
+                outcome.pos,
+            )
+        elif _log.isEnabledFor(logging.INFO):
+            _log.info(
+                "queue %r: ticket %d has passed (ticket %d has started; this one was held past its "
+                "slot, or its record expired); taking a new ticket",
+                self.name,
+                outcome.ticket,
+                outcome.pos,
+            )
+
+    def _report_late(self, ticket: int, lateness: float, outcome: str, in_a_row: int) -> None:
+        """Report a granted turn that woke ``lateness`` s after its start: ``outcome`` says what was done.
+
+        A start moved later keeps every guarantee, and a queue with a burst
+        begins a late turn by design (DEBUG). A turn given up costs its slot:
+        INFO, as a busy moment of the host makes one now and then; WARNING
+        when one caller has given up ``in_a_row`` >= :data:`LATE_WARNING_REPEATS`
+        turns in a row -- the host cannot begin within ``max_late`` -- at most
+        once a minute per limiter, with the count of turns given up since.
+        """
+        if self._on_event is not None:
+            self._emit(Event("late", self.name, ticket=ticket, lateness=lateness, outcome=outcome))
+        if outcome == "given_up":
+            self._late_given_up += 1
+            now = self._clock()
+            warn = in_a_row >= LATE_WARNING_REPEATS and (
+                self._late_warned is None or now - self._late_warned >= LATE_WARNING_EVERY
+            )
+            if warn:
+                _log.warning(
+                    "queue %r: a caller gave up %d turns in a row because this process woke more than "
+                    "max_late=%g s after their starts (the latest %.6f s late); %d turn(s) given up "
+                    "since the last warning, each costing a slot. A busy host: fewer threads or "
+                    "processes, or a larger max_late",
+                    self.name,
+                    in_a_row,
+                    self._max_late,
+                    lateness,
+                    self._late_given_up,
+                )
+                self._late_given_up, self._late_warned = 0, now
+            elif _log.isEnabledFor(logging.INFO):
+                _log.info(
+                    "queue %r: ticket %d woke %d us after its start, more than max_late: given up "
+                    "(%d in a row for this caller); taking a new ticket",
+                    self.name,
+                    ticket,
+                    round(lateness * US),
+                    in_a_row,
+                )
+            return
+        if _log.isEnabledFor(_DEBUG):
+            _log.debug(
+                "queue %r: ticket %d woke %d us after its start, more than max_late: %s",
+                self.name,
+                ticket,
+                round(lateness * US),
+                outcome,
+            )
+
+    def _report_clock_step(self) -> None:
+        """Log the clock step the shard has just noticed (see :attr:`ratequeue.shard.Shard.clock_step`)."""
+        step = self._shard.clock_step
+        level = logging.WARNING if abs(step) >= CLOCK_STEP_WARNING else _DEBUG
+        if _log.isEnabledFor(level):
+            _log.log(
+                level,
+                "queue %r: the state's clock moved %+.6f s against this host's between two answers (a "
+                "clock step: %s); starts are converted with the new offset. Check NTP on the hosts",
+                self.name,
+                -step,
+                "the state's went back, or this host's forward" if step > 0 else "the state's went forward",
+            )
+
     def _timeout_error(self, job: Job) -> AcquireTimeout:
         timeout = None if job.deadline is None else job.timeout
         return AcquireTimeout(
             f"no turn in queue {self.name!r} within {timeout} s", name=self.name, timeout=timeout
         )
 
-    def _acquire_flow(self, job: Job) -> Flow[Turn | None]:
+    def _acquire_flow(self, job: Job, *, attempt: bool = False) -> Flow[Turn | None]:
         """Carry ``job`` through the shard's steps until its turn begins; ``None`` if it is withdrawn.
 
         Runs holding the driver's lock (:meth:`_locked`), which the driver's
-        waits and calls release while they last.
+        waits and calls release while they last. With ``attempt`` (a
+        ``try_acquire``), no turn free now is not reported as a timeout.
 
         :raises AcquireTimeout: as soon as the turn cannot come by the job's deadline.
         """
+        shard = self._shard
+        now = since = self._clock()
         try:
             while True:
                 if job.withdrawn:
                     return None
-                now = self._clock()
-                step = self._shard.step(job, now)
+                granted, given_up = job.turn, job.given_up
+                step = shard.step(job, now)
+                if job.given_up != given_up and granted is not None:  # out of re-times: given up
+                    self._report_late(granted.ticket, now - granted.local_start, "given_up", job.given_up)
                 if isinstance(step, Begin):
                     self._began(step.turn)
                     self._shard_changed()  # the next job is head now
+                    if self._on_event is not None or _log.isEnabledFor(_DEBUG):
+                        self._report_start(step.turn, now, since)
                     return step.turn
                 if isinstance(step, Expired):
+                    if not attempt and (self._on_event is not None or _log.isEnabledFor(_DEBUG)):
+                        self._report_timeout(job, now - since)
                     raise self._timeout_error(job)
                 # waits are cut to _validate.MAX_WAIT (the loop then looks again), so that
                 # no timeout, however long, overflows the driver's wait
@@ -471,11 +711,21 @@ class LimiterBase(ABC, Generic[S]):
                     try:
                         outcome, sent, received, state_now = yield Call(self._call_state, call)
                     except BaseException:
-                        self._shard.failed(job)
+                        shard.failed(job)
                         raise
                     offset = None if state_now is None else received - state_now
-                    self._shard.receive(job, outcome, sent, received, offset=offset)
+                    steps = shard.clock_steps
+                    shard.receive(job, outcome, sent, received, offset=offset)
+                    if shard.clock_steps != steps:
+                        self._report_clock_step()
+                    if isinstance(step, Retime) and granted is not None:
+                        done = "begun" if job.begins_late else "moved"  # (a burst begins late)
+                        done = "given_up" if job.given_up != given_up else done
+                        self._report_late(step.ticket, now - granted.local_start, done, job.given_up)
+                    elif isinstance(outcome, Passed) and isinstance(step, TryStart):
+                        self._report_passed(outcome)
                     self._shard_changed()
+                now = self._clock()
         except BaseException:
             self._shard.abandon(job)
             self._shard_changed()
@@ -583,3 +833,14 @@ def _rebuild(
         max_running=max_running,
         lease=lease,
     )
+
+
+def _outcome_name(answer: object) -> str:
+    """A state's answer as a word: ``started``, ``wait``, ``passed``; ``live``/``expired`` for a lease."""
+    if isinstance(answer, Started):
+        return "started"
+    if isinstance(answer, Passed):
+        return "passed"
+    if isinstance(answer, bool):
+        return "live" if answer else "expired"
+    return type(answer).__name__.lower()

@@ -45,12 +45,14 @@ from ._jobs import (
 from ._limiting import DEFAULT_LEASE, LimiterBase, Seconds, Status
 from ._redact import redact
 from .errors import QueueClosed, QueueFull
+from .events import Event, EventHook
 from .rates import RateLike
 from .shard import Turn
 
 __all__ = ["Entry", "QueueBase"]
 
-_log = logging.getLogger("ratequeue")
+#: the pacer and the jobs: retries and failures (INFO), turns the state failed to give (WARNING)
+_log = logging.getLogger("ratequeue.queue")
 
 #: the pause between two failed turns of the pacer (the state is failing), doubling up to the cap
 _FAILURE_BACKOFF = 0.05
@@ -121,6 +123,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
         dead_letter: Callable[[DeadLetter], Any] | None = None,
         max_waiting: int | None = None,
         overflow: str = "reject",
+        on_event: EventHook | None = None,
     ) -> None:
         """
         :param url: the state, as for :class:`~ratequeue.Limiter`.
@@ -148,6 +151,9 @@ class QueueBase(ABC, Generic[L, FutureT]):
             (``None``: no limit); see ``overflow``.
         :param overflow: when ``max_waiting`` jobs wait: ``"reject"`` the new one
             (:class:`~ratequeue.QueueFull`) or ``"drop_oldest"`` (its future fails with ``QueueFull``).
+        :param on_event: called with a :class:`~ratequeue.Event` for each turn its
+            limiter takes (as for :class:`~ratequeue.Limiter`), each job retried
+            (``"retry"``) and each job failed for good (``"dead_letter"``).
         """
         # every setting is checked before the limiter opens its state
         #: the retry settings of a job added without its own
@@ -164,6 +170,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
             lead=lead,
             max_running=self._max_running,
             lease=lease,
+            on_event=on_event,
         )
         self._limiter = limiter
         self.name = limiter.name
@@ -482,6 +489,14 @@ class QueueBase(ABC, Generic[L, FutureT]):
                     turn: Turn | None = yield Call(reservation.wait)
                 except Exception as exc:  # the state failed: fail the head job, go on
                     self._release_running_place()
+                    _log.warning(
+                        "queue %r: no turn for its next job, which fails with the error (%s: %s); "
+                        "the next job tries again in %g s",
+                        self.name,
+                        type(exc).__name__,
+                        exc,
+                        backoff,
+                    )
                     self._fail_head(exc)
                     yield Sleep(backoff)
                     backoff = min(backoff * 2, _FAILURE_BACKOFF_CAP)
@@ -524,6 +539,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
             raise
         except BaseException as exc:
             if not future.done() and not self._retried(entry, exc):
+                self._report_failed(entry, exc)
                 options = entry.options
                 if options.dead_letter is not None:
                     try:
@@ -554,7 +570,22 @@ class QueueBase(ABC, Generic[L, FutureT]):
         options = entry.options
         if entry.attempts > options.retries or not isinstance(exc, options.retry_on):
             return False
-        entry.not_before = self._limiter._clock() + options.backoff.delay(entry.attempts)
+        delay = options.backoff.delay(entry.attempts)
+        entry.not_before = self._limiter._clock() + delay
+        limiter = self._limiter
+        if limiter._on_event is not None:
+            error = type(exc).__name__
+            limiter._emit(Event("retry", self.name, error=error, attempt=entry.attempts, wait=delay))
+        if _log.isEnabledFor(logging.INFO):
+            _log.info(
+                "queue %r: a job failed on try %d of %d (%s: %s); retried in %.3f s",
+                self.name,
+                entry.attempts,
+                options.retries + 1,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
         with self._locked():
             self._pending.push(entry)  # its own place in the order; not counted against max_waiting
             self._jobs_added()
@@ -562,6 +593,20 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 self._pacing = True
                 self._start_pacer()
         return True
+
+    def _report_failed(self, entry: Entry[FutureT], exc: BaseException) -> None:
+        """Report a job that failed for good: its future fails with ``exc``, its dead letter follows."""
+        limiter = self._limiter
+        if limiter._on_event is not None:
+            limiter._emit(Event("dead_letter", self.name, error=type(exc).__name__, attempt=entry.attempts))
+        if _log.isEnabledFor(logging.INFO):
+            _log.info(
+                "queue %r: a job failed for good on try %d (%s: %s)",
+                self.name,
+                entry.attempts,
+                type(exc).__name__,
+                exc,
+            )
 
     def _next_runnable(self, cost: int) -> Entry[FutureT] | None:
         """Pop the next ready job that was not cancelled, counting it as running.
@@ -600,6 +645,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 max_running=1,
                 lease=self._lease,
                 keep=DEFAULT_KEEP,
+                on_event=self._limiter._on_event,
             )
         limiter: LimiterBase[Any] = self._groups[group]
         return limiter

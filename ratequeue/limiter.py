@@ -17,10 +17,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from ._flow import run
-from ._limiting import DEFAULT_LEASE, LimiterBase, ReservationBase, Seconds, Status, TimedAnswer, entered
+from ._limiting import (
+    DEFAULT_LEASE,
+    LimiterBase,
+    ReservationBase,
+    Seconds,
+    Status,
+    TimedAnswer,
+    _calls_log,
+    entered,
+)
 from ._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from ._sleep import wait_until
 from .errors import AcquireTimeout
+from .events import EventHook
 from .rates import RateLike
 from .shard import DEFAULT_MAX_LATE, Turn
 from .state import State, StateLike, from_url
@@ -29,7 +39,9 @@ __all__ = ["Limiter", "Reservation", "Status"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_log = logging.getLogger("ratequeue")
+_log = logging.getLogger("ratequeue.limiter")
+
+_DEBUG = logging.DEBUG
 
 #: the longest (s) close() waits for the lease keeper's call under way
 _CLOSE_WAIT = 10.0
@@ -62,6 +74,7 @@ class Limiter(LimiterBase[State]):
         clock: Callable[[], float] | None = None,
         max_running: int | None = None,
         lease: Seconds = DEFAULT_LEASE,
+        on_event: EventHook | None = None,
     ) -> None:
         """
         :param url: the state: a URL (``memory://``, ``file:///path.json``,
@@ -101,6 +114,11 @@ class Limiter(LimiterBase[State]):
             dies gives its place back within ``lease`` (docs/queues.md).
         :param lease: seconds a running job's lease lasts unless renewed (10 by
             default): the longest a dead job's place stays taken.
+        :param on_event: called with a :class:`ratequeue.Event` for each begin,
+            timeout, state call, passed ticket and late wake-up of this limiter
+            (:mod:`ratequeue.events`; ``ratequeue.prometheus.PrometheusMetrics``
+            is one). It must be quick: it may be called holding the limiter's
+            lock. An exception it raises is logged, never raised. Not pickled.
         """
         self._cond = threading.Condition()
         super().__init__(
@@ -115,6 +133,7 @@ class Limiter(LimiterBase[State]):
             clock=clock,
             max_running=max_running,
             lease=lease,
+            on_event=on_event,
         )
 
     def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
@@ -171,7 +190,7 @@ class Limiter(LimiterBase[State]):
         with self._cond:
             job = self._new_job(0, cost)
             try:
-                return run(self._acquire_flow(job)), None
+                return run(self._acquire_flow(job, attempt=True)), None
             except AcquireTimeout:
                 return None, job.expected
 
@@ -339,12 +358,20 @@ class Limiter(LimiterBase[State]):
     def _call_state(
         self, operation: Callable[..., Any], args: tuple[int, ...], kwargs: dict[str, int]
     ) -> TimedAnswer:
-        self._cond.release()
+        self._cond.release()  # the call, and its report, hold no lock
         try:
             sent = self._clock()
-            outcome = operation(self.name, *args, **kwargs)
+            try:
+                outcome = operation(self.name, *args, **kwargs)
+            except Exception as exc:
+                if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
+                    self._call_failed(operation, args, exc, sent)
+                raise
             received = self._clock()
-            return outcome, sent, received, self._state.local_now()
+            answer = outcome, sent, received, self._state.local_now()
+            if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
+                self._call_answered(operation, args, outcome, sent, received)
+            return answer
         finally:
             self._cond.acquire()
 

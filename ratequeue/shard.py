@@ -86,6 +86,10 @@ _OFFSET_SAMPLES = 16
 _OFFSET_WINDOW = 1.0
 #: how far (s) an answer's offset bound may exceed the best before a clock step is assumed
 _OFFSET_SLACK = 0.0005
+#: how far (s) an offset read directly (a state on this host's clock) may move between two answers
+#: before it counts as a clock step: more than a thread preempted between two clock reads, less
+#: than the steps NTP makes (it slews smaller differences)
+_DIRECT_STEP = 0.01
 
 #: weight of the newest round-trip in the smoothed round-trip time
 _RTT_WEIGHT = 0.25
@@ -274,6 +278,14 @@ class Shard:
         self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
         #: the latest turn this shard was granted (see _turn)
         self._last_turn: Turn | None = None
+        #: the latest offset read directly, for telling clock steps
+        self._direct_offset: float | None = None
+        #: how many clock steps this shard has noticed: answers whose local-minus-state offset
+        #: jumped (see :meth:`_offset`); the driver reports them
+        self.clock_steps = 0
+        #: the latest step (s): how far the offset moved; positive when the state's clock went
+        #: back against this host's (or this host's went forward)
+        self.clock_step = 0.0
         #: tickets granted a start that no job began (dropped, given up, or nobody left to take
         #: it): on a queue with ``max_running`` their leases are released. The driver empties it.
         self.unused: list[int] = []
@@ -494,6 +506,10 @@ class Shard:
         self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
         if offset is None:
             offset = self._offset(received - outcome.now / US, received, rtt)
+        else:
+            if self._direct_offset is not None and abs(offset - self._direct_offset) > _DIRECT_STEP:
+                self._stepped(offset - self._direct_offset)
+            self._direct_offset = offset
         if self._retiming:
             self._retiming = False
             if self._granted is not job or job.turn is None:
@@ -563,9 +579,15 @@ class Shard:
         best = min((o for _, o in self._offsets), default=sample)
         if sample - best > rtt + _OFFSET_SLACK:
             self._offsets.clear()
+            self._stepped(sample - best)
             best = sample
         self._offsets.append((received, sample))
         return min(best, sample)
+
+    def _stepped(self, by: float) -> None:
+        """Count a clock step that moved the offset by ``by`` seconds."""
+        self.clock_steps += 1
+        self.clock_step = by
 
     def failed(self, job: Job) -> None:
         """Report that the call made for ``job`` raised or was abandoned.

@@ -199,7 +199,15 @@ def check_scheduling(output: str) -> None:
     search(r"jobs 2 and 3 ran: 2, 3", output)
 
 
+def check_metrics_prometheus(output: str) -> None:
+    search(r"12 acquires: 12 starts counted, 1 timeout counted", output)
+    search(r'(?m)^ratequeue_starts_total\{queue="examples-metrics"\} 12\.0$', output)
+    search(r'(?m)^ratequeue_wait_seconds_count\{queue="examples-metrics"\} 12\.0$', output)
+    search(r"(?m)^# TYPE ratequeue_state_call_seconds histogram$", output)
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "metrics_prometheus.py": check_metrics_prometheus,
     "retries.py": check_retries,
     "max_running.py": check_max_running,
     "group_fifo.py": check_group_fifo,

@@ -18,10 +18,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .._flow import arun
-from .._limiting import DEFAULT_LEASE, LimiterBase, ReservationBase, Seconds, Status, TimedAnswer, entered
+from .._limiting import (
+    DEFAULT_LEASE,
+    LimiterBase,
+    ReservationBase,
+    Seconds,
+    Status,
+    TimedAnswer,
+    _calls_log,
+    entered,
+)
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from .._sleep import wait_until
 from ..errors import AcquireTimeout
+from ..events import EventHook
 from ..protocol import Started
 from ..rates import RateLike
 from ..shard import DEFAULT_MAX_LATE, Turn
@@ -38,7 +48,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: the longest (s) close() waits for the lease keeper's call under way
 _CLOSE_WAIT = 10.0
 
-_log = logging.getLogger("ratequeue")
+_log = logging.getLogger("ratequeue.limiter")
+
+_DEBUG = logging.DEBUG
 
 
 class Limiter(LimiterBase[AsyncState]):
@@ -65,6 +77,7 @@ class Limiter(LimiterBase[AsyncState]):
         clock: Callable[[], float] | None = None,
         max_running: int | None = None,
         lease: Seconds = DEFAULT_LEASE,
+        on_event: EventHook | None = None,
     ) -> None:
         """See :class:`ratequeue.Limiter`; Redis and MongoDB use their drivers' asyncio clients.
 
@@ -73,6 +86,7 @@ class Limiter(LimiterBase[AsyncState]):
         event loop (a precise sleep); ``max_late=None`` keeps the loop free
         and begins up to about a millisecond late. A :class:`State` or
         :class:`AsyncState` object passed in is left open by :meth:`close`.
+        ``on_event`` is called on the event loop, and must not block it.
         """
         self._waiters: list[asyncio.Future[None]] = []
         #: the lease keeper's task, while it runs (a reference keeps it from being collected)
@@ -89,6 +103,7 @@ class Limiter(LimiterBase[AsyncState]):
             clock=clock,
             max_running=max_running,
             lease=lease,
+            on_event=on_event,
         )
 
     async def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
@@ -137,7 +152,7 @@ class Limiter(LimiterBase[AsyncState]):
         """:meth:`try_acquire`, and without a turn the local time its slot comes, if the state said."""
         job = self._new_job(0, cost)
         try:
-            return await arun(self._acquire_flow(job)), None
+            return await arun(self._acquire_flow(job, attempt=True)), None
         except AcquireTimeout:
             return None, job.expected
 
@@ -252,19 +267,27 @@ class Limiter(LimiterBase[AsyncState]):
         self, operation: Callable[..., Any], args: tuple[int, ...], kwargs: dict[str, int]
     ) -> TimedAnswer:
         sent = self._clock()
-        if not self.max_running:
-            outcome = await operation(self.name, *args, **kwargs)
-        else:
-            # A call cancelled on its way may still be carried out by the state: its answer
-            # is awaited in the background, and a start it granted gives its lease back.
-            call = asyncio.ensure_future(operation(self.name, *args, **kwargs))
-            try:
-                outcome = await asyncio.shield(call)
-            except asyncio.CancelledError:
-                call.add_done_callback(self._answer_lost)
-                raise
+        try:
+            if not self.max_running:
+                outcome = await operation(self.name, *args, **kwargs)
+            else:
+                # A call cancelled on its way may still be carried out by the state: its answer
+                # is awaited in the background, and a start it granted gives its lease back.
+                call = asyncio.ensure_future(operation(self.name, *args, **kwargs))
+                try:
+                    outcome = await asyncio.shield(call)
+                except asyncio.CancelledError:
+                    call.add_done_callback(self._answer_lost)
+                    raise
+        except Exception as exc:
+            if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
+                self._call_failed(operation, args, exc, sent)
+            raise
         received = self._clock()
-        return outcome, sent, received, self._state.local_now()
+        answer = outcome, sent, received, self._state.local_now()
+        if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
+            self._call_answered(operation, args, outcome, sent, received)
+        return answer
 
     def _answer_lost(self, call: asyncio.Future[Any]) -> None:
         """A state call whose caller was cancelled has ended: release the lease of a start it granted."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
@@ -91,6 +92,9 @@ from .base import Clock, Snapshot, State, StateBase, Terms, check_terms_match
 
 __all__ = ["MongoState", "MongoStateBase", "split_url"]
 
+#: connection failures retried (WARNING)
+_log = logging.getLogger("ratequeue.state.mongodb")
+
 #: how often a transient connection failure is retried, the first backoff and the longest (s)
 RETRIES = 5
 BACKOFF = 0.02
@@ -103,17 +107,22 @@ CREATE_ATTEMPTS = 3
 ClientT = TypeVar("ClientT", MongoClient[Any], AsyncMongoClient[Any])
 
 
-def retrying(call: Call) -> Flow[Any]:
+def retrying(where: str, call: Call) -> Flow[Any]:
     """``call`` carried out; after a connection failure, again (with backoff), :data:`RETRIES` times at most.
 
     Any other error, and the last connection failure, is raised: the state
-    maps it (:meth:`MongoStateBase._error_for`).
+    maps it (:meth:`MongoStateBase._error_for`). The first retry of a call
+    is logged at WARNING, naming the server ``where``; the later ones at DEBUG.
     """
     delay = BACKOFF
-    for _ in range(RETRIES):
+    for failures in range(1, RETRIES + 1):
         try:
             return (yield call)
-        except ConnectionFailure:
+        except ConnectionFailure as exc:
+            level = logging.WARNING if failures == 1 else logging.DEBUG
+            if _log.isEnabledFor(level):
+                message = "MongoDB at %s failed (%s: %s); retrying, %d of %d"
+                _log.log(level, message, where, type(exc).__name__, exc, failures, RETRIES)
             yield Sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP)
     return (yield call)
@@ -227,7 +236,9 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         )
         update = functools.partial(self._collection.find_one_and_update, return_document=ReturnDocument.AFTER)
         for _ in range(CREATE_ATTEMPTS):
-            document: Document | None = yield from retrying(Call(update, (update_filter(name, terms), steps)))
+            document: Document | None = yield from retrying(
+                self._where, Call(update, (update_filter(name, terms), steps))
+            )
             if document is not None:
                 return document
             yield from self._create_flow(name, terms)
@@ -246,9 +257,13 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         only tidies up).
         """
         try:
-            yield from retrying(Call(self._collection.insert_one, (initial_document(name, terms),)))
+            yield from retrying(
+                self._where, Call(self._collection.insert_one, (initial_document(name, terms),))
+            )
         except DuplicateKeyError:  # another shard created it (or our insert's reply was lost)
-            stored: Document | None = yield from retrying(Call(self._collection.find_one, ({"_id": name},)))
+            stored: Document | None = yield from retrying(
+                self._where, Call(self._collection.find_one, ({"_id": name},))
+            )
             if stored is not None:
                 record = check_document(stored, self._record_where(name))
                 check_terms_match(name, record, terms)
@@ -269,35 +284,37 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         """
         create = functools.partial(self._collection.create_index, name=TTL_INDEX, expireAfterSeconds=0)
         with contextlib.suppress(OperationFailure):
-            yield from retrying(Call(create, ([(EXPIRES, 1)],)))
+            yield from retrying(self._where, Call(create, ([(EXPIRES, 1)],)))
         self._ttl_ready = True
 
     def _names_flow(self, prefix: str) -> Flow[list[str]]:
-        rows: list[Document] = yield from retrying(Call(self._aggregate_list, (names_pipeline(prefix),)))
+        rows: list[Document] = yield from retrying(
+            self._where, Call(self._aggregate_list, (names_pipeline(prefix),))
+        )
         return [row["_id"] for row in rows]
 
     def _sweep_flow(self, *, retries: bool = True) -> Flow[int]:
         """Delete the records past their keep time on the server's clock (or the test clock); say how many."""
         self._swept = self._sweep_clock()
         call = Call(self._collection.delete_many, (sweep_filter(self._fixed_now()),))
-        result = yield from (retrying(call) if retries else _once(call))
+        result = yield from (retrying(self._where, call) if retries else _once(call))
         return int(result.deleted_count)
 
     def _read_flow(self, name: str) -> Flow[Snapshot]:
         fixed_us = self._fixed_now()
         rows: list[Document] = yield from retrying(
-            Call(self._aggregate_list, (read_pipeline(name, fixed_us),))
+            self._where, Call(self._aggregate_list, (read_pipeline(name, fixed_us),))
         )
         if rows:
             where = self._record_where(name)
             return Snapshot(record=check_document(rows[0], where), now=read_now(rows[0], where))
         if fixed_us is not None:
             return Snapshot(record=None, now=fixed_us)
-        hello: Document = yield from retrying(Call(self._client.admin.command, ("hello",)))
+        hello: Document = yield from retrying(self._where, Call(self._client.admin.command, ("hello",)))
         return Snapshot(record=None, now=datetime_us(hello["localTime"]))
 
     def _reset_flow(self, name: str) -> Flow[bool]:
-        result = yield from retrying(Call(self._collection.delete_one, ({"_id": name},)))
+        result = yield from retrying(self._where, Call(self._collection.delete_one, ({"_id": name},)))
         return bool(result.deleted_count)
 
 

@@ -41,6 +41,7 @@ with its asyncio ones.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -69,6 +70,9 @@ __all__ = ["PostgresState", "PostgresStateBase", "split_url"]
 DEFAULT_TABLE = "ratequeue"
 #: the version suffix of the function's name: a new one whenever the function changes
 FUNCTION_VERSION = "v1"
+#: connection failures retried (WARNING)
+_log = logging.getLogger("ratequeue.state.postgresql")
+
 #: how often a connection failure is retried (on a new connection), the first backoff and the longest (s)
 RETRIES = 5
 BACKOFF = 0.02
@@ -321,13 +325,23 @@ class PostgresStateBase(StateBase, ABC):
         return self._ready and not single and connection not in self._warmed
 
     def _retrying(self, call: Call) -> Flow[Any]:
+        """``call`` carried out; after a connection failure, again on a new connection, with backoff.
+
+        The first retry of a call is logged at WARNING, the later ones at DEBUG.
+        """
         delay = BACKOFF
-        for _ in range(RETRIES):
+        for failures in range(1, RETRIES + 1):
             try:
                 return (yield call)
             except psycopg.OperationalError as exc:
                 if isinstance(exc, psycopg.errors.QueryCanceled):
                     raise
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                if _log.isEnabledFor(level):
+                    message = scrub(
+                        f"PostgreSQL at {self._where} failed ({type(exc).__name__}: {exc})", self.url
+                    )
+                    _log.log(level, "%s; retrying, %d of %d", message, failures, RETRIES)
                 yield Sleep(delay)
                 delay = min(delay * 2, BACKOFF_CAP)
         return (yield call)

@@ -87,7 +87,8 @@ else:
 
 __all__ = ["LeanCalls", "LeanScripts", "RedisState", "RedisStateBase"]
 
-_log = logging.getLogger("ratequeue")
+#: failed calls retried (WARNING), the script loaded again (INFO), writes short of their replicas
+_log = logging.getLogger("ratequeue.state.redis")
 
 #: the key prefix used unless one is given
 DEFAULT_PREFIX = "ratequeue:"
@@ -125,6 +126,26 @@ def retry_delay(failures: int) -> float:
     does (``ExponentialBackoff(cap=0.5, base=0.02)``: 0.04 s, 0.08 s, ... 0.5 s).
     """
     return 0.0 if failures <= 1 else min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
+
+
+def retrying(where: str, failure: BaseException, failures: int, retries: int) -> None:
+    """Log that a call to the server at ``where`` failed with ``failure`` and is tried again.
+
+    The first retry of a call is a WARNING (a server restarting, a network
+    going down, a failover: the call goes on, and fails only once its
+    retries run out); the later ones of the same call are DEBUG.
+    """
+    level = logging.WARNING if failures == 1 else logging.DEBUG
+    if _log.isEnabledFor(level):
+        _log.log(
+            level,
+            "Redis at %s failed (%s: %s); retrying, %d of %d",
+            where,
+            type(failure).__name__,
+            failure,
+            failures,
+            retries,
+        )
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -308,6 +329,8 @@ class LeanCalls(ABC, Generic[K]):
         #: whether connections may be marked for a reconnect (RESP3 maintenance notifications, redis-py 7+)
         self._reconnects = hasattr(getattr(pool, "connection_class", None), "should_reconnect")
         self._idle: list[K] = []
+        #: where the calls go, for log lines (``host:port`` or the socket path)
+        self._where = str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
 
     @classmethod
     def of(cls: type[L], client: Client) -> L | None:
@@ -349,10 +372,14 @@ class LeanCalls(ABC, Generic[K]):
                 load = False
                 if isinstance(failure, NoScriptError) and not loaded:
                     load = loaded = True
+                    _log.info(
+                        "Redis at %s answered NOSCRIPT (restarted, or SCRIPT FLUSH): loading it", self._where
+                    )
                 elif isinstance(failure, (redis.ConnectionError, redis.TimeoutError)) and failures < RETRIES:
                     yield Call(connection.disconnect)
                     failures += 1
                     loaded = False
+                    retrying(self._where, failure, failures, RETRIES)
                     yield Sleep(retry_delay(failures))
                     yield Call(connection.connect)  # with the client's own retries; its failure ends the call
                 else:
@@ -373,6 +400,8 @@ class LeanCalls(ABC, Generic[K]):
             yield Call(self._abandon, (connection,))
             yield from self._give_back(connection)
             raise
+        if failures:
+            _log.info("Redis at %s answered again after %d retried failure(s)", self._where, failures)
         yield from self._give_back(connection)
         return reply
 
@@ -595,6 +624,7 @@ class RedisStateBase(StateBase, Generic[C]):
             node = cluster.get_node_from_key(key)
             address = (node.host, node.port)
         asking = loaded = False
+        failures = 0
         for redirects in range(_REDIRECTS):
             if redirects > 1:  # redirected back and forth: the masters' views are still settling
                 yield Sleep(retry_delay(redirects))
@@ -612,9 +642,12 @@ class RedisStateBase(StateBase, Generic[C]):
                 loaded = True
                 yield Call(client.script_load, (SCRIPT,))
                 continue
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError) as failure:
                 if cluster is None or redirects + 1 >= _REDIRECTS:
                     raise
+                failures += 1
+                where = f"{address[0]}:{address[1]}" if address else self._where
+                retrying(where, failure, failures, _REDIRECTS)
                 # a failover? the cluster client finds the key's master again (it refreshes its map)
                 self._moved.pop(key, None)
                 self._forget_node_client(address)

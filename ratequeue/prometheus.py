@@ -1,0 +1,174 @@
+"""Prometheus metrics for limiters and queues: an ``on_event`` hook that counts and times.
+
+Needs ``prometheus_client`` (``pip install 'ratequeue[prometheus]'``)::
+
+    from prometheus_client import start_http_server
+    from ratequeue.prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics()            # registers in prometheus_client's default registry
+    limiter = ratequeue.Limiter(name="api", interval=0.1, on_event=metrics)
+    start_http_server(9100)                  # serves /metrics
+
+One object serves any number of limiters and queues (each event carries
+its queue name, the ``queue`` label). Make one per registry: a second one
+on the same registry would register the same metric names twice, which
+``prometheus_client`` refuses. The metrics, with the default
+``namespace="ratequeue"``:
+
+=========================================  ===========  =========================================
+name                                       labels       what it counts or times
+=========================================  ===========  =========================================
+``ratequeue_starts_total``                 queue        turns begun (``acquire()`` returned)
+``ratequeue_timeouts_total``               queue        callers that gave up (``AcquireTimeout``)
+``ratequeue_passed_tickets_total``         queue        held tickets the state answered as passed
+``ratequeue_late_begins_total``            queue,       wake-ups more than ``max_late`` after the
+                                           outcome      start: ``moved``, ``given_up``, ``begun``
+``ratequeue_state_errors_total``           queue,       state calls that raised, by error type
+                                           operation,
+                                           error
+``ratequeue_retries_total``                queue        queue jobs failed and retried
+``ratequeue_dead_letters_total``           queue        queue jobs failed for good
+``ratequeue_wait_seconds``                 queue        histogram: from ``acquire()`` to the begin
+``ratequeue_begin_lateness_seconds``       queue        histogram: begin after the turn's start
+``ratequeue_state_call_seconds``           queue,       histogram: state calls answered, by
+                                           operation    operation (its ``_count`` counts them)
+=========================================  ===========  =========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigurationError
+from .events import Event
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["BEGIN_LATENESS_BUCKETS", "STATE_CALL_BUCKETS", "WAIT_BUCKETS", "PrometheusMetrics"]
+
+#: histogram buckets (s) of the wait from ``acquire()`` to the begin
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: histogram buckets (s) of a begin's lateness after its start: ``max_late`` is 0.0003 by default
+BEGIN_LATENESS_BUCKETS = (0.00001, 0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.1)
+#: histogram buckets (s) of a state call's duration, round-trip included
+STATE_CALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class PrometheusMetrics:
+    """Counters and histograms fed by the events of limiters and queues; pass it as ``on_event``.
+
+    Thread-safe (``prometheus_client``'s metrics are), quick enough to be
+    called holding a limiter's lock, and it never raises for an event.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        namespace: str = "ratequeue",
+        queue_label: Callable[[str], str] | None = None,
+        wait_buckets: Sequence[float] = WAIT_BUCKETS,
+        lateness_buckets: Sequence[float] = BEGIN_LATENESS_BUCKETS,
+        call_buckets: Sequence[float] = STATE_CALL_BUCKETS,
+    ) -> None:
+        """
+        :param registry: where the metrics are registered; ``None``: ``prometheus_client.REGISTRY``,
+            the default one that ``start_http_server`` and ``generate_latest`` serve.
+        :param namespace: put before every metric name (``ratequeue_starts_total``).
+        :param queue_label: the ``queue`` label of a queue name (default: the name itself). A
+            :class:`~ratequeue.LimiterGroup`'s keys are queues ``f"{group}:{key}"``: with many
+            keys, ``lambda name: name.split(":")[0]`` labels them by group, keeping the number
+            of time series small.
+        :param wait_buckets: ``lateness_buckets``, ``call_buckets``: the histograms' buckets (s).
+        :raises ConfigurationError: if ``prometheus_client`` is not installed.
+        """
+        try:
+            import prometheus_client
+        except ImportError as exc:
+            raise ConfigurationError(
+                "ratequeue.prometheus needs prometheus_client: pip install 'ratequeue[prometheus]'"
+            ) from exc
+        if queue_label is not None and not callable(queue_label):
+            raise ConfigurationError(f"queue_label must be None or a callable, got {queue_label!r}")
+        self._label: Callable[[str], str] = queue_label or str
+        #: the labelled children made so far, by (metric, label values): as many as the series
+        self._children: dict[tuple[Any, ...], Any] = {}
+        common: dict[str, Any] = {"namespace": namespace, "registry": registry or prometheus_client.REGISTRY}
+        counter, histogram = prometheus_client.Counter, prometheus_client.Histogram
+        q = ("queue",)
+        #: turns begun
+        self.starts = counter("starts", "Turns begun (acquire() returned).", q, **common)
+        #: callers that gave up
+        self.timeouts = counter("timeouts", "Callers that gave up waiting (AcquireTimeout).", q, **common)
+        #: held tickets answered as passed
+        self.passed_tickets = counter(
+            "passed_tickets", "Held tickets the state answered as passed; a new one was taken.", q, **common
+        )
+        #: late wake-ups, by what was done
+        self.late_begins = counter(
+            "late_begins",
+            "Wake-ups more than max_late after a turn's start, by outcome (moved, given_up, begun).",
+            (*q, "outcome"),
+            **common,
+        )
+        #: state calls that raised
+        self.state_errors = counter(
+            "state_errors", "State calls that raised, by error type.", (*q, "operation", "error"), **common
+        )
+        #: queue jobs retried, and failed for good
+        self.retries = counter("retries", "Queue jobs that failed and were retried.", q, **common)
+        self.dead_letters = counter("dead_letters", "Queue jobs that failed for good.", q, **common)
+        #: seconds from acquire() to the begin
+        self.wait = histogram(
+            "wait_seconds", "Seconds from acquire() to the begin.", q, buckets=tuple(wait_buckets), **common
+        )
+        #: seconds a begin came after its turn's start
+        self.begin_lateness = histogram(
+            "begin_lateness_seconds",
+            "Seconds a begin came after its turn's start (Turn.local_start).",
+            q,
+            buckets=tuple(lateness_buckets),
+            **common,
+        )
+        #: seconds a state call took
+        self.state_call = histogram(
+            "state_call_seconds",
+            "Seconds a state call took, round-trip included, by operation.",
+            (*q, "operation"),
+            buckets=tuple(call_buckets),
+            **common,
+        )
+
+    def __call__(self, event: Event) -> None:
+        """Count or time ``event``."""
+        kind = event.kind
+        if kind == "call":
+            self._child(self.state_call, event.queue, event.operation or "").observe(event.duration or 0.0)
+        elif kind == "start":
+            self._child(self.starts, event.queue).inc()
+            if event.wait is not None:
+                self._child(self.wait, event.queue).observe(event.wait)
+            if event.lateness is not None:
+                self._child(self.begin_lateness, event.queue).observe(event.lateness)
+        elif kind == "timeout":
+            self._child(self.timeouts, event.queue).inc()
+        elif kind == "passed":
+            self._child(self.passed_tickets, event.queue).inc()
+        elif kind == "late":
+            self._child(self.late_begins, event.queue, event.outcome or "").inc()
+        elif kind == "state_error":
+            self._child(self.state_errors, event.queue, event.operation or "", event.error or "").inc()
+        elif kind == "retry":
+            self._child(self.retries, event.queue).inc()
+        elif kind == "dead_letter":
+            self._child(self.dead_letters, event.queue).inc()
+
+    def _child(self, metric: Any, queue: str, *labels: str) -> Any:
+        """``metric.labels(queue's label, *labels)``, kept: a dict look-up, not prometheus_client's checks."""
+        key = (id(metric), self._label(queue), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, metric.labels(*key[1:]))
+        return child
