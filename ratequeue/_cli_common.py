@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from .protocol import NEVER, US, live_leases
@@ -11,6 +14,9 @@ from .state.base import Snapshot
 
 __all__ = [
     "DEFAULT_URL",
+    "STOP_SIGNALS",
+    "Stopped",
+    "stopped_by_signals",
     "age_text",
     "open_state",
     "plural",
@@ -99,3 +105,49 @@ def age_text(fields: dict[str, Any]) -> str:
 def running_text(fields: dict[str, Any]) -> str:
     """``"1/3"`` (live leases of at most ``max_running``), or ``"-"`` for a queue without a cap."""
     return "-" if fields["running"] is None else f"{fields['running']}/{fields['max_running']}"
+
+
+#: the signals that end a command as Ctrl-C does (a demo stops its workers, set-interval lifts its pause)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Stopped(KeyboardInterrupt):
+    """A command was ended by a signal of :data:`STOP_SIGNALS`; it exits with 128 + ``signum``.
+
+    A :class:`KeyboardInterrupt`, so that it passes every ``except Exception``
+    and the command cleans up on its way out exactly as on Ctrl-C.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Meanwhile the first SIGTERM or SIGHUP raises :class:`Stopped`, later ones are ignored.
+
+    The command then cleans up as on Ctrl-C (a demo stops its workers and
+    deletes its fresh record, set-interval lifts its pause), where their
+    default would end this process at once; the later signals are ignored so
+    that they cannot cut that short. The handlers are restored afterwards.
+    """
+    fired = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Stopped(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, stop)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

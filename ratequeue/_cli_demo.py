@@ -16,10 +16,12 @@ import argparse
 import bisect
 import itertools
 import multiprocessing
+import os
 import queue as queue_module
 import secrets
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,17 +30,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import _validate
-from ._cli_common import open_state, plural, say
+from ._cli_common import open_state, plural, say, stopped_by_signals
 from ._redact import redact, scrub
 from .errors import ConfigurationError
 from .limiter import Limiter
 from .protocol import US
 from .state.memory import MemoryState
 
-__all__ = ["run"]
+__all__ = ["MAX_PROCESSES", "run"]
 
 #: the beginning of the fresh queue name a demo uses unless given ``--name``
 NAME_PREFIX = "ratequeue-demo-"
+
+#: the most processes a demo starts (each is an interpreter of its own)
+MAX_PROCESSES = 64
 
 
 @dataclass
@@ -58,6 +63,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run the demo as ``args`` says; its exit status (docs/cli.md)."""
     # everything is checked before anything is printed or changed
     processes = _validate.positive_int("--processes", args.processes)
+    if processes > MAX_PROCESSES:
+        raise ConfigurationError(
+            f"--processes must be at most {MAX_PROCESSES} (each is an interpreter of its own), "
+            f"got {processes}"
+        )
     jobs = _validate.positive_int("--jobs", args.jobs)
     interval = _validate.interval(args.interval)
     interval_us = _validate.interval_us(interval)
@@ -69,6 +79,22 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         )
     name = _validate.name(args.name) if given else f"{NAME_PREFIX}{secrets.token_hex(4)}"
     draw = _plotter(args.plot) if args.plot is not None else None
+    with stopped_by_signals():
+        return _run(args, name, given, processes, jobs, interval, interval_us, draw, out)
+
+
+def _run(
+    args: argparse.Namespace,
+    name: str,
+    given: bool,
+    processes: int,
+    jobs: int,
+    interval: float,
+    interval_us: int,
+    draw: Callable[[Seen, float], None] | None,
+    out: TextIO,
+) -> int:
+    """The demo, its arguments checked."""
     with open_state(args.url) as state:
         if isinstance(state, MemoryState):
             raise ConfigurationError(
@@ -111,8 +137,9 @@ def _run_workers(
     total = processes * jobs
     context = multiprocessing.get_context("spawn")
     reports: Any = context.Queue()
+    parent = os.getpid()
     workers = [
-        context.Process(target=_worker, args=(url, name, interval, jobs, index, reports), daemon=True)
+        context.Process(target=_worker, args=(url, name, interval, jobs, index, reports, parent), daemon=True)
         for index in range(1, processes + 1)
     ]
     try:
@@ -132,8 +159,11 @@ def _run_workers(
                 if error:
                     seen.failures.append(f"process {index}: {scrub(error, url)}")
                 continue
-            late, state_gap = _insert(seen.starts, start)
-            _, begin_gap = _insert(seen.begins, begin)
+            late_start, state_gap = _insert(seen.starts, start)
+            late_begin, begin_gap = _insert(seen.begins, begin)
+            # a start or a begin that arrives after a later one changes the gap of the later one's
+            # line, shown already: the summary counts the gaps as they finally are
+            late = late_start or late_begin
             seen.timeline.append((index, begin))
             if not quiet:
                 say(
@@ -168,7 +198,11 @@ def _line(
     interval_us: int,
     late: bool,
 ) -> str:
-    """One live line: the start's place, process, ticket, state-clock gap and begin gap (ms)."""
+    """One live line: the start's place, process, ticket, state-clock gap and begin gap (ms).
+
+    ``late``: its start or its begin was reported after a later one (reports of
+    different processes may arrive out of order).
+    """
     state = "-" if state_gap is None else f"{state_gap / 1000:.3f}"
     begin = "-" if begin_gap is None else f"{begin_gap * 1000:.3f}"
     flags = ""
@@ -256,14 +290,22 @@ def _sigint_held() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _worker(url: str, name: str, interval: float, jobs: int, index: int, reports: Any) -> None:
-    """One demo process: ``jobs`` acquires; each reported with its state-clock start and its begin."""
+def _worker(url: str, name: str, interval: float, jobs: int, index: int, reports: Any, parent: int) -> None:
+    """One demo process: ``jobs`` acquires; each reported with its state-clock start and its begin.
+
+    It stops early once ``parent`` (the demo's process, which ends it when
+    interrupted) is gone without ending it: killed, say, with SIGKILL.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends this process
+    _end_with_parent()
     error = ""
     try:
         limiter = Limiter(url, name=name, interval=interval)
         try:
             for _ in range(jobs):
+                if os.getppid() != parent:  # the parent is gone: nobody reads the reports
+                    reports.cancel_join_thread()  # leave without flushing them into a pipe nobody reads
+                    return
                 turn = limiter.acquire()
                 begin = time.monotonic()  # the moment the caller begins, on this host's clock
                 reports.put((index, turn.ticket, turn.start_us, begin, ""))
@@ -271,8 +313,23 @@ def _worker(url: str, name: str, interval: float, jobs: int, index: int, reports
             limiter.close()
     except Exception as exc:  # reported to the parent, which fails the demo
         error = f"{type(exc).__name__}: {exc}"
-    finally:
-        reports.put((index, None, None, None, error))
+    reports.put((index, None, None, None, error))
+
+
+def _end_with_parent() -> None:
+    """On Linux, have the kernel send this process SIGTERM when its parent ends (``PR_SET_PDEATHSIG``).
+
+    Elsewhere, or if that fails, the worker's check of ``os.getppid()``
+    between acquires does it, later.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _plotter(path: str) -> Callable[[Seen, float], None]:

@@ -30,17 +30,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TextIO
 
 from . import _validate
-from ._cli_common import open_state, say, say_json
+from ._cli_common import open_state, say, say_json, stopped_by_signals
 from ._redact import redact
 from .errors import ConfigurationError, RateQueueError, TermsMismatch
 from .protocol import FULL_GRACE_US, NEVER, US, Record, live_leases
@@ -53,7 +49,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Change queue ``args.name``'s interval to ``args.seconds``; print what was done."""
     name = _validate.name(args.name)
     new_us = _validate.interval_us(_validate.interval(args.seconds))
-    with open_state(args.url) as state, _signals_end_the_command():
+    with open_state(args.url) as state, stopped_by_signals():
         where = redact(state.url)
         first = state.read(name)
         record = first.record
@@ -144,29 +140,6 @@ class _Pause:
 
 #: how many times the pause is tried to be lifted before the command says it is left on
 _LIFT_TRIES = 3
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP during ``set-interval``: handled as Ctrl-C (the pause is lifted)."""
-
-
-@contextmanager
-def _signals_end_the_command() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`_Terminated` while the command runs, so its cleanup runs."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise _Terminated(signal.Signals(signum).name)
-
-    wanted = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers can only be set from the main thread (the command line runs there)
-        return
-    before = {signum: signal.signal(signum, stop) for signum in wanted}
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 def _cap(record: Record) -> dict[str, int]:

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                     say(out, _line(fields))
                 if count is not None and refresh >= count:
                     break
-                next_at += every
+                # on schedule, but never catching up on refreshes a slow read made late, in a burst
+                next_at = max(next_at + every, time.monotonic())
                 time.sleep(max(0.0, next_at - time.monotonic()))
     except KeyboardInterrupt:
         if not args.json:

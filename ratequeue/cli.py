@@ -13,13 +13,24 @@ watch and set-interval live in ``_cli_demo``, ``_cli_watch`` and
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from . import __version__, _cli_demo, _cli_interval, _cli_watch, _validate
-from ._cli_common import DEFAULT_URL, age_text, open_state, queue_fields, running_text, say, say_json
+from ._cli_common import (
+    DEFAULT_URL,
+    Stopped,
+    age_text,
+    open_state,
+    queue_fields,
+    running_text,
+    say,
+    say_json,
+)
 from ._redact import redact, scrub
 from .errors import ConfigurationError, RateQueueError, StateCorrupted
 
@@ -33,6 +44,8 @@ exit status:
        (begin gaps under the interval are reported, not failures: the OS may delay a process)
   2    bad input, or an error of the state (unreachable, corrupted, terms that differ)
   130  interrupted (Ctrl-C); status --watch ends with 0 on Ctrl-C
+  141  the output was closed early (a pipe, as in: | head); nothing more is printed
+  143  demo only: ended by SIGTERM (129: by SIGHUP), cleaned up as on Ctrl-C
 
 docs/cli.md describes every command and its --json fields."""
 
@@ -52,9 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every error redacts the URLs it quotes; the URL given is scrubbed again, to be sure
         print(f"ratequeue: error: {scrub(str(exc), args.url)}", file=sys.stderr, flush=True)
         return 2
+    except Stopped as exc:  # SIGTERM or SIGHUP: the command cleaned up on its way out
+        print(f"ratequeue: ended by {signal.Signals(exc.signum).name}", file=sys.stderr, flush=True)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("ratequeue: interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:
+        # the reader of the output left (| head): end quietly, as a process killed by SIGPIPE would, and
+        # leave Python nothing to flush into the closed pipe at exit (the recipe of the signal module's
+        # docs); a demo stopped its workers and deleted its record on the way here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # 128 + SIGPIPE, what a shell reports for a process SIGPIPE killed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,7 +336,12 @@ def _ago(age: float | None) -> str:
 
 
 def _list(args: argparse.Namespace, out: TextIO) -> int:
-    """Every queue with a record (beginning with ``--prefix``), one row each; unreadable ones on stderr."""
+    """Every queue with a record (beginning with ``--prefix``), one row each; unreadable ones on stderr.
+
+    A corrupt record, or a stored name that is not a valid queue name, is
+    named on stderr (and in ``unreadable``), and the others are listed; the
+    exit status is then 2.
+    """
     prefix = _validate.prefix(args.prefix)
     rows: list[dict[str, Any]] = []
     unreadable: list[str] = []
@@ -325,6 +352,11 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
                 snapshot = state.read(name)
             except StateCorrupted as exc:
                 unreadable.append(scrub(str(exc), args.url))
+                continue
+            except ConfigurationError as exc:
+                # a stored name no queue can have (a foreign key under a Redis prefix, say): repr shows
+                # its control characters
+                unreadable.append(f"{where} holds a record under {name!r}, not a valid queue name: {exc}")
                 continue
             if snapshot.record is not None:  # else deleted since names() listed it
                 rows.append(queue_fields(name, snapshot))
