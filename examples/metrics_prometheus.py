@@ -3,7 +3,8 @@
 Three threads each call ``limiter.acquire()`` four times; one more call
 gives up at once (``timeout=0``, right after a start). The limiter reports every begin, state
 call and timeout to its ``on_event`` hook, here
-:class:`ratequeue.prometheus.PrometheusMetrics`, and logs under the
+:class:`ratequeue.prometheus.PrometheusMetrics`, which ratequeue's reporter
+thread calls off the acquire path; and it logs under the
 ``ratequeue`` logger: this script shows the INFO lines of every logger and
 the DEBUG lines of ``ratequeue.limiter`` (a begin, and a state call on
 ``ratequeue.limiter.calls``), on stderr. It ends by printing the metrics in
@@ -58,7 +59,7 @@ def main() -> int:
         thread.start()
     for thread in threads:
         thread.join()
-    limiter.close()
+    limiter.close()  # also waits (up to a second) for the events still on their way to the hook
 
     text = generate_latest(registry).decode()
     print(text)

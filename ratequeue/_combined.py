@@ -19,10 +19,17 @@ The rule (docs/rates.md, "Several limits at once"):
    goes unused, as a dead caller's does) and taken again.
 3. After :data:`MAX_ROUNDS` rounds of moving turns the turns are returned
    as they are (each begun at most a wake-up late).
+
+Events (``on_event``) and the DEBUG begin lines follow the begin, not the
+grants: while the turns are taken and moved, their limiters report no
+``start`` (:data:`~ratequeue._limiting.QUIET_STARTS`); once the job begins,
+each limiter reports one, its ``wait`` counted from the ``all_of()`` call
+and its ``lateness`` from its turn's final start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -30,12 +37,15 @@ from typing import Any
 
 from . import _validate
 from ._flow import Call, Flow
-from ._limiting import LimiterBase, Seconds, _calls_log
+from ._limiting import QUIET_STARTS, LimiterBase, Seconds, _calls_log
 from .errors import ConfigurationError
 from .protocol import MAX_LEAD_US, US, Started
 from .shard import Turn
 
 __all__ = ["MAX_ROUNDS", "all_of_flow", "order"]
+
+#: the begin lines (DEBUG) of the limiters
+_log = logging.getLogger("ratequeue.limiter")
 
 #: how many times the late turns are re-timed before the turns are returned as they are
 MAX_ROUNDS = 5
@@ -64,19 +74,30 @@ def all_of_flow(
     for limiter in limiters:
         _validate.cost(cost, limiter.burst)
     seconds = _validate.timeout(timeout)
-    deadline = None if seconds is None else clock() + seconds
+    since = clock()
+    deadline = None if seconds is None else since + seconds
 
     def acquire(limiter: LimiterBase[Any]) -> Call:
         left = None if deadline is None else max(0.0, deadline - clock())
         return Call(functools.partial(limiter.acquire, left, cost=cost))
 
     turns: dict[int, Turn] = {}
+    quiet = QUIET_STARTS.set(True)  # the limiters' own starts are grants, not the begin
     try:
-        return (yield from _line_up(limiters, turns, acquire, clock, cost))
+        try:
+            now = yield from _line_up(limiters, turns, acquire, clock, cost)
+        finally:
+            with contextlib.suppress(ValueError):  # closed from another context (a collected flow)
+                QUIET_STARTS.reset(quiet)
     except BaseException:
         for i, turn in turns.items():  # the job will not run: its places (max_running) go back
             _drop(limiters[i], turn)
         raise
+    begun = [turns[i] for i in range(len(limiters))]
+    for limiter, turn in zip(limiters, begun, strict=True):
+        if limiter._on_event is not None or _log.isEnabledFor(logging.DEBUG):
+            limiter._report_start(turn, now, since)
+    return begun
 
 
 def _drop(limiter: LimiterBase[Any], turn: Turn) -> None:
@@ -91,8 +112,11 @@ def _line_up(
     acquire: Callable[[LimiterBase[Any]], Call],
     clock: Callable[[], float],
     cost: int,
-) -> Flow[list[Turn]]:
-    """Take a turn of every limiter into ``turns`` and line them up to begin together (see above)."""
+) -> Flow[float]:
+    """Take a turn of every limiter into ``turns`` and line them up to begin together (see above).
+
+    Returns the local time of the begin: when the final precise wait ended.
+    """
     for i in order(limiters):
         limiter = limiters[i]
         turn, expected = yield Call(limiter._attempt, (cost,))
@@ -128,7 +152,8 @@ def _line_up(
             turns[i] = moved
     else:  # out of rounds: begin with the latest start all the same, never before it
         yield Call(limiters[0]._wait_precisely, (max(turn.local_start for turn in turns.values()),))
-    return [turns[i] for i in range(len(limiters))]
+        now = clock()
+    return now
 
 
 def _is_late(limiter: LimiterBase[Any], turn: Turn, begin: float) -> bool:
@@ -170,8 +195,9 @@ def _moved(
         if limiter._on_event is not None or _calls_log.isEnabledFor(logging.DEBUG):
             limiter._call_failed(state.retime, (limiter._interval_us, turn.ticket), exc, sent)
         raise
+    # a state on this host's clock converts exactly; read first, a stall between the reads errs late
+    state_now = state.local_now()
     received = clock()
-    state_now = state.local_now()  # a state on this host's clock converts exactly
     if limiter._on_event is not None or _calls_log.isEnabledFor(logging.DEBUG):
         limiter._call_answered(state.retime, (limiter._interval_us, turn.ticket), outcome, sent, received)
     if not isinstance(outcome, Started):

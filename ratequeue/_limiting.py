@@ -27,7 +27,7 @@ from ._flow import Call, Flow
 from ._leases import LeaseBook
 from ._redact import redact
 from .errors import AcquireTimeout
-from .events import Event, EventHook, check_hook
+from .events import Event, EventHook, Outlet, check_hook, report
 from .protocol import NEVER, US, Outcome, Passed, Started, live_leases
 from .rates import RateLike
 from .shard import (
@@ -45,6 +45,7 @@ from .shard import (
     WaitForTurn,
 )
 from .state.base import Snapshot, StateBase, terms
+from .state.memory import MemoryState
 
 __all__ = ["DEFAULT_LEASE", "LimiterBase", "ReservationBase", "Seconds", "Status", "TimedAnswer", "entered"]
 
@@ -62,9 +63,6 @@ DEFAULT_LEASE = 10.0
 _log = logging.getLogger("ratequeue.limiter")
 #: one DEBUG line per state call of a limiter: operation, queue, ticket, answer, duration
 _calls_log = logging.getLogger("ratequeue.limiter.calls")
-#: an ``on_event`` hook that raised
-_events_log = logging.getLogger("ratequeue.events")
-
 _DEBUG = logging.DEBUG
 
 #: a clock step (s) at least this large is logged at WARNING; smaller ones (a slow answer, a
@@ -75,6 +73,10 @@ CLOCK_STEP_WARNING = 0.05
 LATE_WARNING_REPEATS = 2
 #: the most often (s) a limiter logs turns given up at WARNING; the others meanwhile are INFO
 LATE_WARNING_EVERY = 60.0
+
+#: set while ``all_of()`` takes its turns in this thread or task: their limiters report no
+#: ``start`` then, as a turn is not begun yet; ``all_of()`` reports them once they begin together
+QUIET_STARTS: ContextVar[bool] = ContextVar("ratequeue_quiet_starts", default=False)
 
 #: the turns taken by ``with limiter:`` in this thread or task and not yet left: (limiter id, turn)
 _ENTERED: ContextVar[tuple[tuple[int, Turn], ...]] = ContextVar("ratequeue_entered", default=())
@@ -192,8 +194,8 @@ class LimiterBase(ABC, Generic[S]):
     ) -> None:
         #: called with an :class:`~ratequeue.events.Event` for each start, state call, ...; or ``None``
         self._on_event = check_hook(on_event)
-        #: whether the hook has raised once (the first failure is logged at WARNING, the rest at DEBUG)
-        self._hook_failed = False
+        #: where the events go (:meth:`_emit`): the hook, called off the acquire path
+        self._outlet = None if self._on_event is None else Outlet(self._on_event, self)
         #: turns given up for late wake-ups since the last warning about them, and when that was
         self._late_given_up = 0
         self._late_warned: float | None = None
@@ -218,7 +220,12 @@ class LimiterBase(ABC, Generic[S]):
         #: whether this limiter opened the state (and so closes it); a state object passed in stays open
         self._owns_state = not isinstance(url, StateBase)
         checked = _validate.checked_lateness(self._max_late, self._state.clock_resolution)
-        self._shard = Shard(self.interval, lead=self._lead, max_late=checked, burst=self.burst)
+        # a memory state reads this process's own clock: no step between the two can happen
+        inner = getattr(self._state, "state", self._state)  # the state an asyncio wrapper runs
+        same_clock = clock is None and isinstance(inner, MemoryState)
+        self._shard = Shard(
+            self.interval, lead=self._lead, max_late=checked, burst=self.burst, same_clock=same_clock
+        )
 
     @property
     def state(self) -> S:
@@ -407,7 +414,11 @@ class LimiterBase(ABC, Generic[S]):
         """Start the lease keeper if there is work for it and none runs; holding :meth:`_locked`."""
         if not self._keeping and self._leases.busy:
             self._keeping = True
-            self._start_keeper()
+            try:
+                self._start_keeper()
+            except BaseException:  # no thread could be started: the next call tries again
+                self._keeping = False
+                raise
 
     @abstractmethod
     def _start_keeper(self) -> None:
@@ -458,23 +469,16 @@ class LimiterBase(ABC, Generic[S]):
     # hook is set or the level is on, so an unused hook or logger costs one test per place.
 
     def _emit(self, event: Event) -> None:
-        """Call the ``on_event`` hook with ``event``; an exception it raises is logged, never raised."""
-        hook = self._on_event
-        if hook is None:
-            return
-        try:
-            hook(event)
-        except Exception:
-            level = _DEBUG if self._hook_failed else logging.WARNING
-            self._hook_failed = True
-            _events_log.log(
-                level,
-                "the on_event hook of %r raised on a %r event; the event is dropped and the limiter "
-                "goes on (later failures of this hook are logged at DEBUG)",
-                self,
-                event.kind,
-                exc_info=True,
-            )
+        """Hand ``event`` on to the ``on_event`` hook, which runs later, off this path; never raises.
+
+        The thread driver puts it on the reporter thread's queue
+        (:func:`ratequeue.events.report`); the asyncio driver schedules it on
+        the event loop. The hook never runs here: not under the limiter's
+        lock, nor between a turn's lateness check and its begin (G7).
+        """
+        outlet = self._outlet
+        if outlet is not None:
+            report(outlet, event)
 
     def _call_answered(
         self,
@@ -595,7 +599,9 @@ class LimiterBase(ABC, Generic[S]):
                 outcome.pos,
             )
 
-    def _report_late(self, ticket: int, lateness: float, outcome: str, in_a_row: int) -> None:
+    def _report_late(
+        self, ticket: int, lateness: float, outcome: str, in_a_row: int, *, paused: bool = False
+    ) -> None:
         """Report a granted turn that woke ``lateness`` s after its start: ``outcome`` says what was done.
 
         A start moved later keeps every guarantee, and a queue with a burst
@@ -604,9 +610,21 @@ class LimiterBase(ABC, Generic[S]):
         when one caller has given up ``in_a_row`` >= :data:`LATE_WARNING_REPEATS`
         turns in a row -- the host cannot begin within ``max_late`` -- at most
         once a minute per limiter, with the count of turns given up since.
+        A turn given up because the shard is ``paused`` (its start cannot be
+        moved then, G6) is not the host's fault: INFO, and not counted.
         """
         if self._on_event is not None:
             self._emit(Event("late", self.name, ticket=ticket, lateness=lateness, outcome=outcome))
+        if outcome == "given_up" and paused:
+            if _log.isEnabledFor(logging.INFO):
+                _log.info(
+                    "queue %r: ticket %d woke %d us after its start while this shard is paused: given "
+                    "up (a paused shard cannot move its start); taking a new ticket on resume",
+                    self.name,
+                    ticket,
+                    round(lateness * US),
+                )
+            return
         if outcome == "given_up":
             self._late_given_up += 1
             now = self._clock()
@@ -680,16 +698,27 @@ class LimiterBase(ABC, Generic[S]):
             while True:
                 if job.withdrawn:
                     return None
-                granted, given_up = job.turn, job.given_up
+                granted, given_up, given_up_paused = job.turn, job.given_up, job.given_up_paused
                 step = shard.step(job, now)
                 if job.given_up != given_up and granted is not None:  # out of re-times: given up
-                    self._report_late(granted.ticket, now - granted.local_start, "given_up", job.given_up)
+                    paused = job.given_up_paused != given_up_paused  # paused: its start could not move
+                    in_a_row = job.given_up - job.given_up_paused
+                    lateness = now - granted.local_start
+                    self._report_late(granted.ticket, lateness, "given_up", in_a_row, paused=paused)
                 if isinstance(step, Begin):
-                    self._began(step.turn)
-                    self._shard_changed()  # the next job is head now
-                    if self._on_event is not None or _log.isEnabledFor(_DEBUG):
-                        self._report_start(step.turn, now, since)
-                    return step.turn
+                    # From the lateness check (the step) to the return: no hook runs here, only
+                    # a put of the event (and the DEBUG line, when that is on).
+                    turn = step.turn
+                    try:
+                        self._began(turn)
+                        self._shard_changed()  # the next job is head now
+                        reporting = self._on_event is not None or _log.isEnabledFor(_DEBUG)
+                        if reporting and not QUIET_STARTS.get():
+                            self._report_start(turn, now, since)
+                    except BaseException:  # interrupted: the job will not run, its place goes back
+                        self._end_lease(turn.ticket, later=True)
+                        raise
+                    return turn
                 if isinstance(step, Expired):
                     if not attempt and (self._on_event is not None or _log.isEnabledFor(_DEBUG)):
                         self._report_timeout(job, now - since)
@@ -721,7 +750,9 @@ class LimiterBase(ABC, Generic[S]):
                     if isinstance(step, Retime) and granted is not None:
                         done = "begun" if job.begins_late else "moved"  # (a burst begins late)
                         done = "given_up" if job.given_up != given_up else done
-                        self._report_late(step.ticket, now - granted.local_start, done, job.given_up)
+                        self._report_late(
+                            step.ticket, now - granted.local_start, done, job.given_up - job.given_up_paused
+                        )
                     elif isinstance(outcome, Passed) and isinstance(step, TryStart):
                         self._report_passed(outcome)
                     self._shard_changed()
@@ -768,6 +799,8 @@ class ReservationBase(ABC, Generic[S]):
 
     def __init__(self, limiter: LimiterBase[S], cost: int = 1) -> None:
         self._limiter = limiter
+        #: the turn :meth:`wait` returned, once it has begun: a second wait returns it again
+        self._begun: Turn | None = None
         cost = _validate.cost(cost, limiter.burst)
         with limiter._locked():
             self._job = limiter._add_job(cost)

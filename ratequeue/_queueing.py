@@ -577,13 +577,14 @@ class QueueBase(ABC, Generic[L, FutureT]):
             error = type(exc).__name__
             limiter._emit(Event("retry", self.name, error=error, attempt=entry.attempts, wait=delay))
         if _log.isEnabledFor(logging.INFO):
+            # the type only: a job's error text may hold what it called (a URL with its key); the
+            # error itself is the job's to see, in its future or dead letter
             _log.info(
-                "queue %r: a job failed on try %d of %d (%s: %s); retried in %.3f s",
+                "queue %r: a job failed on try %d of %d (%s); retried in %.3f s",
                 self.name,
                 entry.attempts,
                 options.retries + 1,
                 type(exc).__name__,
-                exc,
                 delay,
             )
         with self._locked():
@@ -600,13 +601,8 @@ class QueueBase(ABC, Generic[L, FutureT]):
         if limiter._on_event is not None:
             limiter._emit(Event("dead_letter", self.name, error=type(exc).__name__, attempt=entry.attempts))
         if _log.isEnabledFor(logging.INFO):
-            _log.info(
-                "queue %r: a job failed for good on try %d (%s: %s)",
-                self.name,
-                entry.attempts,
-                type(exc).__name__,
-                exc,
-            )
+            error = type(exc).__name__  # the type only, as for a retry
+            _log.info("queue %r: a job failed for good on try %d (%s)", self.name, entry.attempts, error)
 
     def _next_runnable(self, cost: int) -> Entry[FutureT] | None:
         """Pop the next ready job that was not cancelled, counting it as running.
@@ -645,7 +641,7 @@ class QueueBase(ABC, Generic[L, FutureT]):
                 max_running=1,
                 lease=self._lease,
                 keep=DEFAULT_KEEP,
-                on_event=self._limiter._on_event,
+                # no on_event: a group's place is no start of the queue (its jobs' turns are)
             )
         limiter: LimiterBase[Any] = self._groups[group]
         return limiter

@@ -3,7 +3,7 @@
 Every :class:`~ratequeue.Limiter`, :class:`~ratequeue.Queue`,
 :class:`~ratequeue.LimiterGroup` and their :mod:`ratequeue.aio` twins take
 ``on_event=callback``; the callback is called with one :class:`Event` for
-each thing below, in the thread (or on the event loop) where it happened::
+each thing below::
 
     def count(event: ratequeue.Event) -> None:
         if event.kind == "start":
@@ -15,26 +15,71 @@ each thing below, in the thread (or on the event loop) where it happened::
 ``on_event=None`` (the default) nothing is built and nothing is called: each
 place that could report costs one ``is not None`` test.
 
-**The callback's rules.** It may be called while the limiter holds its
-lock (the thread driver's condition), and from several threads at once, so
-it must be quick, thread-safe, and must not call the limiter or queue that
-reported; counting, or putting the event on a queue, is what it is for.
-An exception it raises is caught: the event is dropped, the acquire (or
-the job) goes on, and the first such exception of each limiter is logged
-at WARNING on the ``ratequeue.events`` logger with its traceback (later
-ones at DEBUG), so a broken metrics hook can never stop the work it
-measures. A limiter pickles without its hook.
+**Delivery: never on the caller's path.** A hook never runs while a caller
+waits for its turn, nor under a limiter's lock, so a slow hook cannot make a
+begin late (guarantee G7). Where an event happens, the limiter only builds
+it and hands it on:
+
+* thread limiters and queues: onto a queue read by ratequeue's *reporter*,
+  one daemon thread per process (``ratequeue-events``), started with the
+  first event of any limiter that has a hook. It calls the hooks one event
+  at a time, in the order the events happened (so in order per limiter);
+* :mod:`ratequeue.aio`: ``loop.call_soon``: the hook runs on the event loop
+  as soon as the task that reported yields (an ``await``), in order.
+
+So an event reaches its hook a little after the fact: :func:`flush` waits
+until every event reported before it has been delivered (``close()`` of a
+limiter or queue does, for up to a second); on asyncio ``await
+asyncio.sleep(0)`` does the same.
+
+**The callback's rules.** It is called in the reporter thread (asyncio: on
+the event loop, which it must not block), one event at a time; a hook
+shared with other threads' code must be thread-safe. It may call the
+limiter or queue that reported (``status()``, even ``acquire()``): the
+acquire path never waits for a hook, so nothing deadlocks -- but while it
+runs, later events wait, so it should be quick. An exception it raises is
+caught: the event is dropped, and the first such exception of each limiter
+is logged at WARNING on the ``ratequeue.events`` logger with its traceback
+(later ones at DEBUG), so a broken metrics hook can never stop the work it
+measures. A ``BaseException`` other than ``KeyboardInterrupt`` and
+``SystemExit`` is caught and logged the same way; those two end the
+reporter thread (the next event starts a new one) or, on asyncio, reach the
+event loop as any callback's do. A coroutine function is refused
+(:class:`~ratequeue.ConfigurationError`): it would never be awaited. A
+limiter pickles without its hook.
 """
 
 from __future__ import annotations
 
+import atexit
+import inspect
+import logging
+import os
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from queue import SimpleQueue
+from typing import Literal, NamedTuple, Union
 
 from .errors import ConfigurationError
 
-__all__ = ["KINDS", "Event", "EventHook", "EventKind", "check_hook"]
+__all__ = [
+    "KINDS",
+    "REPORTER_THREAD",
+    "Event",
+    "EventHook",
+    "EventKind",
+    "Outlet",
+    "check_hook",
+    "flush",
+    "report",
+]
+
+#: the name of the reporter thread (one per process, alive once a hook has had an event); not a
+#: queue's thread: those end when their queue is empty (G5), this one lives with the process
+REPORTER_THREAD = "ratequeue-events"
+
+#: an ``on_event`` hook that raised, and the reporter thread's own troubles
+_log = logging.getLogger("ratequeue.events")
 
 #: what an :class:`Event` reports
 EventKind = Literal["start", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter"]
@@ -52,15 +97,15 @@ KINDS: tuple[EventKind, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One thing a limiter or queue did, for metrics. Fields a kind does not use are ``None``.
 
     ====================  ==========================================================================
     ``kind``              what happened, and the fields it sets
     ====================  ==========================================================================
     ``"start"``           a caller's turn begins (``acquire()`` returns; a queue's job is started):
-                          ``ticket``, ``wait``, ``lateness``
+                          ``ticket``, ``wait``, ``lateness``. ``all_of()`` reports one per limiter,
+                          once all its turns begin together
     ``"timeout"``         a caller gave up waiting (``AcquireTimeout``): ``wait``
     ``"call"``            a call to the state was answered: ``operation``, ``outcome``, ``duration``,
                           ``ticket``
@@ -79,7 +124,8 @@ class Event:
     ====================  ==========================================================================
 
     Times are seconds on this process's clock (``time.monotonic`` unless a
-    limiter was given another ``clock``).
+    limiter was given another ``clock``). An event is immutable (a named
+    tuple: ``event.kind``, ``event._replace(...)``, ``event._asdict()``).
     """
 
     #: what happened (see the table above)
@@ -114,7 +160,155 @@ EventHook = Callable[[Event], object]
 
 
 def check_hook(value: object) -> EventHook | None:
-    """An ``on_event`` argument, checked: ``None`` or a callable; else :class:`ConfigurationError`."""
-    if value is not None and not callable(value):
+    """An ``on_event`` argument, checked: ``None`` or a plain callable; else :class:`ConfigurationError`.
+
+    A coroutine function (or an object whose ``__call__`` is one) is refused:
+    its coroutine would never be awaited, and nothing would be counted.
+    """
+    if value is None:
+        return None
+    if not callable(value):
         raise ConfigurationError(f"on_event must be None or a callable taking an Event, got {value!r}")
+    call = type(value).__call__ if not inspect.isfunction(value) else None
+    if inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(call):
+        raise ConfigurationError(
+            f"on_event must be a plain function, not a coroutine function ({value!r}): it is called, "
+            "never awaited. Hand the event on instead, e.g. to an asyncio.Queue with put_nowait"
+        )
     return value
+
+
+class Outlet:
+    """Where one limiter's events go: its hook, and whether the hook has failed yet.
+
+    :meth:`deliver` is what the reporter thread (or the event loop) calls;
+    the limiter only hands the event on (:func:`report`, ``call_soon``).
+    """
+
+    __slots__ = ("failed", "hook", "owner")
+
+    def __init__(self, hook: EventHook, owner: object) -> None:
+        self.hook = hook
+        #: the limiter or queue the hook belongs to, named in the log line of a failure
+        self.owner = owner
+        #: whether the hook has raised once (the first failure is logged at WARNING, the rest at DEBUG)
+        self.failed = False
+
+    def deliver(self, event: Event) -> None:
+        """Call the hook with ``event``; what it raises is logged, not raised (but ``KeyboardInterrupt``,
+        ``SystemExit``)."""
+        try:
+            self.hook(event)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:
+            level = logging.DEBUG if self.failed else logging.WARNING
+            self.failed = True
+            _log.log(
+                level,
+                "the on_event hook of %r raised on a %r event; the event is dropped and the limiter "
+                "goes on (later failures of this hook are logged at DEBUG)",
+                self.owner,
+                event.kind,
+                exc_info=True,
+            )
+
+
+# The reporter: one daemon thread per process, reading (outlet, event) pairs -- and the
+# flush markers of flush() -- from a queue, in order. Handing an event on is one put.
+
+_Item = Union[tuple[Outlet, Event], threading.Event]
+
+_pending: SimpleQueue[_Item] = SimpleQueue()
+_reporter: threading.Thread | None = None
+_starting = threading.Lock()
+_exit_flush_registered = False
+
+#: how long (s) the interpreter's exit waits for the events still to be delivered
+EXIT_FLUSH = 1.0
+
+
+def report(outlet: Outlet, event: Event) -> None:
+    """Hand ``event`` to the reporter thread, for ``outlet``'s hook; never blocks, never raises.
+
+    The reporter is started here the first time, and again after a
+    ``KeyboardInterrupt`` or ``SystemExit`` from a hook ended it.
+    """
+    _pending.put((outlet, event))
+    if _reporter is None:
+        _start()
+
+
+def _start() -> None:
+    """Start the reporter thread unless one runs; at the interpreter's shutdown, give up quietly."""
+    global _reporter, _exit_flush_registered
+    try:
+        with _starting:
+            if _reporter is not None:
+                return
+            thread = threading.Thread(target=_run, name=REPORTER_THREAD, daemon=True)
+            thread.start()
+            _reporter = thread
+            if not _exit_flush_registered:
+                _exit_flush_registered = True
+                atexit.register(flush, EXIT_FLUSH)
+    except RuntimeError:  # "can't create new thread at interpreter shutdown": the events are dropped
+        pass
+
+
+def _run() -> None:
+    """The reporter thread: deliver each event, set each flush marker, in order, for ever."""
+    global _reporter
+    get = _pending.get
+    try:
+        while True:
+            item = get()
+            if isinstance(item, tuple):
+                item[0].deliver(item[1])
+            else:
+                item.set()
+            del item  # no event (nor its limiter) kept alive while idle
+    except (KeyboardInterrupt, SystemExit) as exc:
+        _log.warning(
+            "an on_event hook raised %s in ratequeue's reporter thread; the thread stops, and a new "
+            "one delivers the next events",
+            type(exc).__name__,
+            exc_info=True,
+        )
+    finally:
+        with _starting:
+            if _reporter is threading.current_thread():
+                _reporter = None
+        if not _pending.empty():  # handed on while this thread was ending: a new one takes over
+            _start()
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Wait until every event reported (in this process) before this call has reached its hook.
+
+    Returns whether it did within ``timeout`` seconds (``None``: no limit).
+    ``close()`` of a limiter or queue calls it (for up to a second). Called
+    from a hook (in the reporter thread), it cannot wait for itself and
+    returns ``False`` at once. On asyncio, ``await asyncio.sleep(0)`` in
+    the task that reported delivers its events (they were put on the
+    loop's ready queue before it).
+    """
+    if _reporter is None and _pending.empty():
+        return True
+    if threading.current_thread() is _reporter:
+        return False
+    done = threading.Event()
+    _pending.put(done)
+    if _reporter is None:
+        _start()
+    return done.wait(timeout)
+
+
+def _after_fork() -> None:
+    """In a forked child: the parent's reporter thread is not there; start afresh on the next event."""
+    global _pending, _reporter, _starting
+    _pending, _reporter, _starting = SimpleQueue(), None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._grouping import SEPARATOR, GroupBase
+from .events import flush
 from .limiter import Limiter
 from .state import State, from_url
 
@@ -30,9 +31,11 @@ class LimiterGroup(GroupBase[Limiter, State]):
         return self._keys_of(self._state.names(f"{self.name}{SEPARATOR}"))
 
     def close(self) -> None:
-        """Close the state if this group opened it from a URL."""
+        """Close the state if this group opened it from a URL; deliver its keys' events (up to 1 s)."""
         if self._owns_state:
             self._state.close()
+        if self._settings["on_event"] is not None:
+            flush(1.0)
 
     def __enter__(self) -> LimiterGroup:
         return self

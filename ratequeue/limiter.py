@@ -30,7 +30,7 @@ from ._limiting import (
 from ._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from ._sleep import wait_until
 from .errors import AcquireTimeout
-from .events import EventHook
+from .events import EventHook, flush
 from .rates import RateLike
 from .shard import DEFAULT_MAX_LATE, Turn
 from .state import State, StateLike, from_url
@@ -45,6 +45,9 @@ _DEBUG = logging.DEBUG
 
 #: the longest (s) close() waits for the lease keeper's call under way
 _CLOSE_WAIT = 10.0
+
+#: the longest (s) close() waits for this process's events to reach their hooks
+_FLUSH_WAIT = 1.0
 
 #: the last part (s) of a precise wait that is busy-waited: more than a loaded host's wake-up lateness
 _SPIN = 0.0015
@@ -117,8 +120,11 @@ class Limiter(LimiterBase[State]):
         :param on_event: called with a :class:`ratequeue.Event` for each begin,
             timeout, state call, passed ticket and late wake-up of this limiter
             (:mod:`ratequeue.events`; ``ratequeue.prometheus.PrometheusMetrics``
-            is one). It must be quick: it may be called holding the limiter's
-            lock. An exception it raises is logged, never raised. Not pickled.
+            is one). It is called in ratequeue's reporter thread, in order,
+            never on the acquire path nor holding the limiter's lock (so it
+            may call the limiter); :func:`ratequeue.events.flush` waits for
+            the events reported so far, and :meth:`close` does. An exception
+            it raises is logged, never raised. Not pickled.
         """
         self._cond = threading.Condition()
         super().__init__(
@@ -312,7 +318,9 @@ class Limiter(LimiterBase[State]):
 
         A :class:`State` object passed in by the caller is left open. With
         ``max_running``, the leases of jobs still running (and those waiting
-        to be released) are released first.
+        to be released) are released first. With ``on_event``, the events
+        reported so far reach the hook first (waited for up to a second;
+        see :func:`ratequeue.events.flush`).
         """
         with self._cond:
             held = self._leases.drain()  # the keeper, finding nothing left, stops...
@@ -323,6 +331,8 @@ class Limiter(LimiterBase[State]):
             self._release_quietly(ticket)
         if self._owns_state:
             self._state.close()
+        if self._on_event is not None:
+            flush(_FLUSH_WAIT)
 
     def _open(self, url: Any) -> State:
         return from_url(url)
@@ -367,8 +377,11 @@ class Limiter(LimiterBase[State]):
                 if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
                     self._call_failed(operation, args, exc, sent)
                 raise
+            # the state's local clock first: a stall between the two reads then errs late (a larger
+            # offset converts the start later), never early
+            state_now = self._state.local_now()
             received = self._clock()
-            answer = outcome, sent, received, self._state.local_now()
+            answer = outcome, sent, received, state_now
             if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
                 self._call_answered(operation, args, outcome, sent, received)
             return answer
@@ -385,9 +398,15 @@ class Reservation(ReservationBase[State]):
         :param timeout: seconds to wait at most, from now; on expiry the place is given up.
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached (the place is given up).
+
+        Called again once its turn has begun, it returns that turn at once
+        (the job began once: one ``start`` event, one lease).
         """
         with self._limiter._locked():
-            return run(self._limiter._acquire_flow(self._start_waiting(timeout)))
+            if self._begun is not None:
+                return self._begun
+            self._begun = turn = run(self._limiter._acquire_flow(self._start_waiting(timeout)))
+            return turn
 
     def __enter__(self) -> Reservation:
         return self

@@ -10,29 +10,38 @@ Needs ``prometheus_client`` (``pip install 'ratequeue[prometheus]'``)::
     start_http_server(9100)                  # serves /metrics
 
 One object serves any number of limiters and queues (each event carries
-its queue name, the ``queue`` label). Make one per registry: a second one
-on the same registry would register the same metric names twice, which
-``prometheus_client`` refuses. The metrics, with the default
-``namespace="ratequeue"``:
+its queue name, the ``queue`` label). Make one per registry and pass it to
+every limiter: a second one on the same registry would register the same
+metric names twice, and raises :class:`~ratequeue.ConfigurationError`. The
+metrics, with the default ``namespace="ratequeue"``:
 
-=========================================  ===========  =========================================
-name                                       labels       what it counts or times
-=========================================  ===========  =========================================
-``ratequeue_starts_total``                 queue        turns begun (``acquire()`` returned)
-``ratequeue_timeouts_total``               queue        callers that gave up (``AcquireTimeout``)
-``ratequeue_passed_tickets_total``         queue        held tickets the state answered as passed
-``ratequeue_late_begins_total``            queue,       wake-ups more than ``max_late`` after the
-                                           outcome      start: ``moved``, ``given_up``, ``begun``
-``ratequeue_state_errors_total``           queue,       state calls that raised, by error type
-                                           operation,
-                                           error
-``ratequeue_retries_total``                queue        queue jobs failed and retried
-``ratequeue_dead_letters_total``           queue        queue jobs failed for good
-``ratequeue_wait_seconds``                 queue        histogram: from ``acquire()`` to the begin
-``ratequeue_begin_lateness_seconds``       queue        histogram: begin after the turn's start
-``ratequeue_state_call_seconds``           queue,       histogram: state calls answered, by
-                                           operation    operation (its ``_count`` counts them)
-=========================================  ===========  =========================================
+==============================================  ===========  ======================================
+name                                            labels       what it counts or times
+==============================================  ===========  ======================================
+``ratequeue_starts_total``                      queue        turns begun (``acquire()`` returned)
+``ratequeue_timeouts_total``                    queue        callers that gave up
+                                                             (``AcquireTimeout``)
+``ratequeue_passed_tickets_total``              queue        held tickets the state answered as
+                                                             passed
+``ratequeue_late_wakeups_total``                queue,       wake-ups more than ``max_late`` after
+                                                outcome      a turn's start: ``moved``,
+                                                             ``given_up``, ``begun`` (a wake-up,
+                                                             not a begin: a moved or given-up
+                                                             turn did not begin late)
+``ratequeue_state_errors_total``                queue,       state calls that raised, by error type
+                                                operation,
+                                                error
+``ratequeue_retries_total``                     queue        queue jobs failed and retried
+``ratequeue_dead_letters_total``                queue        queue jobs failed for good
+``ratequeue_acquire_wait_seconds``              queue        histogram: from ``acquire()`` to the
+                                                             begin
+``ratequeue_begin_lateness_seconds``            queue        histogram: begin after the turn's start
+``ratequeue_state_call_duration_seconds``       queue,       histogram: state calls answered, by
+                                                operation    operation (its ``_count`` counts them)
+==============================================  ===========  ======================================
+
+The hook runs in ratequeue's reporter thread (asyncio: on the event loop),
+never on a caller's acquire path: see :mod:`ratequeue.events`.
 """
 
 from __future__ import annotations
@@ -59,8 +68,8 @@ STATE_CALL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 class PrometheusMetrics:
     """Counters and histograms fed by the events of limiters and queues; pass it as ``on_event``.
 
-    Thread-safe (``prometheus_client``'s metrics are), quick enough to be
-    called holding a limiter's lock, and it never raises for an event.
+    Thread-safe (``prometheus_client``'s metrics are), a few microseconds
+    per event, and it never raises for an event.
     """
 
     def __init__(
@@ -82,7 +91,8 @@ class PrometheusMetrics:
             keys, ``lambda name: name.split(":")[0]`` labels them by group, keeping the number
             of time series small.
         :param wait_buckets: ``lateness_buckets``, ``call_buckets``: the histograms' buckets (s).
-        :raises ConfigurationError: if ``prometheus_client`` is not installed.
+        :raises ConfigurationError: if ``prometheus_client`` is not installed, or if ``registry``
+            has these metrics already (another ``PrometheusMetrics`` with this namespace on it).
         """
         try:
             import prometheus_client
@@ -95,7 +105,9 @@ class PrometheusMetrics:
         self._label: Callable[[str], str] = queue_label or str
         #: the labelled children made so far, by (metric, label values): as many as the series
         self._children: dict[tuple[Any, ...], Any] = {}
-        common: dict[str, Any] = {"namespace": namespace, "registry": registry or prometheus_client.REGISTRY}
+        target = registry or prometheus_client.REGISTRY
+        # registered all together below, or none: a clash leaves the registry as it was
+        common: dict[str, Any] = {"namespace": namespace, "registry": None}
         counter, histogram = prometheus_client.Counter, prometheus_client.Histogram
         q = ("queue",)
         #: turns begun
@@ -107,8 +119,8 @@ class PrometheusMetrics:
             "passed_tickets", "Held tickets the state answered as passed; a new one was taken.", q, **common
         )
         #: late wake-ups, by what was done
-        self.late_begins = counter(
-            "late_begins",
+        self.late_wakeups = counter(
+            "late_wakeups",
             "Wake-ups more than max_late after a turn's start, by outcome (moved, given_up, begun).",
             (*q, "outcome"),
             **common,
@@ -121,8 +133,12 @@ class PrometheusMetrics:
         self.retries = counter("retries", "Queue jobs that failed and were retried.", q, **common)
         self.dead_letters = counter("dead_letters", "Queue jobs that failed for good.", q, **common)
         #: seconds from acquire() to the begin
-        self.wait = histogram(
-            "wait_seconds", "Seconds from acquire() to the begin.", q, buckets=tuple(wait_buckets), **common
+        self.acquire_wait = histogram(
+            "acquire_wait_seconds",
+            "Seconds from acquire() to the begin.",
+            q,
+            buckets=tuple(wait_buckets),
+            **common,
         )
         #: seconds a begin came after its turn's start
         self.begin_lateness = histogram(
@@ -133,23 +149,53 @@ class PrometheusMetrics:
             **common,
         )
         #: seconds a state call took
-        self.state_call = histogram(
-            "state_call_seconds",
+        self.state_call_duration = histogram(
+            "state_call_duration_seconds",
             "Seconds a state call took, round-trip included, by operation.",
             (*q, "operation"),
             buckets=tuple(call_buckets),
             **common,
         )
+        self._register(target, namespace)
+
+    def _register(self, registry: CollectorRegistry, namespace: str) -> None:
+        """Register every metric in ``registry``, or none: :class:`ConfigurationError` on a clash."""
+        metrics = (
+            self.starts,
+            self.timeouts,
+            self.passed_tickets,
+            self.late_wakeups,
+            self.state_errors,
+            self.retries,
+            self.dead_letters,
+            self.acquire_wait,
+            self.begin_lateness,
+            self.state_call_duration,
+        )
+        done: list[Any] = []
+        for metric in metrics:
+            try:
+                registry.register(metric)
+            except ValueError as exc:  # "Duplicated timeseries in CollectorRegistry"
+                for registered in done:
+                    registry.unregister(registered)
+                raise ConfigurationError(
+                    f"this registry has ratequeue's metrics (namespace {namespace!r}) already: one "
+                    "PrometheusMetrics per registry; pass registry=... or reuse the object "
+                    f"({exc})"
+                ) from None
+            done.append(metric)
 
     def __call__(self, event: Event) -> None:
         """Count or time ``event``."""
         kind = event.kind
         if kind == "call":
-            self._child(self.state_call, event.queue, event.operation or "").observe(event.duration or 0.0)
+            child = self._child(self.state_call_duration, event.queue, event.operation or "")
+            child.observe(event.duration or 0.0)
         elif kind == "start":
             self._child(self.starts, event.queue).inc()
             if event.wait is not None:
-                self._child(self.wait, event.queue).observe(event.wait)
+                self._child(self.acquire_wait, event.queue).observe(event.wait)
             if event.lateness is not None:
                 self._child(self.begin_lateness, event.queue).observe(event.lateness)
         elif kind == "timeout":
@@ -157,7 +203,7 @@ class PrometheusMetrics:
         elif kind == "passed":
             self._child(self.passed_tickets, event.queue).inc()
         elif kind == "late":
-            self._child(self.late_begins, event.queue, event.outcome or "").inc()
+            self._child(self.late_wakeups, event.queue, event.outcome or "").inc()
         elif kind == "state_error":
             self._child(self.state_errors, event.queue, event.operation or "", event.error or "").inc()
         elif kind == "retry":

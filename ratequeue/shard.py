@@ -87,8 +87,10 @@ _OFFSET_WINDOW = 1.0
 #: how far (s) an answer's offset bound may exceed the best before a clock step is assumed
 _OFFSET_SLACK = 0.0005
 #: how far (s) an offset read directly (a state on this host's clock) may move between two answers
-#: before it counts as a clock step: more than a thread preempted between two clock reads, less
-#: than the steps NTP makes (it slews smaller differences)
+#: before it may be a clock step: more than a thread preempted between two clock reads, less
+#: than the steps NTP makes (it slews smaller differences). A move counts as a step only once
+#: the next answer's offset agrees with the moved one within this too: a stall between the
+#: two reads (a preempted thread, a garbage collection) moves one answer's offset, not the next
 _DIRECT_STEP = 0.01
 
 #: weight of the newest round-trip in the smoothed round-trip time
@@ -132,6 +134,9 @@ class Job:
     retimes: int = field(default=0, init=False)
     #: turns given up because the job woke too late to begin them
     given_up: int = field(default=0, init=False)
+    #: those of them given up at once because the shard was paused (a paused shard makes no
+    #: call, so cannot move the start): a pause, not a host too busy to begin on time
+    given_up_paused: int = field(default=0, init=False)
     #: set when a late turn of a queue with a burst could not be moved: it begins late
     begins_late: bool = field(default=False, init=False)
     #: local time the job's driver was told to wake at before its start, while it sleeps
@@ -230,6 +235,7 @@ class Shard:
         jitter: float = DEFAULT_JITTER,
         max_late: float | None = DEFAULT_MAX_LATE,
         burst: int = 1,
+        same_clock: bool = False,
     ) -> None:
         """
         :param interval: the queue's interval in seconds.
@@ -247,8 +253,12 @@ class Shard:
             (each start granted "now" arrives a round-trip late). The state's
             window bound holds all the same; as the service sees it, by the
             wake-up lateness.
+        :param same_clock: the state's clock is the driver's own (a memory state read on
+            ``time.monotonic``): the offsets read directly can differ only by a stall
+            between two reads, never by a clock step, so no step is looked for.
         """
         self.burst = burst
+        self.same_clock = same_clock
         self.interval = interval
         self._fixed_lead = lead
         self._jitter = jitter
@@ -278,10 +288,12 @@ class Shard:
         self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
         #: the latest turn this shard was granted (see _turn)
         self._last_turn: Turn | None = None
-        #: the latest offset read directly, for telling clock steps
+        #: the latest offset read directly that agreed with the one before, for telling clock steps
         self._direct_offset: float | None = None
+        #: an offset read directly that moved from it, until the next answer confirms or denies the move
+        self._direct_moved: float | None = None
         #: how many clock steps this shard has noticed: answers whose local-minus-state offset
-        #: jumped (see :meth:`_offset`); the driver reports them
+        #: jumped (see :meth:`_offset` and :meth:`_direct`); the driver reports them
         self.clock_steps = 0
         #: the latest step (s): how far the offset moved; positive when the state's clock went
         #: back against this host's (or this host's went forward)
@@ -477,6 +489,8 @@ class Shard:
         if self.burst > 1:
             self._granted = None
             return Begin(turn)
+        if job.retimes < _MAX_RETIMES:  # not out of moves: paused, so none was tried
+            job.given_up_paused += 1
         self._give_up(job)
         return None
 
@@ -506,10 +520,8 @@ class Shard:
         self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
         if offset is None:
             offset = self._offset(received - outcome.now / US, received, rtt)
-        else:
-            if self._direct_offset is not None and abs(offset - self._direct_offset) > _DIRECT_STEP:
-                self._stepped(offset - self._direct_offset)
-            self._direct_offset = offset
+        elif not self.same_clock:
+            self._direct(offset)
         if self._retiming:
             self._retiming = False
             if self._granted is not job or job.turn is None:
@@ -583,6 +595,25 @@ class Shard:
             best = sample
         self._offsets.append((received, sample))
         return min(best, sample)
+
+    def _direct(self, offset: float) -> None:
+        """Look for a clock step in ``offset``, read directly (a state on this host's clock).
+
+        The driver reads its clock, then the state's: a stall between the two
+        reads (a preempted thread, a garbage collection) moves that one
+        answer's offset, and the next answer's offset is back where it was.
+        So a move beyond :data:`_DIRECT_STEP` counts as a step only once the
+        next answer agrees with it (within the same tolerance), and then by
+        how far it moved from the offset before it.
+        """
+        known, moved = self._direct_offset, self._direct_moved
+        if known is None or abs(offset - known) <= _DIRECT_STEP:
+            self._direct_offset, self._direct_moved = offset, None
+        elif moved is not None and abs(offset - moved) <= _DIRECT_STEP:
+            self._stepped(offset - known)
+            self._direct_offset, self._direct_moved = offset, None
+        else:
+            self._direct_moved = offset  # confirmed, or denied, by the next answer
 
     def _stepped(self, by: float) -> None:
         """Count a clock step that moved the offset by ``by`` seconds."""

@@ -10,6 +10,7 @@ import pytest
 
 import ratequeue
 from ratequeue import Queue, QueueClosed
+from ratequeue.events import REPORTER_THREAD
 from ratequeue.protocol import Outcome, Started
 from ratequeue.state.base import Terms
 from ratequeue.state.memory import MemoryState
@@ -70,10 +71,9 @@ def test_cancelled_job_is_removed_and_never_runs() -> None:
     assert queue.join(LONG)
     assert first.result() is True
     assert ran == []
-    for thread in threading.enumerate():
-        if thread.name.startswith("ratequeue-"):
-            thread.join(5.0)  # the pacer's wait is withdrawn: it ends now, not after the 30 s interval
-            assert not thread.is_alive()
+    for thread in queue_threads():
+        thread.join(5.0)  # the pacer's wait is withdrawn: it ends now, not after the 30 s interval
+        assert not thread.is_alive()
     assert queue.status().pos == 1
     with pytest.raises(CancelledError):
         third.result()
@@ -129,6 +129,15 @@ def test_close_cancels_pending_and_refuses_new_jobs() -> None:
     assert running.result() is True
 
 
+def queue_threads() -> list[threading.Thread]:
+    """The threads of ratequeue's queues (not the process's event reporter, which a hook starts)."""
+    return [
+        thread
+        for thread in threading.enumerate()
+        if thread.name.startswith("ratequeue-") and thread.name != REPORTER_THREAD
+    ]
+
+
 def test_threads_exist_only_while_jobs_exist() -> None:
     """G5: the pacing and job threads end when the queue is empty."""
     queue = fresh(0.001)
@@ -136,10 +145,9 @@ def test_threads_exist_only_while_jobs_exist() -> None:
         futures = [queue.add(lambda: threading.current_thread().name) for _ in range(3)]
         assert queue.join(LONG)
         assert {f.result() for f in futures} == {"ratequeue-job-q"}
-        for thread in threading.enumerate():
-            if thread.name.startswith("ratequeue-"):
-                thread.join(LONG)
-        assert not [t for t in threading.enumerate() if t.name.startswith("ratequeue-")]
+        for thread in queue_threads():
+            thread.join(LONG)
+        assert not queue_threads()
 
 
 def test_status_counts_pending_jobs() -> None:

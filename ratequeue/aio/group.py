@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .._grouping import SEPARATOR, GroupBase
@@ -19,9 +20,10 @@ class LimiterGroup(GroupBase[Limiter, AsyncState]):
         return self._keys_of(await self._state.names(f"{self.name}{SEPARATOR}"))
 
     async def close(self) -> None:
-        """Close the state if this group opened it from a URL."""
+        """Close the state if this group opened it from a URL; deliver its keys' events on the loop."""
         if self._owns_state:
             await self._state.close()
+        await asyncio.sleep(0)  # the events its keys scheduled on this loop run now
 
     async def __aenter__(self) -> LimiterGroup:
         return self

@@ -31,7 +31,7 @@ from .._limiting import (
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from .._sleep import wait_until
 from ..errors import AcquireTimeout
-from ..events import EventHook
+from ..events import Event, EventHook, report
 from ..protocol import Started
 from ..rates import RateLike
 from ..shard import DEFAULT_MAX_LATE, Turn
@@ -86,7 +86,12 @@ class Limiter(LimiterBase[AsyncState]):
         event loop (a precise sleep); ``max_late=None`` keeps the loop free
         and begins up to about a millisecond late. A :class:`State` or
         :class:`AsyncState` object passed in is left open by :meth:`close`.
-        ``on_event`` is called on the event loop, and must not block it.
+        ``on_event`` is called on the event loop (``loop.call_soon``), soon
+        after the event, once the task that reported it yields: never between
+        a turn's lateness check and its begin. It must not block the loop
+        (and must not be a coroutine function: it is not awaited).
+        ``await asyncio.sleep(0)`` lets the events reported so far reach it;
+        :meth:`close` does.
         """
         self._waiters: list[asyncio.Future[None]] = []
         #: the lease keeper's task, while it runs (a reference keeps it from being collected)
@@ -226,6 +231,8 @@ class Limiter(LimiterBase[AsyncState]):
             await self._release_quietly(ticket)
         if self._owns_state:
             await self._state.close()
+        if self._on_event is not None:
+            await asyncio.sleep(0)  # the events reported so far reach the hook (call_soon, in order)
 
     def _open(self, url: Any) -> AsyncState:
         return from_url(url)
@@ -283,11 +290,26 @@ class Limiter(LimiterBase[AsyncState]):
             if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
                 self._call_failed(operation, args, exc, sent)
             raise
+        # the state's local clock first: a stall between the two reads then errs late (a larger
+        # offset converts the start later), never early
+        state_now = self._state.local_now()
         received = self._clock()
-        answer = outcome, sent, received, self._state.local_now()
+        answer = outcome, sent, received, state_now
         if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
             self._call_answered(operation, args, outcome, sent, received)
         return answer
+
+    def _emit(self, event: Event) -> None:
+        """Schedule the ``on_event`` hook with ``event`` on the running loop (else: the reporter thread)."""
+        outlet = self._outlet
+        if outlet is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs in this thread (a report from elsewhere): the thread way
+            report(outlet, event)
+            return
+        loop.call_soon(outlet.deliver, event)
 
     def _answer_lost(self, call: asyncio.Future[Any]) -> None:
         """A state call whose caller was cancelled has ended: release the lease of a start it granted."""
@@ -306,8 +328,13 @@ class Reservation(ReservationBase[AsyncState]):
 
         :param timeout: seconds to wait at most, from now; on expiry the place is given up.
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
+
+        Awaited again once its turn has begun, it returns that turn at once.
         """
-        return await arun(self._limiter._acquire_flow(self._start_waiting(timeout)))
+        if self._begun is not None:
+            return self._begun
+        self._begun = turn = await arun(self._limiter._acquire_flow(self._start_waiting(timeout)))
+        return turn
 
     async def __aenter__(self) -> Reservation:
         return self

@@ -64,7 +64,8 @@ class AsyncLeanScripts(LeanCalls[AsyncConnection]):
 
     async def __call__(self, packed: list[bytes]) -> object:
         """Send ``packed`` and return the reply; raise redis-py's error when the call fails for good."""
-        if self._idle:
+        idle = bool(self._idle)
+        if idle:
             connection = self._idle.pop()
         else:
             connection = await self._pool.get_connection(*self._get_args)
@@ -72,7 +73,7 @@ class AsyncLeanScripts(LeanCalls[AsyncConnection]):
             await connection.send_packed_command(packed)
             reply = await connection.read_response()
         except BaseException as exc:
-            return await arun(self._recover(connection, packed, exc))
+            return await arun(self._recover(connection, packed, exc, idle=idle))
         if not self._keep_idle(connection):
             await arun(self._give_back(connection))
         return reply

@@ -88,11 +88,12 @@ from ._mongodb_codec import (
     update_filter,
     where_of,
 )
+from ._retries import RetryLog
 from .base import Clock, Snapshot, State, StateBase, Terms, check_terms_match
 
 __all__ = ["MongoState", "MongoStateBase", "split_url"]
 
-#: connection failures retried (WARNING)
+#: calls retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.mongodb")
 
 #: how often a transient connection failure is retried, the first backoff and the longest (s)
@@ -107,25 +108,27 @@ CREATE_ATTEMPTS = 3
 ClientT = TypeVar("ClientT", MongoClient[Any], AsyncMongoClient[Any])
 
 
-def retrying(where: str, call: Call) -> Flow[Any]:
+def retrying(log: RetryLog, call: Call) -> Flow[Any]:
     """``call`` carried out; after a connection failure, again (with backoff), :data:`RETRIES` times at most.
 
     Any other error, and the last connection failure, is raised: the state
-    maps it (:meth:`MongoStateBase._error_for`). The first retry of a call
-    is logged at WARNING, naming the server ``where``; the later ones at DEBUG.
+    maps it (:meth:`MongoStateBase._error_for`). The failures go to ``log``:
+    a first retry is INFO (a connection closed while idle is routine), a
+    retry that fails again or a call that gives up a WARNING (see :class:`RetryLog`).
     """
     delay = BACKOFF
-    for failures in range(1, RETRIES + 1):
+    failures = 0
+    while True:
         try:
             return (yield call)
         except ConnectionFailure as exc:
-            level = logging.WARNING if failures == 1 else logging.DEBUG
-            if _log.isEnabledFor(level):
-                message = "MongoDB at %s failed (%s: %s); retrying, %d of %d"
-                _log.log(level, message, where, type(exc).__name__, exc, failures, RETRIES)
+            failures += 1
+            if failures > RETRIES:
+                log.gave_up(exc, failures)
+                raise
+            log.retrying(exc, failures, RETRIES)
             yield Sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP)
-    return (yield call)
 
 
 class MongoStateBase(StateBase, ABC, Generic[ClientT]):
@@ -164,6 +167,8 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         self._clock = clock
         self._where = where_of(client)
         self.url = url or f"mongodb://{self._where}/?database={database}&collection={collection}"
+        #: the calls retried after a connection failure, logged
+        self._retries = RetryLog(_log, "MongoDB", self._where, scrub=lambda text: scrub(text, self.url))
         #: when (:meth:`_sweep_clock`) this state last swept; whether it has made sure of the TTL index
         self._swept: int | None = None
         self._ttl_ready = False
@@ -237,7 +242,7 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         update = functools.partial(self._collection.find_one_and_update, return_document=ReturnDocument.AFTER)
         for _ in range(CREATE_ATTEMPTS):
             document: Document | None = yield from retrying(
-                self._where, Call(update, (update_filter(name, terms), steps))
+                self._retries, Call(update, (update_filter(name, terms), steps))
             )
             if document is not None:
                 return document
@@ -258,11 +263,11 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         """
         try:
             yield from retrying(
-                self._where, Call(self._collection.insert_one, (initial_document(name, terms),))
+                self._retries, Call(self._collection.insert_one, (initial_document(name, terms),))
             )
         except DuplicateKeyError:  # another shard created it (or our insert's reply was lost)
             stored: Document | None = yield from retrying(
-                self._where, Call(self._collection.find_one, ({"_id": name},))
+                self._retries, Call(self._collection.find_one, ({"_id": name},))
             )
             if stored is not None:
                 record = check_document(stored, self._record_where(name))
@@ -284,12 +289,12 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         """
         create = functools.partial(self._collection.create_index, name=TTL_INDEX, expireAfterSeconds=0)
         with contextlib.suppress(OperationFailure):
-            yield from retrying(self._where, Call(create, ([(EXPIRES, 1)],)))
+            yield from retrying(self._retries, Call(create, ([(EXPIRES, 1)],)))
         self._ttl_ready = True
 
     def _names_flow(self, prefix: str) -> Flow[list[str]]:
         rows: list[Document] = yield from retrying(
-            self._where, Call(self._aggregate_list, (names_pipeline(prefix),))
+            self._retries, Call(self._aggregate_list, (names_pipeline(prefix),))
         )
         return [row["_id"] for row in rows]
 
@@ -297,24 +302,24 @@ class MongoStateBase(StateBase, ABC, Generic[ClientT]):
         """Delete the records past their keep time on the server's clock (or the test clock); say how many."""
         self._swept = self._sweep_clock()
         call = Call(self._collection.delete_many, (sweep_filter(self._fixed_now()),))
-        result = yield from (retrying(self._where, call) if retries else _once(call))
+        result = yield from (retrying(self._retries, call) if retries else _once(call))
         return int(result.deleted_count)
 
     def _read_flow(self, name: str) -> Flow[Snapshot]:
         fixed_us = self._fixed_now()
         rows: list[Document] = yield from retrying(
-            self._where, Call(self._aggregate_list, (read_pipeline(name, fixed_us),))
+            self._retries, Call(self._aggregate_list, (read_pipeline(name, fixed_us),))
         )
         if rows:
             where = self._record_where(name)
             return Snapshot(record=check_document(rows[0], where), now=read_now(rows[0], where))
         if fixed_us is not None:
             return Snapshot(record=None, now=fixed_us)
-        hello: Document = yield from retrying(self._where, Call(self._client.admin.command, ("hello",)))
+        hello: Document = yield from retrying(self._retries, Call(self._client.admin.command, ("hello",)))
         return Snapshot(record=None, now=datetime_us(hello["localTime"]))
 
     def _reset_flow(self, name: str) -> Flow[bool]:
-        result = yield from retrying(self._where, Call(self._collection.delete_one, ({"_id": name},)))
+        result = yield from retrying(self._retries, Call(self._collection.delete_one, ({"_id": name},)))
         return bool(result.deleted_count)
 
 

@@ -61,6 +61,7 @@ from .._flow import Call, Flow, Sleep, run
 from .._redact import redact, scrub, secrets_kept_out
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
 from ..protocol import Outcome, Passed, Started, Taken, Unwritten, Wait, check
+from ._retries import RetryLog
 from .base import Clock, Snapshot, State, StateBase, Terms, check_record, check_terms_match, split_options
 from .base import unwritten as unwritten_error
 
@@ -70,7 +71,7 @@ __all__ = ["PostgresState", "PostgresStateBase", "split_url"]
 DEFAULT_TABLE = "ratequeue"
 #: the version suffix of the function's name: a new one whenever the function changes
 FUNCTION_VERSION = "v1"
-#: connection failures retried (WARNING)
+#: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.postgresql")
 
 #: how often a connection failure is retried (on a new connection), the first backoff and the longest (s)
@@ -217,6 +218,8 @@ class PostgresStateBase(StateBase, ABC):
         self._clock = clock
         self._where = where
         self.url = url or ""
+        #: the queries retried after a connection failure, logged (never with a password)
+        self._retries = RetryLog(_log, "PostgreSQL", where, scrub=lambda text: scrub(text, self.url))
         #: whether the table and the function are known to exist; when this state last swept
         self._ready = False
         self._swept: int | None = None
@@ -327,24 +330,25 @@ class PostgresStateBase(StateBase, ABC):
     def _retrying(self, call: Call) -> Flow[Any]:
         """``call`` carried out; after a connection failure, again on a new connection, with backoff.
 
-        The first retry of a call is logged at WARNING, the later ones at DEBUG.
+        A connection closed while it was idle (``idle_session_timeout``,
+        pgbouncer, a firewall) is routine: a first retry is INFO; a retry that
+        fails again, or a call that gives up, is a WARNING (see :class:`RetryLog`).
         """
         delay = BACKOFF
-        for failures in range(1, RETRIES + 1):
+        failures = 0
+        while True:
             try:
                 return (yield call)
             except psycopg.OperationalError as exc:
                 if isinstance(exc, psycopg.errors.QueryCanceled):
                     raise
-                level = logging.WARNING if failures == 1 else logging.DEBUG
-                if _log.isEnabledFor(level):
-                    message = scrub(
-                        f"PostgreSQL at {self._where} failed ({type(exc).__name__}: {exc})", self.url
-                    )
-                    _log.log(level, "%s; retrying, %d of %d", message, failures, RETRIES)
+                failures += 1
+                if failures > RETRIES:
+                    self._retries.gave_up(exc, failures)
+                    raise
+                self._retries.retrying(exc, failures, RETRIES)
                 yield Sleep(delay)
                 delay = min(delay * 2, BACKOFF_CAP)
-        return (yield call)
 
     def _setup_flow(self) -> Flow[None]:
         """Create the table and the function unless both exist (once per state)."""

@@ -76,6 +76,7 @@ from ._redis_codec import (
     parse_taken,
     script_args,
 )
+from ._retries import RetryLog
 from .base import Clock, Snapshot, State, StateBase, Terms, split_options
 
 try:
@@ -87,7 +88,8 @@ else:
 
 __all__ = ["LeanCalls", "LeanScripts", "RedisState", "RedisStateBase"]
 
-#: failed calls retried (WARNING), the script loaded again (INFO), writes short of their replicas
+#: calls retried after a connection failure (see :mod:`ratequeue.state._retries`), the script
+#: loaded again (INFO), writes short of their replicas (WARNING)
 _log = logging.getLogger("ratequeue.state.redis")
 
 #: the key prefix used unless one is given
@@ -126,26 +128,6 @@ def retry_delay(failures: int) -> float:
     does (``ExponentialBackoff(cap=0.5, base=0.02)``: 0.04 s, 0.08 s, ... 0.5 s).
     """
     return 0.0 if failures <= 1 else min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
-
-
-def retrying(where: str, failure: BaseException, failures: int, retries: int) -> None:
-    """Log that a call to the server at ``where`` failed with ``failure`` and is tried again.
-
-    The first retry of a call is a WARNING (a server restarting, a network
-    going down, a failover: the call goes on, and fails only once its
-    retries run out); the later ones of the same call are DEBUG.
-    """
-    level = logging.WARNING if failures == 1 else logging.DEBUG
-    if _log.isEnabledFor(level):
-        _log.log(
-            level,
-            "Redis at %s failed (%s: %s); retrying, %d of %d",
-            where,
-            type(failure).__name__,
-            failure,
-            failures,
-            retries,
-        )
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -331,6 +313,8 @@ class LeanCalls(ABC, Generic[K]):
         self._idle: list[K] = []
         #: where the calls go, for log lines (``host:port`` or the socket path)
         self._where = str(kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
+        #: the calls retried after a connection failure, logged
+        self._retries = RetryLog(_log, "Redis", self._where)
 
     @classmethod
     def of(cls: type[L], client: Client) -> L | None:
@@ -363,8 +347,15 @@ class LeanCalls(ABC, Generic[K]):
         else:
             yield Call(self._pool.release, (connection,))
 
-    def _recover(self, connection: K, packed: list[bytes], failure: BaseException) -> Flow[object]:
-        """The rest of a call whose first attempt on ``connection`` failed with ``failure``: its reply."""
+    def _recover(
+        self, connection: K, packed: list[bytes], failure: BaseException, *, idle: bool = False
+    ) -> Flow[object]:
+        """The rest of a call whose first attempt on ``connection`` failed with ``failure``: its reply.
+
+        ``idle``: ``connection`` came from the free list, where the server (its
+        ``timeout``, a ``CLIENT KILL``) or the network (a NAT's idle timeout)
+        may have closed it: its first retry is routine (see :class:`RetryLog`).
+        """
         failures = 0
         loaded = False  # whether the script was loaded on this connection since it (re)connected
         try:
@@ -379,7 +370,7 @@ class LeanCalls(ABC, Generic[K]):
                     yield Call(connection.disconnect)
                     failures += 1
                     loaded = False
-                    retrying(self._where, failure, failures, RETRIES)
+                    self._retries.retrying(failure, failures, RETRIES, idle=idle)
                     yield Sleep(retry_delay(failures))
                     yield Call(connection.connect)  # with the client's own retries; its failure ends the call
                 else:
@@ -396,7 +387,9 @@ class LeanCalls(ABC, Generic[K]):
         except redis.ResponseError:
             yield from self._give_back(connection)  # an error answer, read in full: the connection is fine
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self._retries.gave_up(exc, failures + 1)  # out of retries, or the reconnect failed
             yield Call(self._abandon, (connection,))
             yield from self._give_back(connection)
             raise
@@ -429,12 +422,12 @@ class LeanScripts(LeanCalls[Connection]):
 
     def __call__(self, packed: list[bytes]) -> object:
         """Send ``packed`` and return the reply; raise redis-py's error when the call fails for good."""
-        connection = self._connection()
+        connection, idle = self._connection()
         try:
             connection.send_packed_command(packed)
             reply = connection.read_response()
         except BaseException as exc:
-            return run(self._recover(connection, packed, exc))
+            return run(self._recover(connection, packed, exc, idle=idle))
         if not self._keep_idle(connection):
             run(self._give_back(connection))
         return reply
@@ -443,15 +436,16 @@ class LeanScripts(LeanCalls[Connection]):
         """Give the connections kept between calls back to the pool."""
         _release_all(self._pool, self._idle)
 
-    def _connection(self) -> Connection:
+    def _connection(self) -> tuple[Connection, bool]:
+        """A connection for a call, and whether it was kept idle since an earlier one."""
         if self._pid != os.getpid():  # forked: the parent's sockets are not ours
             self._idle.clear()
             self._pid = os.getpid()
         try:
-            return self._idle.pop()  # atomic: no two threads get one connection
+            return self._idle.pop(), True  # atomic: no two threads get one connection
         except IndexError:
             connection: Connection = self._pool.get_connection(*self._get_args)
-            return connection
+            return connection, False
 
     def _abandon(self, connection: Connection) -> None:
         connection.disconnect()
@@ -516,6 +510,8 @@ class RedisStateBase(StateBase, Generic[C]):
         self._prefix = prefix
         self._clock = clock
         self._where = where_of(client)
+        #: the writes with ``wait`` retried on a cluster after a connection failure, logged
+        self._retries = RetryLog(_log, "Redis", self._where)
         self.url = url or url_of(client, prefix, wait, wait_timeout_ms)
         #: the lean calls, or None where redis-py's own script calls are needed (and with wait:
         #: the script and WAIT go together in a pipeline, on one connection)
@@ -647,7 +643,7 @@ class RedisStateBase(StateBase, Generic[C]):
                     raise
                 failures += 1
                 where = f"{address[0]}:{address[1]}" if address else self._where
-                retrying(where, failure, failures, _REDIRECTS)
+                self._retries.retrying(failure, failures, _REDIRECTS, where=where)
                 # a failover? the cluster client finds the key's master again (it refreshes its map)
                 self._moved.pop(key, None)
                 self._forget_node_client(address)
