@@ -37,7 +37,7 @@ from typing import Any
 
 from . import _validate
 from ._flow import Call, Flow
-from ._limiting import QUIET_STARTS, LimiterBase, Seconds, _calls_log
+from ._limiting import QUIET_STARTS, LimiterBase, Seconds, _calls_log, received_and_state_now
 from .errors import ConfigurationError
 from .protocol import MAX_LEAD_US, US, Started
 from .shard import Turn
@@ -195,9 +195,7 @@ def _moved(
         if limiter._on_event is not None or _calls_log.isEnabledFor(logging.DEBUG):
             limiter._call_failed(state.retime, (limiter._interval_us, turn.ticket), exc, sent)
         raise
-    # a state on this host's clock converts exactly; read first, a stall between the reads errs late
-    state_now = state.local_now()
-    received = clock()
+    received, state_now = received_and_state_now(clock, state.local_now)  # exact on this host's clock
     if limiter._on_event is not None or _calls_log.isEnabledFor(logging.DEBUG):
         limiter._call_answered(state.retime, (limiter._interval_us, turn.ticket), outcome, sent, received)
     if not isinstance(outcome, Started):

@@ -868,6 +868,40 @@ def _rebuild(
     )
 
 
+#: the most (s) the two reads of :func:`received_and_state_now` may span before they are read again
+_PAIR_SPAN = 50e-6
+#: how many times the pair is read at most (a stall between two reads rarely comes twice in a row)
+_PAIR_TRIES = 3
+
+
+def received_and_state_now(
+    clock: Callable[[], float], local_now: Callable[[], float | None]
+) -> tuple[float, float | None]:
+    """This host's clock and the state's local clock (``None``: a server's), read as one instant.
+
+    The offset ``received - state_now`` converts a state on this host's
+    clock to local time exactly, unless the process stalls between the two
+    reads: then one turn's start converts early or late by the stall, and a
+    begin comes that much off (G7). So the state's clock is read between two
+    reads of this host's, read again while they are more than
+    :data:`_PAIR_SPAN` apart (up to :data:`_PAIR_TRIES` times), and placed
+    at their midpoint: the error is at most half the span.
+    """
+    before = clock()
+    state_now = local_now()
+    after = clock()
+    if state_now is None:
+        return after, None
+    for _ in range(_PAIR_TRIES - 1):
+        if after - before <= _PAIR_SPAN:
+            break
+        before = clock()
+        state_now = local_now()
+        after = clock()
+    assert state_now is not None
+    return after, state_now + (after - before) / 2
+
+
 def _outcome_name(answer: object) -> str:
     """A state's answer as a word: ``started``, ``wait``, ``passed``; ``live``/``expired`` for a lease."""
     if isinstance(answer, Started):

@@ -276,3 +276,34 @@ def test_pause_everywhere_on_asyncio() -> None:
         assert not (await limiter.status()).paused_everywhere
 
     asyncio.run(run())
+
+
+def test_the_state_clock_is_read_between_two_reads_of_this_hosts_and_again_after_a_stall() -> None:
+    """A stall between reading the two clocks would convert one turn's start off by the stall (G7)."""
+    from ratequeue._limiting import received_and_state_now
+
+    offset = 1000.0  # the state's clock is this host's plus 1000 s
+    host = [10.0]
+    stalls = [0.005]  # the first read of the state's clock comes 5 ms late; the second does not
+
+    def clock() -> float:
+        host[0] += 1e-6
+        return host[0]
+
+    def local_now() -> float:
+        now = host[0] + offset
+        if stalls:
+            host[0] += stalls.pop()  # the process is descheduled right after this read
+        return now
+
+    received, state_now = received_and_state_now(clock, local_now)
+    assert state_now is not None
+    assert abs((state_now - received) - offset) <= 2e-6, "read again: the stalled pair is not used"
+    # a server's clock (None) is not read again
+    calls: list[int] = []
+
+    def server() -> None:
+        calls.append(1)
+
+    assert received_and_state_now(clock, server)[1] is None
+    assert calls == [1]

@@ -27,6 +27,7 @@ from .._limiting import (
     TimedAnswer,
     _calls_log,
     entered,
+    received_and_state_now,
 )
 from .._limiting import _rebuild as _rebuild  # limiters pickled by earlier versions name it here
 from .._sleep import wait_until
@@ -290,10 +291,7 @@ class Limiter(LimiterBase[AsyncState]):
             if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
                 self._call_failed(operation, args, exc, sent)
             raise
-        # the state's local clock first: a stall between the two reads then errs late (a larger
-        # offset converts the start later), never early
-        state_now = self._state.local_now()
-        received = self._clock()
+        received, state_now = received_and_state_now(self._clock, self._state.local_now)
         answer = outcome, sent, received, state_now
         if self._on_event is not None or _calls_log.isEnabledFor(_DEBUG):
             self._call_answered(operation, args, outcome, sent, received)
