@@ -81,9 +81,12 @@ _MAX_EARLY = 0.002
 #: how many calls a head may make once its deadline has passed
 _LATE_CALLS = 2
 
-#: how many recent answers, and how old at most (s), bound the clock offset
-_OFFSET_SAMPLES = 16
-_OFFSET_WINDOW = 1.0
+#: how fast (s per s) two hosts' clocks may drift apart: an offset bound learnt ``t`` s ago
+#: still bounds the offset now once ``_DRIFT * t`` is added to it (100 ppm: a quartz clock
+#: that no NTP disciplines; disciplined ones differ by a few ppm)
+_DRIFT = 100e-6
+#: how old (s) an answer's offset bound may be and still be used (with its drift added)
+_OFFSET_WINDOW = 5.0
 #: how far (s) an answer's offset bound may exceed the best before a clock step is assumed
 _OFFSET_SLACK = 0.0005
 #: how far (s) an offset read directly (a state on this host's clock) may move between two answers
@@ -284,10 +287,12 @@ class Shard:
         #: whether the call in flight is a Retime
         self._retiming = False
         self._rtt: float | None = None
-        #: recent (local receive time, local-minus-state offset) samples, see _offset
-        self._offsets: deque[tuple[float, float]] = deque(maxlen=_OFFSET_SAMPLES)
-        #: the latest turn this shard was granted (see _turn)
+        #: (local receive time, offset bound) of recent answers, each bound with its drift
+        #: since added rising from front to back: the front is the tightest (see _offset)
+        self._offsets: deque[tuple[float, float]] = deque()
+        #: the latest turn this shard was granted, and how late (s) it began (see _turn)
         self._last_turn: Turn | None = None
+        self._last_lateness = 0.0
         #: the latest offset read directly that agreed with the one before, for telling clock steps
         self._direct_offset: float | None = None
         #: an offset read directly that moved from it, until the next answer confirms or denies the move
@@ -478,6 +483,7 @@ class Shard:
             return BeginAt(turn.local_start, spin=True)
         if self.max_late is None or job.begins_late or now - turn.local_start <= self.max_late + _RESOLUTION:
             self._granted = None
+            self._last_lateness = now - turn.local_start
             return Begin(turn)
         # Too late: a late begin shortens the gap to the next one (G7). Move the start
         # later while it is still the latest; a paused shard makes no call, so gives up.
@@ -488,6 +494,7 @@ class Shard:
             return Retime(turn.ticket, round(self._retime_lead * US))
         if self.burst > 1:
             self._granted = None
+            self._last_lateness = now - turn.local_start
             return Begin(turn)
         if job.retimes < _MAX_RETIMES:  # not out of moves: paused, so none was tried
             job.given_up_paused += 1
@@ -527,7 +534,7 @@ class Shard:
             if self._granted is not job or job.turn is None:
                 return  # the turn was abandoned meanwhile
             if isinstance(outcome, Started):
-                job.turn = self._turn(outcome, offset)
+                job.turn = self._turn(outcome, offset, sent)
             elif self.burst > 1:
                 job.begins_late = True
             else:
@@ -541,13 +548,16 @@ class Shard:
                 return
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False
-            head.turn = self._turn(outcome, offset)
+            head.turn = self._turn(outcome, offset, sent)
             self._granted = head
         elif isinstance(outcome, Wait):
             if outcome.ticket != self._ticket:  # a new ticket, from TakeAndTry
                 self._ticket_cost = self._call_cost
             self._ticket = outcome.ticket
-            self._slot = job.expected = outcome.slot / US + offset
+            # the state read its clock after ``sent``: the slot is never sooner than that allows
+            # (which also keeps float rounding of a large state time from making it sooner)
+            slot = max(outcome.slot / US + offset, sent + (outcome.slot - outcome.now) / US)
+            self._slot = job.expected = slot
             self._asked = received
             # a slot within the lead asked with would have been granted, were only the rate in
             # the way: the queue is paused or full, and the slot is when to ask again
@@ -557,22 +567,29 @@ class Shard:
         else:  # pragma: no cover - the protocol has three answers
             raise TypeError(f"not a protocol answer: {outcome!r}")
 
-    def _turn(self, outcome: Started, offset: float) -> Turn:
+    def _turn(self, outcome: Started, offset: float, sent: float) -> Turn:
         """The turn ``outcome`` grants, its start converted to local time with ``offset``.
 
-        Never closer, in local time, to this shard's previous turn than the
-        two starts are on the state's clock: a better (smaller) offset bound
-        learnt since the previous turn was converted would otherwise move
-        this one earlier by the difference, shortening the gap between two
-        begins of this process (seen with the first turns of a run, when the
-        bound is still loose).
+        Never sooner than the answer allows: the state read its clock after
+        ``sent``, so the start is at least ``start - now`` after it.
+
+        A tighter offset bound learnt since this shard's previous turn moves
+        the conversion earlier, shortening the gap between the two begins of
+        this process (seen with the first turns of a run, when the bound is
+        still loose). So a turn is converted earlier than the two starts' gap
+        on the state's clock allows only as far as the two begins stay
+        ``interval - max_late`` apart (G7) after the previous begin's own
+        lateness: a loose first bound is not kept for good.
         """
-        local = outcome.start / US + offset
+        local = max(outcome.start / US + offset, sent + (outcome.start - outcome.now) / US)
         last = self._last_turn
         if last is not None and outcome.start > last.start_us:
-            local = max(local, last.local_start + (outcome.start - last.start_us) / US)
+            gap = (outcome.start - last.start_us) / US
+            room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
+            local = max(local, last.local_start + gap - max(0.0, room))
         turn = Turn(outcome.ticket, outcome.start, local)
         self._last_turn = turn
+        self._last_lateness = 0.0
         return turn
 
     def _offset(self, sample: float, received: float, rtt: float) -> float:
@@ -580,21 +597,29 @@ class Shard:
 
         Each answer bounds it from above: the state read its clock before the
         answer was received, so ``received - now`` is the true offset plus a
-        delay in ``[0, rtt]``. The smallest bound among recent answers is the
-        tightest, and still never converts a start to a local time before it
-        happens. An answer whose bound exceeds that minimum by more than its
-        round-trip means the state's clock stepped back: older bounds are then
-        dropped, so that every shard converts with the clock as it is now.
+        delay in ``[0, rtt]``. An older bound still holds once the two clocks'
+        possible drift since (:data:`_DRIFT`) is added, so the tightest of the
+        last :data:`_OFFSET_WINDOW` seconds' bounds, each with its drift
+        added, is used: it never converts a start to a local time before it
+        happens, and one answer delayed by a busy host does not loosen it. An
+        answer whose bound exceeds that by more than its round-trip means the
+        state's clock stepped back: older bounds are then dropped, so that
+        every shard converts with the clock as it is now.
         """
-        while self._offsets and received - self._offsets[0][0] > _OFFSET_WINDOW:
-            self._offsets.popleft()
-        best = min((o for _, o in self._offsets), default=sample)
-        if sample - best > rtt + _OFFSET_SLACK:
-            self._offsets.clear()
-            self._stepped(sample - best)
-            best = sample
-        self._offsets.append((received, sample))
-        return min(best, sample)
+        offsets = self._offsets
+        while offsets and received - offsets[0][0] > _OFFSET_WINDOW:
+            offsets.popleft()
+        if offsets:
+            best = offsets[0][1] + _DRIFT * (received - offsets[0][0])
+            if sample - best > rtt + _OFFSET_SLACK:
+                offsets.clear()
+                self._stepped(sample - best)
+        # a bound no tighter than this one is never the tightest again (both loosen alike)
+        while offsets and offsets[-1][1] + _DRIFT * (received - offsets[-1][0]) >= sample:
+            offsets.pop()
+        offsets.append((received, sample))
+        first_received, first = offsets[0]
+        return first + _DRIFT * (received - first_received)
 
     def _direct(self, offset: float) -> None:
         """Look for a clock step in ``offset``, read directly (a state on this host's clock).

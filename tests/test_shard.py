@@ -28,6 +28,7 @@ checked:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ratequeue import protocol
+from ratequeue import shard as shard_module
 from ratequeue.protocol import US, Record
 from ratequeue.shard import (
     RECHECK,
@@ -396,7 +398,9 @@ def test_a_late_answer_does_not_delay_the_local_start() -> None:
     # answered at state time 5.5 s, but received 5 ms later than the first answer's bound implies
     shard.receive(second, protocol.Started(ticket=2, start=6_000_000, now=5_500_000), 10.5, 10.5051)
     assert second.turn is not None
-    assert abs(second.turn.local_start - (6.0 + 10.0001 - 5.0)) < 1e-9, "the 5 ms receive delay is not added"
+    # the first bound, loosened only by the clocks' possible drift in the 0.5 s since
+    expected = 6.0 + 10.0001 - 5.0 + shard_module._DRIFT * (10.5051 - 10.0001)
+    assert abs(second.turn.local_start - expected) < 1e-9, "the 5 ms receive delay is not added"
 
 
 def test_a_state_clock_stepping_back_resets_the_offset() -> None:
@@ -412,6 +416,59 @@ def test_a_state_clock_stepping_back_resets_the_offset() -> None:
     shard.receive(second, protocol.Started(ticket=2, start=3_500_000, now=3_500_000), 10.5, 10.5)
     assert second.turn is not None
     assert second.turn.local_start == 10.5, "a start at the state's now begins now, not 2 s in the past"
+
+
+def _answer_at(shard: Shard, *, state_now: int, received: float, delay: float) -> float:
+    """Tell ``shard`` of one answer read on the state's clock at ``state_now`` (us) and received
+    ``delay`` s after that (true offset: local = state + 10 s); the offset it converts with now."""
+    return shard._offset(received - state_now / US, received, rtt=2 * delay)
+
+
+def test_a_tight_bound_outlives_later_loose_ones_with_its_drift_added() -> None:
+    """One quick answer keeps bounding the offset for seconds, loosened only by possible drift."""
+    shard = Shard(1.0, lead=0.0)
+    assert _answer_at(shard, state_now=0, received=10.0001, delay=0.0001) == pytest.approx(10.0001, abs=1e-9)
+    for k in range(1, 41):  # 4 s of answers each 2 ms late, as from a busy host
+        used = _answer_at(shard, state_now=k * 100_000, received=10.002 + k * 0.1, delay=0.002)
+        assert used == pytest.approx(10.0001 + shard_module._DRIFT * (0.0019 + k * 0.1), abs=1e-9)
+    assert used - 10.0 < 0.0006, "2 ms late answers did not loosen the 0.1 ms bound"
+
+
+def test_an_offset_bound_older_than_the_window_is_dropped() -> None:
+    """Past _OFFSET_WINDOW a bound no longer counts, however tight: the drift allowed is unbounded."""
+    shard = Shard(1.0, lead=0.0)
+    _answer_at(shard, state_now=0, received=10.0, delay=0.0)
+    later = shard_module._OFFSET_WINDOW + 0.5
+    used = _answer_at(shard, state_now=round(later * US), received=10.0 + later + 0.003, delay=0.003)
+    assert used == pytest.approx(10.003, abs=1e-9), "the old bound was still used"
+
+
+def test_a_loose_first_bound_is_not_kept_but_own_begins_stay_apart() -> None:
+    """The first turn converted with a 2 ms late answer; later, tighter answers convert later
+    turns on time again, while two begins of this shard never come closer than interval - max_late."""
+    interval, max_late = 0.01, 0.0003
+    shard = Shard(interval, lead=0.0, max_late=max_late)
+    begins: list[float] = []
+    errors: list[float] = []
+    for k in range(10):
+        start = 5_000_000 + k * 10_000  # back to back on the state's clock; local = state + 5 s
+        true_local = start / US + 5.0
+        delay = 0.002 if k == 0 else 0.0001
+        sent = true_local - 0.00006  # the state reads its clock 10 us after the call is sent
+        job = shard.add()
+        assert isinstance(shard.step(job, sent), (TakeAndTry, TryStart))
+        answer = protocol.Started(ticket=k + 1, start=start, now=start - 50)
+        shard.receive(job, answer, sent, true_local - 0.00005 + delay)
+        assert job.turn is not None
+        begin = max(true_local - 0.00005 + delay, job.turn.local_start)
+        assert isinstance(shard.step(job, begin), Begin)
+        begins.append(begin)
+        errors.append(job.turn.local_start - true_local)
+    assert errors[0] == pytest.approx(0.002, abs=1e-6)
+    assert all(b <= a for a, b in itertools.pairwise(errors)), errors
+    assert errors[-1] < 0.0002, f"the loose first bound was kept: {errors}"
+    gaps = [b - a for a, b in itertools.pairwise(begins)]
+    assert min(gaps) >= interval - max_late - 1e-9, gaps
 
 
 def granted(shard: Shard, job: Job, *, start: int, now: float) -> None:
