@@ -378,7 +378,7 @@ def test_expired_job_leaves_its_ticket_to_the_next() -> None:
     first = shard.add(deadline=0.5)
     second = shard.add()
     assert isinstance(shard.step(first, 0.0), TakeAndTry)
-    shard.receive(first, protocol.Wait(ticket=3, slot=800_000, now=0), 0.0, 0.0)
+    shard.receive(first, protocol.Wait(ticket=3, slot=800_000, now=0), 0.0, 0.0, offset=0.0)
     assert isinstance(shard.step(first, 0.0), Expired)
     shard.cancel(first)
     assert shard.step(second, 0.0) == SleepUntil(0.8)
@@ -422,6 +422,43 @@ def _answer_at(shard: Shard, *, state_now: int, received: float, delay: float) -
     """Tell ``shard`` of one answer read on the state's clock at ``state_now`` (us) and received
     ``delay`` s after that (true offset: local = state + 10 s); the offset it converts with now."""
     return shard._offset(received - state_now / US, received, rtt=2 * delay)
+
+
+def test_a_young_shard_asks_again_halfway_for_more_offset_bounds() -> None:
+    """While few answers bound the offset, a head told to wait long asks again halfway, until
+    _FEW_BOUNDS answers have; the extra answers tighten the bound its start is converted with."""
+    shard = Shard(1.0, lead=0.0)
+    job = shard.add()
+    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    # a fleet's first call: answered 3 ms late (true offset: local = state + 10 s)
+    shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=0), 9.999, 10.003)
+    assert shard.step(job, 10.003) == SleepUntil(10.003 + (10.803 - 10.003) / 2)
+    assert shard.step(job, 10.403) == TryStart(ticket=2, lead_us=0)
+    shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=400_000), 10.4, 10.4001)
+    step = shard.step(job, 10.4001)
+    assert isinstance(step, SleepUntil)
+    assert step.until == pytest.approx(10.4001 + (10.8001 - 10.4001) / 2)
+    assert shard.step(job, step.until) == TryStart(ticket=2, lead_us=0)
+    shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=600_000), step.until, step.until + 0.0001)
+    assert len(shard._bounded_at) == shard_module._FEW_BOUNDS
+    last = shard.step(job, step.until + 0.0001)
+    # the slot, converted with the 0.1 ms bound (and the 0.2 s of drift allowed since): no more probes
+    assert isinstance(last, SleepUntil)
+    assert last.until == pytest.approx(10.8001, abs=3e-5), "no more probes"
+    assert shard.step(job, last.until) == TryStart(ticket=2, lead_us=0)
+    shard.receive(job, protocol.Started(ticket=2, start=800_000, now=800_000), last.until, last.until + 0.002)
+    assert job.turn is not None
+    # with the 0.1 ms bound and the 0.4 s of drift allowed since, not the 2-3 ms of the others
+    assert job.turn.local_start == pytest.approx(10.8001, abs=5e-5), "converted with the tight bound"
+
+
+def test_a_shard_reading_the_offset_directly_never_probes() -> None:
+    """A state on this host's clock gives the offset itself: one call per wait, as before."""
+    shard = Shard(1.0, lead=0.0)
+    job = shard.add()
+    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=0), 10.0, 10.003, offset=10.0)
+    assert shard.step(job, 10.003) == SleepUntil(10.8)
 
 
 def test_a_tight_bound_outlives_later_loose_ones_with_its_drift_added() -> None:
