@@ -671,6 +671,7 @@ def test_aio_every_acquire_reports_one_start(url: str) -> None:
     assert all(event.lateness is not None for event in starts)
     assert len(hook.of("call")) >= 6
     assert hook.threads == {"MainThread"}, "on the event loop's thread"
+    assert all(isinstance(event, aio.Event) for event in starts), "ratequeue.aio names the event type too"
 
 
 def test_aio_the_hook_runs_on_the_loop_after_the_task_yields() -> None:

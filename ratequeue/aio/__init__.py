@@ -14,6 +14,7 @@ states run in a thread.
 
 from __future__ import annotations
 
+from ..events import Event
 from .combined import all_of
 from .group import LimiterGroup
 from .limiter import Limiter, Reservation
@@ -26,6 +27,7 @@ from_url = open_state
 
 __all__ = [
     "AsyncState",
+    "Event",
     "Limiter",
     "LimiterGroup",
     "Queue",
