@@ -81,12 +81,13 @@ _MAX_EARLY = 0.002
 #: how many calls a head may make once its deadline has passed
 _LATE_CALLS = 2
 
-#: how fast (s per s) two hosts' clocks may drift apart: an offset bound learnt ``t`` s ago
-#: still bounds the offset now once ``_DRIFT * t`` is added to it (100 ppm: a quartz clock
-#: that no NTP disciplines; disciplined ones differ by a few ppm)
-_DRIFT = 100e-6
+#: how fast (s per s) a state's clock may drift from this host's: an offset bound learnt ``t`` s
+#: ago still bounds the offset now once ``_DRIFT * t`` is added to it. 500 ppm: the fastest
+#: rate at which the kernel slews a clock that NTP corrects (two undisciplined quartz clocks
+#: differ by at most about 200 ppm)
+_DRIFT = 500e-6
 #: how old (s) an answer's offset bound may be and still be used (with its drift added)
-_OFFSET_WINDOW = 5.0
+_OFFSET_WINDOW = 2.0
 #: how far (s) an answer's offset bound may exceed the best before a clock step is assumed
 _OFFSET_SLACK = 0.0005
 #: how far (s) an offset read directly (a state on this host's clock) may move between two answers
@@ -97,7 +98,8 @@ _OFFSET_SLACK = 0.0005
 _DIRECT_STEP = 0.01
 
 #: while fewer answers than this in the last _OFFSET_WINDOW bound the clock offset (a shard
-#: just started, or idle for a while), a head told to wait asks again halfway to its wake-up:
+#: just started, or idle for a while), a head told to wait for a new ticket asks once more,
+#: halfway to its wake-up:
 #: one more bound, likely from a quieter moment than a fleet's first calls, before its start is
 #: converted to local time with it (measured: first turns converted up to 1.5 ms late)
 _FEW_BOUNDS = 3
@@ -569,7 +571,8 @@ class Shard:
             head.turn = self._turn(outcome, offset, sent)
             self._granted = head
         elif isinstance(outcome, Wait):
-            if outcome.ticket != self._ticket:  # a new ticket, from TakeAndTry
+            new_ticket = outcome.ticket != self._ticket
+            if new_ticket:  # from TakeAndTry
                 self._ticket_cost = self._call_cost
             self._ticket = outcome.ticket
             # the state read its clock after ``sent``: the slot is never sooner than that allows
@@ -582,7 +585,7 @@ class Shard:
             self._recheck = outcome.slot - outcome.now <= self._call_lead_us
             few = len(self._bounded_at) < _FEW_BOUNDS or received - self._bounded_at[0] > _OFFSET_WINDOW
             wake = slot if self._recheck else slot - self.lead
-            if bounded and few and wake - received >= _PROBE_FROM:
+            if bounded and few and new_ticket and wake - received >= _PROBE_FROM:  # once per ticket
                 self._probe_at = received + (wake - received) / 2
         elif isinstance(outcome, Passed):
             self._ticket = self._slot = None
@@ -635,6 +638,7 @@ class Shard:
             best = offsets[0][1] + _DRIFT * (received - offsets[0][0])
             if sample - best > rtt + _OFFSET_SLACK:
                 offsets.clear()
+                self._bounded_at.clear()  # the bounds before the step count no more
                 self._stepped(sample - best)
         # a bound no tighter than this one is never the tightest again (both loosen alike)
         while offsets and offsets[-1][1] + _DRIFT * (received - offsets[-1][0]) >= sample:
