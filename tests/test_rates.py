@@ -130,9 +130,10 @@ def test_a_burst_comes_at_once_then_the_steady_rate() -> None:
     starts = sorted(turn.start_us for turn in turns)
     _starts_fit_the_burst(starts, 20_000, 5)
     assert [t.ticket for t in sorted(turns, key=lambda t: t.start_us)] == sorted(t.ticket for t in turns)
-    # after the burst, the steady rate: each further start at least one interval after the one
-    # before it (exactly, unless a late wake-up moved a start later)
-    assert all(b - a >= 20_000 for a, b in itertools.pairwise(starts[6:]))
+    # After the burst, the steady rate is what _starts_fit_the_burst checks (12 starts span at
+    # least 7 intervals, and so on for every window). Consecutive starts are not each one interval
+    # apart: a caller that wakes late has its start moved later (G7), and the next slot stays where
+    # the burst's schedule puts it, so the next gap is shorter (under load, in CI).
     assert state.read("q").record.burst == 5  # type: ignore[union-attr]
 
 

@@ -141,7 +141,10 @@ def test_a_cancelled_task_of_the_sync_decorator_uses_no_turn() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         turn = await asyncio.to_thread(limiter.acquire, 5)
-        assert turn.start_us - first.start_us == limiter._interval_us, "the next slot, not one later"
+        # the next slot, not one later (its start is later than the slot only if this acquire
+        # came after it, as on a loaded host)
+        waited = turn.start_us - first.start_us
+        assert limiter._interval_us <= waited < 2 * limiter._interval_us, "the next slot, not one later"
         return turn
 
     asyncio.run(run())
