@@ -99,9 +99,9 @@ _DIRECT_STEP = 0.01
 
 #: while fewer answers than this in the last _OFFSET_WINDOW bound the clock offset (a shard
 #: just started, or idle for a while), a head told to wait for a new ticket asks once more,
-#: halfway to its wake-up:
-#: one more bound, likely from a quieter moment than a fleet's first calls, before its start is
-#: converted to local time with it (measured: first turns converted up to 1.5 ms late)
+#: halfway to its wake-up: one more bound, likely from a quieter moment than a fleet's first
+#: calls, before its start is converted to local time with it (measured: first turns
+#: converted up to 1.5 ms late)
 _FEW_BOUNDS = 3
 #: ...but only when its wake-up is at least this far (s) away
 _PROBE_FROM = 0.004
@@ -575,9 +575,7 @@ class Shard:
             if new_ticket:  # from TakeAndTry
                 self._ticket_cost = self._call_cost
             self._ticket = outcome.ticket
-            # the state read its clock after ``sent``: the slot is never sooner than that allows
-            # (which also keeps float rounding of a large state time from making it sooner)
-            slot = max(outcome.slot / US + offset, sent + (outcome.slot - outcome.now) / US)
+            slot = _to_local(outcome.slot, outcome.now, offset, sent)
             self._slot = job.expected = slot
             self._asked = received
             # a slot within the lead asked with would have been granted, were only the rate in
@@ -595,9 +593,6 @@ class Shard:
     def _turn(self, outcome: Started, offset: float, sent: float) -> Turn:
         """The turn ``outcome`` grants, its start converted to local time with ``offset``.
 
-        Never sooner than the answer allows: the state read its clock after
-        ``sent``, so the start is at least ``start - now`` after it.
-
         A tighter offset bound learnt since this shard's previous turn moves
         the conversion earlier, shortening the gap between the two begins of
         this process (seen with the first turns of a run, when the bound is
@@ -606,7 +601,7 @@ class Shard:
         ``interval - max_late`` apart (G7) after the previous begin's own
         lateness: a loose first bound is not kept for good.
         """
-        local = max(outcome.start / US + offset, sent + (outcome.start - outcome.now) / US)
+        local = _to_local(outcome.start, outcome.now, offset, sent)
         last = self._last_turn
         if last is not None and outcome.start > last.start_us:
             gap = (outcome.start - last.start_us) / US
@@ -685,3 +680,13 @@ class Shard:
         if self._in_flight is not job:
             raise ValueError("no call is in flight for this job")
         self._in_flight = None
+
+
+def _to_local(state_time: int, state_now: int, offset: float, sent: float) -> float:
+    """``state_time`` (us) as local time: with ``offset``, but never sooner than the answer allows.
+
+    The state read its clock (``state_now``) after the call was ``sent``, so
+    ``state_time`` is at least ``state_time - state_now`` after ``sent``; this
+    also keeps float rounding of a large state time from making it sooner.
+    """
+    return max(state_time / US + offset, sent + (state_time - state_now) / US)
