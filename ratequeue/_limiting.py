@@ -604,6 +604,9 @@ class LimiterBase(ABC, Generic[S]):
     ) -> None:
         """Report a granted turn that woke ``lateness`` s after its start: ``outcome`` says what was done.
 
+        ``lateness`` is at worst: for a start granted by the shard's first answer it
+        includes that answer's round-trip (see :attr:`ratequeue.shard.Job.doubt`).
+
         A start moved later keeps every guarantee, and a queue with a burst
         begins a late turn by design (DEBUG). A turn given up costs its slot:
         INFO, as a busy moment of the host makes one now and then; WARNING
@@ -699,11 +702,12 @@ class LimiterBase(ABC, Generic[S]):
                 if job.withdrawn:
                     return None
                 granted, given_up, given_up_paused = job.turn, job.given_up, job.given_up_paused
+                doubt = job.doubt  # how much later than it seems the turn may begin (a first answer)
                 step = shard.step(job, now)
                 if job.given_up != given_up and granted is not None:  # out of re-times: given up
                     paused = job.given_up_paused != given_up_paused  # paused: its start could not move
                     in_a_row = job.given_up - job.given_up_paused
-                    lateness = now - granted.local_start
+                    lateness = now - granted.local_start + doubt
                     self._report_late(granted.ticket, lateness, "given_up", in_a_row, paused=paused)
                 if isinstance(step, Begin):
                     # From the lateness check (the step) to the return: no hook runs here, only
@@ -750,9 +754,8 @@ class LimiterBase(ABC, Generic[S]):
                     if isinstance(step, Retime) and granted is not None:
                         done = "begun" if job.begins_late else "moved"  # (a burst begins late)
                         done = "given_up" if job.given_up != given_up else done
-                        self._report_late(
-                            step.ticket, now - granted.local_start, done, job.given_up - job.given_up_paused
-                        )
+                        lateness = now - granted.local_start + doubt
+                        self._report_late(step.ticket, lateness, done, job.given_up - job.given_up_paused)
                     elif isinstance(outcome, Passed) and isinstance(step, TryStart):
                         self._report_passed(outcome)
                     self._shard_changed()

@@ -158,6 +158,10 @@ class Job:
     withdrawn: bool = field(default=False, init=False)
     #: the local time of the slot the state last told this job to wait for, if it did
     expected: float | None = field(default=None, init=False)
+    #: how much earlier (s) than ``turn.local_start`` the granted start may truly have been:
+    #: the round-trip of the answer that granted it, when that was the shard's first bound
+    #: on the clock offset (see :meth:`Shard._turn`); 0 otherwise
+    doubt: float = field(default=0.0, init=False)
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,8 @@ class Shard:
         self._probe_at: float | None = None
         #: local receive times of the latest answers that bounded the offset
         self._bounded_at: deque[float] = deque(maxlen=_FEW_BOUNDS)
+        #: whether an answer has bounded the offset since this shard began (or its clock stepped)
+        self._ever_bounded = False
         self._in_flight: Job | None = None
         #: whether the call in flight is a Retime
         self._retiming = False
@@ -304,7 +310,7 @@ class Shard:
         #: (local receive time, offset bound) of recent answers, each bound with its drift
         #: since added rising from front to back: the front is the tightest (see _offset)
         self._offsets: deque[tuple[float, float]] = deque()
-        #: the latest turn this shard was granted, and how late (s) it began (see _turn)
+        #: the latest turn this shard began, and how late (s) it began (see _turn)
         self._last_turn: Turn | None = None
         self._last_lateness = 0.0
         #: the latest offset read directly that agreed with the one before, for telling clock steps
@@ -498,10 +504,9 @@ class Shard:
                 job.wake = wake
                 return BeginAt(wake)
             return BeginAt(turn.local_start, spin=True)
-        if self.max_late is None or job.begins_late or now - turn.local_start <= self.max_late + _RESOLUTION:
-            self._granted = None
-            self._last_lateness = now - turn.local_start
-            return Begin(turn)
+        lateness = now - turn.local_start + job.doubt  # at worst
+        if self.max_late is None or job.begins_late or lateness <= self.max_late + _RESOLUTION:
+            return self._begin(turn, now)
         # Too late: a late begin shortens the gap to the next one (G7). Move the start
         # later while it is still the latest; a paused shard makes no call, so gives up.
         if job.retimes < _MAX_RETIMES and not self._paused:
@@ -510,13 +515,18 @@ class Shard:
             self._retiming = True
             return Retime(turn.ticket, round(self._retime_lead * US))
         if self.burst > 1:
-            self._granted = None
-            self._last_lateness = now - turn.local_start
-            return Begin(turn)
+            return self._begin(turn, now)
         if job.retimes < _MAX_RETIMES:  # not out of moves: paused, so none was tried
             job.given_up_paused += 1
         self._give_up(job)
         return None
+
+    def _begin(self, turn: Turn, now: float) -> Begin:
+        """Begin ``turn`` at local time ``now``; remember it, and how late it began, for :meth:`_turn`."""
+        self._granted = None
+        self._last_turn = turn
+        self._last_lateness = now - turn.local_start
+        return Begin(turn)
 
     def _give_up(self, job: Job) -> None:
         """Return a granted job to the head of the queue, to take a new ticket."""
@@ -544,17 +554,26 @@ class Shard:
         self._rtt = rtt if self._rtt is None else self._rtt + _RTT_WEIGHT * (rtt - self._rtt)
         self._probe_at = None
         bounded = offset is None
+        first = False
         if offset is None:
             offset = self._offset(received - outcome.now / US, received, rtt)
             self._bounded_at.append(received)
+            first, self._ever_bounded = not self._ever_bounded, True
         elif not self.same_clock:
             self._direct(offset)
+        # A start converted with the shard's first bound may truly have been up to the
+        # answer's round-trip earlier (the answer may have been delayed all the way back):
+        # the begin is checked as that much later, so a slow first answer has its start
+        # moved (one more call) rather than shortening the gap to the next begin. Later
+        # bounds are the tightest of several answers; with a burst, gaps are not promised.
+        doubt = rtt if first and self.burst == 1 else 0.0
         if self._retiming:
             self._retiming = False
             if self._granted is not job or job.turn is None:
                 return  # the turn was abandoned meanwhile
             if isinstance(outcome, Started):
                 job.turn = self._turn(outcome, offset, sent)
+                job.doubt = doubt
             elif self.burst > 1:
                 job.begins_late = True
             else:
@@ -569,6 +588,7 @@ class Shard:
             head = self._jobs.popleft()  # the job itself, or the next one if it left meanwhile
             head.queued = False
             head.turn = self._turn(outcome, offset, sent)
+            head.doubt = doubt
             self._granted = head
         elif isinstance(outcome, Wait):
             new_ticket = outcome.ticket != self._ticket
@@ -593,13 +613,14 @@ class Shard:
     def _turn(self, outcome: Started, offset: float, sent: float) -> Turn:
         """The turn ``outcome`` grants, its start converted to local time with ``offset``.
 
-        A tighter offset bound learnt since this shard's previous turn moves
-        the conversion earlier, shortening the gap between the two begins of
-        this process (seen with the first turns of a run, when the bound is
-        still loose). So a turn is converted earlier than the two starts' gap
-        on the state's clock allows only as far as the two begins stay
-        ``interval - max_late`` apart (G7) after the previous begin's own
-        lateness: a loose first bound is not kept for good.
+        A tighter offset bound learnt since this shard's previous begun turn
+        moves the conversion earlier, shortening the gap between the two
+        begins of this process (seen with the first turns of a run, when the
+        bound is still loose). So a turn is converted earlier than the two
+        starts' gap on the state's clock allows only as far as the two begins
+        stay ``interval - max_late`` apart (G7) after the previous begin's own
+        lateness: a loose first bound is not kept for good. A turn granted
+        but not begun (moved, given up, dropped) sets no such limit.
         """
         local = _to_local(outcome.start, outcome.now, offset, sent)
         last = self._last_turn
@@ -607,10 +628,7 @@ class Shard:
             gap = (outcome.start - last.start_us) / US
             room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
             local = max(local, last.local_start + gap - max(0.0, room))
-        turn = Turn(outcome.ticket, outcome.start, local)
-        self._last_turn = turn
-        self._last_lateness = 0.0
-        return turn
+        return Turn(outcome.ticket, outcome.start, local)
 
     def _offset(self, sample: float, received: float, rtt: float) -> float:
         """The local-minus-state clock offset to convert state times with.
@@ -634,6 +652,7 @@ class Shard:
             if sample - best > rtt + _OFFSET_SLACK:
                 offsets.clear()
                 self._bounded_at.clear()  # the bounds before the step count no more
+                self._ever_bounded = False
                 self._stepped(sample - best)
         # a bound no tighter than this one is never the tightest again (both loosen alike)
         while offsets and offsets[-1][1] + _DRIFT * (received - offsets[-1][0]) >= sample:
