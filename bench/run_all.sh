@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run every benchmark with its defaults and keep what docs/performance.md shows:
 # the Markdown output of each script and its plots, in bench/results/.
-# Usage: sh bench/run_all.sh [PYTHON]      (about eleven minutes)
+# Usage: sh bench/run_all.sh [PYTHON]      (about twelve minutes)
 set -eu
 python="${1:-python}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -14,4 +14,5 @@ mkdir -p "$out"
 "$python" "$here/peers.py" --plot "$out" | tee "$out/peers.md"
 "$python" "$here/begin_gaps.py" --hog 2 --plot "$out" --json "$out/begin_gaps.json" | tee "$out/begin_gaps.md"
 "$python" "$here/call_cpu.py" | tee "$out/call_cpu.md"
+"$python" "$here/fleet_start.py" --hog 2 | tee "$out/fleet_start.md"
 "$python" "$here/bursts.py" --plot "$out" | tee "$out/bursts.md"
