@@ -41,6 +41,9 @@ UPDATE = b"findAndModify"
 #: reply is recovered about 0.5 s later. The intervals leave that room, and more.
 INTERVAL = 1.5
 INTERVAL_US = 1_500_000
+#: no lateness check: on a loaded host a turn whose wake-ups come late three times is given
+#: up for the next ticket (G7), which these tests would read as a turn lost to the reply
+LATENESS = None
 
 #: the limiters' turns: the second one's try_start loses its reply, the third follows it
 TURNS = 3
@@ -140,7 +143,7 @@ def test_a_limiter_loses_no_turn_to_a_lost_reply(proxy: ReplyDropper) -> None:
     state.proxy = proxy
     with state:
         name = fresh_name()
-        limiter = ratequeue.Limiter(state, name=name, interval=INTERVAL)
+        limiter = ratequeue.Limiter(state, name=name, interval=INTERVAL, max_late=LATENESS)
         turns = [limiter.acquire(timeout=30) for _ in range(TURNS)]
         limiter.close()
         assert proxy.dropped.is_set(), "no reply was dropped: the test proves nothing"
@@ -153,7 +156,7 @@ def test_an_async_limiter_loses_no_turn_to_a_lost_reply(proxy: ReplyDropper) -> 
         state.proxy = proxy
         async with state:
             name = fresh_name()
-            limiter = aio.Limiter(state, name=name, interval=INTERVAL)
+            limiter = aio.Limiter(state, name=name, interval=INTERVAL, max_late=LATENESS)
             turns = [await limiter.acquire(timeout=30) for _ in range(TURNS)]
             await limiter.close()
             assert proxy.dropped.is_set(), "no reply was dropped: the test proves nothing"

@@ -113,9 +113,16 @@ def test_pause_and_resume() -> None:
 
 def test_close_cancels_pending_and_refuses_new_jobs() -> None:
     queue = fresh(LONG)
-    release = threading.Event()
-    running = queue.add(release.wait, LONG)
+    started, release = threading.Event(), threading.Event()
+
+    def job() -> bool:
+        started.set()
+        return release.wait(LONG)
+
+    running = queue.add(job)
     waiting = [queue.add(lambda: None) for _ in range(3)]
+    # close only once the first job runs: a job not yet begun is pending, and cancelled
+    assert started.wait(LONG), "the first job never began"
     closer = threading.Thread(target=queue.close, kwargs={"cancel_pending": True})
     closer.start()
     for future in waiting:
