@@ -39,11 +39,13 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ratequeue.protocol import Outcome, Taken
 from ratequeue.state import Snapshot, State
-from ratequeue.state.base import Terms
+
+if TYPE_CHECKING:  # only named in annotations: an older checkout (begin_gaps.py --rq-path) may lack them
+    from ratequeue.protocol import Outcome, Taken
+    from ratequeue.state.base import Terms
 
 # --------------------------------------------------------------------------- servers
 
