@@ -117,6 +117,8 @@ class GroupBase(ABC, Generic[L, S]):
             limiter = self._limiters.get(key)
             if limiter is None:
                 limiter = self._make(queue_name)
+                if self._limiters:  # the most recently used key's limiter knows the state's clock best
+                    limiter._shard.learn_clock_from(next(reversed(self._limiters.values()))._shard)
                 self._limiters[key] = limiter
                 self._forget_idle()
             else:

@@ -494,7 +494,11 @@ class Shard:
         if job.wake is not None:  # the driver has slept until job.wake: learn how late it woke
             self._wake_lateness.append(max(0.0, now - job.wake))
             job.wake = None
-        if now < turn.local_start:
+        # A start converted with a first, slow answer counts late by that answer's round-trip
+        # whenever it begins: it is moved (or its conversion checked by a second answer) now,
+        # rather than after sleeping until it, when the queue would have waited for nothing.
+        doubted = self.max_late is not None and job.doubt > self.max_late + _RESOLUTION
+        if now < turn.local_start and not doubted:
             wake = turn.local_start - self.early
             if job.retimes and turn.local_start - now <= _MAX_EARLY:
                 # a moved start is a round-trip away and the job is awake: a sleep would risk
@@ -505,7 +509,8 @@ class Shard:
                 return BeginAt(wake)
             return BeginAt(turn.local_start, spin=True)
         lateness = now - turn.local_start + job.doubt  # at worst
-        if self.max_late is None or job.begins_late or lateness <= self.max_late + _RESOLUTION:
+        on_time = not doubted and lateness <= (self.max_late or 0.0) + _RESOLUTION
+        if self.max_late is None or job.begins_late or on_time:
             return self._begin(turn, now)
         # Too late: a late begin shortens the gap to the next one (G7). Move the start
         # later while it is still the latest; a paused shard makes no call, so gives up.
@@ -629,6 +634,24 @@ class Shard:
             room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
             local = max(local, last.local_start + gap - max(0.0, room))
         return Turn(outcome.ticket, outcome.start, local)
+
+    def learn_clock_from(self, other: Shard) -> None:
+        """Start from what ``other`` (a shard on the same state) knows of the state's clock.
+
+        A clock-offset bound holds for every queue of a state, so a shard made
+        for a new queue beside a working one (a group's new key) need not
+        count its first answer as a first answer: its first start is not
+        doubted, and an idle acquire stays one call over a slow network.
+        Called before this shard makes any call; ``other`` may be in use by
+        another thread (each copy is taken in one step).
+        """
+        if self._ever_bounded or other.same_clock != self.same_clock:
+            return
+        self._offsets = deque(list(other._offsets))
+        self._bounded_at = deque(list(other._bounded_at), maxlen=_FEW_BOUNDS)
+        self._ever_bounded = other._ever_bounded
+        if self._rtt is None:
+            self._rtt = other._rtt
 
     def _offset(self, sample: float, received: float, rtt: float) -> float:
         """The local-minus-state clock offset to convert state times with.

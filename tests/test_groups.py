@@ -50,6 +50,45 @@ def test_bad_keys_and_settings_are_refused_at_the_boundary() -> None:
     assert state.names() == []
 
 
+class FarState(MemoryState):
+    """A memory state answering as a server across a slow network would: its clock is not read
+    beside the caller's (each answer only bounds the clock offset), and each answer comes back
+    5 ms after the state applied the call. It counts the calls."""
+
+    def __init__(self) -> None:
+        super().__init__(private=True)
+        self.calls = 0
+
+    def local_now(self) -> float | None:
+        return None
+
+    def _answer_late(self, answer: Outcome) -> Outcome:
+        self.calls += 1
+        time.sleep(0.005)  # the answer's way back, after the state read its clock
+        return answer
+
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        return self._answer_late(super()._take_and_try(name, terms, lead_us, cost))
+
+    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
+        return self._answer_late(super()._try_start(name, terms, ticket, lead_us, cost))
+
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        return self._answer_late(super()._retime(name, terms, ticket, lead_us))
+
+
+def test_a_new_key_starts_from_what_the_group_knows_of_the_state_clock() -> None:
+    """A process's first start over a slow network is doubted (moved: one more call); a group's
+    next key shares the state's clock, so its first idle acquire is one call."""
+    state = FarState()
+    group = LimiterGroup(state, name="far", interval=0.05, max_late=0.001)
+    group["a"].acquire(timeout=LONG)
+    assert state.calls >= 2, "the first start of all was begun, not doubted"
+    before = state.calls
+    group["b"].acquire(timeout=LONG)
+    assert state.calls - before == 1
+
+
 def test_only_the_most_recent_idle_limiters_stay_in_the_process() -> None:
     group = LimiterGroup(MemoryState(private=True), name="lru", rate="1000/s", max_keys=3)
     for key in map(str, range(10)):

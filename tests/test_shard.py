@@ -650,6 +650,104 @@ def test_only_the_first_answer_is_doubted() -> None:
     )
 
 
+def _idle_acquire(
+    shard: Shard, now: float, *, rtt: float, state_behind: float = 10.0
+) -> tuple[list[str], float]:
+    """Drive one acquire of an idle queue to its begin: each call is answered ``rtt`` after it was
+    sent, the state reading its clock (``state_behind`` s behind this host's) as the call arrives,
+    and granting a start at once (a Retime: a start moved by its lead). The calls made, and when
+    the job began."""
+    job = shard.add()
+    calls: list[str] = []
+    for _ in range(10):
+        step = shard.step(job, now)
+        if isinstance(step, Begin):
+            return calls, now
+        if isinstance(step, BeginAt):
+            now = step.until
+            continue
+        calls.append(type(step).__name__)
+        state_now = round((now - state_behind) * US)
+        if isinstance(step, TakeAndTry):
+            answer = protocol.Started(ticket=len(calls), start=state_now, now=state_now)
+        else:
+            assert isinstance(step, Retime), step
+            answer = protocol.Started(ticket=step.ticket, start=state_now + step.lead_us, now=state_now)
+        shard.receive(job, answer, now, now + rtt)
+        now += rtt
+    raise AssertionError(f"no begin after the calls {calls}")
+
+
+def test_steady_slow_answers_cost_one_call_per_idle_acquire_after_the_first() -> None:
+    """A 1 ms round-trip over a max_late of 0.3 ms: only the shard's first start is doubted
+    (moved, one more call); every later idle acquire is one call and begins."""
+    shard = Shard(0.01, lead=0.001, max_late=0.0003)
+    now, per_acquire = 100.0, []
+    for _ in range(5):
+        calls, began = _idle_acquire(shard, now, rtt=0.001)
+        per_acquire.append(len(calls))
+        now = began + 0.05
+    assert per_acquire == [2, 1, 1, 1, 1]
+
+
+def test_a_clock_step_makes_the_next_start_doubted() -> None:
+    """After the state's clock steps back, the bounds before it are gone: the next answer is a
+    first answer again, and a slow one has its start moved."""
+    shard = Shard(0.01, lead=0.001, max_late=0.0003)
+    _, began = _idle_acquire(shard, 100.0, rtt=0.001)
+    calls, began = _idle_acquire(shard, began + 0.05, rtt=0.0001)
+    assert calls == ["TakeAndTry"]
+    calls, _ = _idle_acquire(shard, began + 0.05, rtt=0.001, state_behind=10.005)  # 5 ms back
+    assert shard.clock_steps == 1
+    assert calls == ["TakeAndTry", "Retime"]
+
+
+def test_a_doubted_start_is_checked_at_once_not_after_sleeping_until_it() -> None:
+    """A first, slow answer granting a start 5 ms ahead: the shard asks again at once (the start
+    stays where it is, the lead being shorter), and the job begins at the start the tighter
+    bound converts, not a retime lead after it."""
+    shard = Shard(0.01, lead=0.005, max_late=0.0003)  # true offset: local = state + 10 s
+    job = shard.add()
+    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    shard.receive(job, protocol.Started(ticket=1, start=5_000, now=0), 10.0, 10.002)  # 2 ms round-trip
+    assert job.turn is not None
+    assert job.turn.local_start == pytest.approx(10.007)
+    step = shard.step(job, 10.002)
+    assert isinstance(step, Retime), f"slept until a start it would have moved anyway: {step}"
+    # read at once (state 2_000), answered 50 us later: the start is unchanged, its conversion tighter
+    shard.receive(job, protocol.Started(ticket=1, start=5_000, now=2_000), 10.002, 10.00205)
+    assert job.turn.local_start == pytest.approx(10.00505, abs=1e-7)
+    assert shard.step(job, job.turn.local_start) == Begin(job.turn)
+
+
+def test_a_doubted_start_never_begins_before_it() -> None:
+    """However far ahead a doubted start lies, its job does not begin before it: with no move
+    left it is given up, and never begun early."""
+    shard = Shard(0.01, lead=0.005, max_late=0.0003)
+    job = shard.add()
+    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    shard.receive(job, protocol.Started(ticket=1, start=5_000, now=0), 10.0, 10.002)
+    shard.pause()  # no call may be made: the doubted start cannot be checked
+    step = shard.step(job, 10.002)
+    assert not isinstance(step, (Begin, BeginAt)), step
+    assert job.turn is None
+    assert job.given_up == job.given_up_paused == 1
+
+
+def test_a_new_shard_learns_the_state_clock_from_a_working_one() -> None:
+    """A group's new key: its shard starts from its sibling's offset bounds, so its first start
+    is not doubted and its idle acquire is one call over a slow network."""
+    working = Shard(0.01, lead=0.001, max_late=0.0003)
+    _, began = _idle_acquire(working, 100.0, rtt=0.001)
+    new = Shard(0.01, lead=0.001, max_late=0.0003)
+    new.learn_clock_from(working)
+    calls, _ = _idle_acquire(new, began + 0.05, rtt=0.001)
+    assert calls == ["TakeAndTry"]
+    alone = Shard(0.01, lead=0.001, max_late=0.0003)
+    calls, _ = _idle_acquire(alone, began + 0.05, rtt=0.001)
+    assert calls == ["TakeAndTry", "Retime"], "a shard on its own doubts its first start"
+
+
 def step_lead(shard: Shard) -> int:
     """The lead (us) a late job of ``shard`` moves its start by."""
     return round(shard._retime_lead * US)
