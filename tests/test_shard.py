@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import assume, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -688,6 +688,26 @@ def test_steady_slow_answers_cost_one_call_per_idle_acquire_after_the_first() ->
         per_acquire.append(len(calls))
         now = began + 0.05
     assert per_acquire == [2, 1, 1, 1, 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rtt=st.floats(0.0, 0.01),
+    max_late=st.sampled_from([0.0, 0.0003, 0.001, None]),
+    behind=st.floats(-1e4, 1e4),
+    idle=st.lists(st.floats(0.0, 5.0), min_size=1, max_size=6),
+)
+def test_idle_acquires_over_steady_slow_answers_begin_in_one_call_after_the_first(
+    rtt: float, max_late: float | None, behind: float, idle: list[float]
+) -> None:
+    """Whatever the round-trip, however long the shard idles: every acquire begins, the first in
+    at most two calls (one more when its answer is doubted), every later one in one call."""
+    shard = Shard(0.05, lead=0.001, max_late=max_late)
+    calls, now = _idle_acquire(shard, 1000.0, rtt=rtt, state_behind=behind)
+    assert len(calls) <= 2
+    for spell in idle:
+        calls, now = _idle_acquire(shard, now + spell, rtt=rtt, state_behind=behind)
+        assert calls == ["TakeAndTry"]
 
 
 def test_a_clock_step_makes_the_next_start_doubted() -> None:
