@@ -118,7 +118,8 @@ class GroupBase(ABC, Generic[L, S]):
             if limiter is None:
                 limiter = self._make(queue_name)
                 if self._limiters:  # the most recently used key's limiter knows the state's clock best
-                    limiter._shard.learn_clock_from(next(reversed(self._limiters.values()))._shard)
+                    sibling = next(reversed(self._limiters.values()))
+                    limiter._shard.learn_clock_from(sibling._shard, limiter._clock())
                 self._limiters[key] = limiter
                 self._forget_idle()
             else:

@@ -704,7 +704,10 @@ class LimiterBase(ABC, Generic[S]):
                 granted, given_up, given_up_paused = job.turn, job.given_up, job.given_up_paused
                 doubt = job.doubt  # how much later than it seems the turn may begin (a first answer)
                 step = shard.step(job, now)
-                if job.given_up != given_up and granted is not None:  # out of re-times: given up
+                # A doubted start checked before it came (a first, slow answer) did not wake late:
+                # moving it or giving it up is not reported as a late wake-up.
+                checked_late = granted is not None and now >= granted.local_start
+                if job.given_up != given_up and granted is not None and checked_late:  # out of re-times
                     paused = job.given_up_paused != given_up_paused  # paused: its start could not move
                     in_a_row = job.given_up - job.given_up_paused
                     lateness = now - granted.local_start + doubt
@@ -751,7 +754,7 @@ class LimiterBase(ABC, Generic[S]):
                     shard.receive(job, outcome, sent, received, offset=offset)
                     if shard.clock_steps != steps:
                         self._report_clock_step()
-                    if isinstance(step, Retime) and granted is not None:
+                    if isinstance(step, Retime) and granted is not None and checked_late:
                         done = "begun" if job.begins_late else "moved"  # (a burst begins late)
                         done = "given_up" if job.given_up != given_up else done
                         lateness = now - granted.local_start + doubt

@@ -497,8 +497,10 @@ class Shard:
         # A start converted with a first, slow answer counts late by that answer's round-trip
         # whenever it begins: it is moved (or its conversion checked by a second answer) now,
         # rather than after sleeping until it, when the queue would have waited for nothing.
+        # (A paused shard makes no call: it sleeps until the start, as a shard that could not
+        # check would, and gives the turn up then unless resumed meanwhile.)
         doubted = self.max_late is not None and job.doubt > self.max_late + _RESOLUTION
-        if now < turn.local_start and not doubted:
+        if now < turn.local_start and (not doubted or self._paused):
             wake = turn.local_start - self.early
             if job.retimes and turn.local_start - now <= _MAX_EARLY:
                 # a moved start is a round-trip away and the job is awake: a sleep would risk
@@ -635,21 +637,27 @@ class Shard:
             local = max(local, last.local_start + gap - max(0.0, room))
         return Turn(outcome.ticket, outcome.start, local)
 
-    def learn_clock_from(self, other: Shard) -> None:
-        """Start from what ``other`` (a shard on the same state) knows of the state's clock.
+    def learn_clock_from(self, other: Shard, now: float) -> None:
+        """Start from what ``other`` (a shard on the same state) knows of the state's clock, at local ``now``.
 
         A clock-offset bound holds for every queue of a state, so a shard made
         for a new queue beside a working one (a group's new key) need not
         count its first answer as a first answer: its first start is not
-        doubted, and an idle acquire stays one call over a slow network.
-        Called before this shard makes any call; ``other`` may be in use by
-        another thread (each copy is taken in one step).
+        doubted, and an idle acquire stays one call over a slow network. Only
+        bounds of the last :data:`_OFFSET_WINDOW` seconds are taken: with none
+        that recent, nothing is learnt, and the first answer is doubted as a
+        lone shard's is. Called before this shard makes any call; ``other``
+        may be in use by another thread (each copy is taken in one step).
         """
         if self._ever_bounded or other.same_clock != self.same_clock:
             return
-        self._offsets = deque(list(other._offsets))
-        self._bounded_at = deque(list(other._bounded_at), maxlen=_FEW_BOUNDS)
-        self._ever_bounded = other._ever_bounded
+        offsets = [bound for bound in list(other._offsets) if now - bound[0] <= _OFFSET_WINDOW]
+        if not offsets:
+            return
+        self._offsets = deque(offsets)
+        recent = [at for at in list(other._bounded_at) if now - at <= _OFFSET_WINDOW]
+        self._bounded_at = deque(recent, maxlen=_FEW_BOUNDS)
+        self._ever_bounded = True
         if self._rtt is None:
             self._rtt = other._rtt
 

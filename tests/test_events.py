@@ -34,8 +34,10 @@ import pytest
 import ratequeue
 from ratequeue import AcquireTimeout, Backoff, ConfigurationError, Event, StateCorrupted, aio
 from ratequeue.events import KINDS, flush
-from ratequeue.protocol import Started, Wait
+from ratequeue.protocol import Outcome, Started, Wait
 from ratequeue.shard import Shard, TakeAndTry, TryStart
+from ratequeue.state.base import Terms
+from ratequeue.state.memory import MemoryState
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -67,6 +69,44 @@ class Recorder:
 
 def fresh(prefix: str = "events") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class FarMemory(MemoryState):
+    """A memory store answered as a server across a slow network would be: its clock is not read
+    beside the caller's (answers only bound the clock offset), and each answer comes back 20 ms
+    after the state read its clock."""
+
+    def local_now(self) -> float | None:
+        return None
+
+    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+        answer = super()._take_and_try(name, terms, lead_us, cost)
+        time.sleep(0.02)  # the answer's way back
+        return answer
+
+    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
+        answer = super()._retime(name, terms, ticket, lead_us)
+        time.sleep(0.02)
+        return answer
+
+
+def test_a_first_slow_answer_checked_before_its_start_is_not_reported_late() -> None:
+    """A start 50 ms ahead, granted by a process's first answer (20 ms round-trip): the limiter
+    asks again at once to check its conversion. That is no late wake-up: no ``late`` event says
+    so (it did, with a negative lateness), and the job begins."""
+    store, name = fresh(), fresh()
+    with ratequeue.Limiter(MemoryState(store), name=name, interval=0.05) as first:
+        assert first.ticket == 1
+    hook = Recorder()
+    far = ratequeue.Limiter(
+        FarMemory(store), name=name, interval=0.05, lead=0.06, max_late=0.005, on_event=hook
+    )
+    turn = far.acquire(timeout=LONG)
+    far.close()
+    late = hook.of("late")
+    assert all(event.lateness is not None and event.lateness > 0.005 for event in late), late
+    [start] = hook.of("start")
+    assert start.ticket == turn.ticket
 
 
 @pytest.fixture(params=["memory", "file"])

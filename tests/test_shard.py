@@ -662,6 +662,8 @@ def _idle_acquire(
     for _ in range(10):
         step = shard.step(job, now)
         if isinstance(step, Begin):
+            # (1 us: the state clock reads whole microseconds, rounded)
+            assert now >= step.turn.start_us / US + state_behind - 1e-6, "began before its true start"
             return calls, now
         if isinstance(step, BeginAt):
             now = step.until
@@ -740,15 +742,18 @@ def test_a_doubted_start_is_checked_at_once_not_after_sleeping_until_it() -> Non
     assert shard.step(job, job.turn.local_start) == Begin(job.turn)
 
 
-def test_a_doubted_start_never_begins_before_it() -> None:
-    """However far ahead a doubted start lies, its job does not begin before it: with no move
-    left it is given up, and never begun early."""
+def test_a_paused_shard_sleeps_until_a_doubted_start_and_gives_it_up_there() -> None:
+    """A paused shard makes no call, so cannot check a doubted start: it never begins it, and
+    gives it up only at the start (where a shard resumed meanwhile would have checked it)."""
     shard = Shard(0.01, lead=0.005, max_late=0.0003)
     job = shard.add()
     assert isinstance(shard.step(job, 10.0), TakeAndTry)
     shard.receive(job, protocol.Started(ticket=1, start=5_000, now=0), 10.0, 10.002)
-    shard.pause()  # no call may be made: the doubted start cannot be checked
-    step = shard.step(job, 10.002)
+    assert job.turn is not None
+    start = job.turn.local_start
+    shard.pause()
+    assert shard.step(job, 10.002) == BeginAt(start)
+    step = shard.step(job, start)
     assert not isinstance(step, (Begin, BeginAt)), step
     assert job.turn is None
     assert job.given_up == job.given_up_paused == 1
@@ -760,9 +765,13 @@ def test_a_new_shard_learns_the_state_clock_from_a_working_one() -> None:
     working = Shard(0.01, lead=0.001, max_late=0.0003)
     _, began = _idle_acquire(working, 100.0, rtt=0.001)
     new = Shard(0.01, lead=0.001, max_late=0.0003)
-    new.learn_clock_from(working)
+    new.learn_clock_from(working, began + 0.05)
     calls, _ = _idle_acquire(new, began + 0.05, rtt=0.001)
     assert calls == ["TakeAndTry"]
+    stale = Shard(0.01, lead=0.001, max_late=0.0003)
+    stale.learn_clock_from(working, began + 10.0)  # the working shard's bounds are 10 s old: none learnt
+    calls, _ = _idle_acquire(stale, began + 10.0, rtt=0.001)
+    assert calls == ["TakeAndTry", "Retime"], "a stale sibling's bounds count as no bounds"
     alone = Shard(0.01, lead=0.001, max_late=0.0003)
     calls, _ = _idle_acquire(alone, began + 0.05, rtt=0.001)
     assert calls == ["TakeAndTry", "Retime"], "a shard on its own doubts its first start"
