@@ -706,12 +706,12 @@ class LimiterBase(ABC, Generic[S]):
                 step = shard.step(job, now)
                 # A doubted start checked before it came (a first, slow answer) did not wake late:
                 # moving it or giving it up is not reported as a late wake-up.
-                checked_late = granted is not None and now >= granted.local_start
-                if job.given_up != given_up and granted is not None and checked_late:  # out of re-times
+                woke_late = granted if granted is not None and now >= granted.local_start else None
+                if job.given_up != given_up and woke_late is not None:  # out of re-times: given up
                     paused = job.given_up_paused != given_up_paused  # paused: its start could not move
                     in_a_row = job.given_up - job.given_up_paused
-                    lateness = now - granted.local_start + doubt
-                    self._report_late(granted.ticket, lateness, "given_up", in_a_row, paused=paused)
+                    lateness = now - woke_late.local_start + doubt
+                    self._report_late(woke_late.ticket, lateness, "given_up", in_a_row, paused=paused)
                 if isinstance(step, Begin):
                     # From the lateness check (the step) to the return: no hook runs here, only
                     # a put of the event (and the DEBUG line, when that is on).
@@ -754,10 +754,10 @@ class LimiterBase(ABC, Generic[S]):
                     shard.receive(job, outcome, sent, received, offset=offset)
                     if shard.clock_steps != steps:
                         self._report_clock_step()
-                    if isinstance(step, Retime) and granted is not None and checked_late:
+                    if isinstance(step, Retime) and woke_late is not None:
                         done = "begun" if job.begins_late else "moved"  # (a burst begins late)
                         done = "given_up" if job.given_up != given_up else done
-                        lateness = now - granted.local_start + doubt
+                        lateness = now - woke_late.local_start + doubt
                         self._report_late(step.ticket, lateness, done, job.given_up - job.given_up_paused)
                     elif isinstance(outcome, Passed) and isinstance(step, TryStart):
                         self._report_passed(outcome)
