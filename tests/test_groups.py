@@ -90,6 +90,23 @@ def test_a_new_key_starts_from_what_the_group_knows_of_the_state_clock() -> None
     assert state.calls - before == 1
 
 
+def test_an_asyncio_group_new_key_starts_from_what_the_group_knows_too() -> None:
+    """The same on asyncio: the group's code is shared, and so is what a new key learns."""
+
+    async def main(state: FarState) -> tuple[int, int]:
+        group = aio.LimiterGroup(state, name="far", interval=0.05, max_late=0.005)
+        await group["a"].acquire(timeout=LONG)
+        first = state.calls
+        await group["b"].acquire(timeout=LONG)
+        second = state.calls - first
+        await group.close()
+        return first, second
+
+    first, second = asyncio.run(main(FarState()))
+    assert first >= 2, "the first start of all was begun, not doubted"
+    assert second == 1
+
+
 def test_only_the_most_recent_idle_limiters_stay_in_the_process() -> None:
     group = LimiterGroup(MemoryState(private=True), name="lru", rate="1000/s", max_keys=3)
     for key in map(str, range(10)):
