@@ -34,10 +34,11 @@ import pytest
 import ratequeue
 from ratequeue import AcquireTimeout, Backoff, ConfigurationError, Event, StateCorrupted, aio
 from ratequeue.events import KINDS, flush
-from ratequeue.protocol import Outcome, Started, Wait
+from ratequeue.protocol import Started, Wait
 from ratequeue.shard import Shard, TakeAndTry, TryStart
-from ratequeue.state.base import Terms
 from ratequeue.state.memory import MemoryState
+
+from ._far import FarMemory
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -69,25 +70,6 @@ class Recorder:
 
 def fresh(prefix: str = "events") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-class FarMemory(MemoryState):
-    """A memory store answered as a server across a slow network would be: its clock is not read
-    beside the caller's (answers only bound the clock offset), and each answer comes back 20 ms
-    after the state read its clock."""
-
-    def local_now(self) -> float | None:
-        return None
-
-    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
-        answer = super()._take_and_try(name, terms, lead_us, cost)
-        time.sleep(0.02)  # the answer's way back
-        return answer
-
-    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
-        answer = super()._retime(name, terms, ticket, lead_us)
-        time.sleep(0.02)
-        return answer
 
 
 def test_a_first_slow_answer_checked_before_its_start_is_not_reported_late() -> None:

@@ -18,6 +18,7 @@ from ratequeue.state.base import Terms
 from ratequeue.state.memory import MemoryState
 
 from . import _workers
+from ._far import FarMemory
 from .backends import Backend
 
 LONG = 30.0
@@ -50,37 +51,10 @@ def test_bad_keys_and_settings_are_refused_at_the_boundary() -> None:
     assert state.names() == []
 
 
-class FarState(MemoryState):
-    """A memory state answering as a server across a slow network would: its clock is not read
-    beside the caller's (each answer only bounds the clock offset), and each answer comes back
-    20 ms after the state applied the call. It counts the calls."""
-
-    def __init__(self) -> None:
-        super().__init__(private=True)
-        self.calls = 0
-
-    def local_now(self) -> float | None:
-        return None
-
-    def _answer_late(self, answer: Outcome) -> Outcome:
-        self.calls += 1
-        time.sleep(0.02)  # the answer's way back, after the state read its clock
-        return answer
-
-    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
-        return self._answer_late(super()._take_and_try(name, terms, lead_us, cost))
-
-    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
-        return self._answer_late(super()._try_start(name, terms, ticket, lead_us, cost))
-
-    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
-        return self._answer_late(super()._retime(name, terms, ticket, lead_us))
-
-
 def test_a_new_key_starts_from_what_the_group_knows_of_the_state_clock() -> None:
     """A process's first start over a slow network is doubted (moved: one more call); a group's
     next key shares the state's clock, so its first idle acquire is one call."""
-    state = FarState()
+    state = FarMemory()
     # max_late 5 ms: only a wake-up that late, not the 20 ms answers, would add a call
     group = LimiterGroup(state, name="far", interval=0.05, max_late=0.005)
     group["a"].acquire(timeout=LONG)
@@ -93,7 +67,7 @@ def test_a_new_key_starts_from_what_the_group_knows_of_the_state_clock() -> None
 def test_an_asyncio_group_new_key_starts_from_what_the_group_knows_too() -> None:
     """The same on asyncio: the group's code is shared, and so is what a new key learns."""
 
-    async def main(state: FarState) -> tuple[int, int]:
+    async def main(state: FarMemory) -> tuple[int, int]:
         group = aio.LimiterGroup(state, name="far", interval=0.05, max_late=0.005)
         await group["a"].acquire(timeout=LONG)
         first = state.calls
@@ -102,7 +76,7 @@ def test_an_asyncio_group_new_key_starts_from_what_the_group_knows_too() -> None
         await group.close()
         return first, second
 
-    first, second = asyncio.run(main(FarState()))
+    first, second = asyncio.run(main(FarMemory()))
     assert first >= 2, "the first start of all was begun, not doubted"
     assert second == 1
 
