@@ -33,10 +33,7 @@ import itertools
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from _common import (
     Gate,
@@ -49,8 +46,8 @@ from _common import (
     new_parser,
     percentile,
     print_machine,
-    redis_server,
     run_processes,
+    state_url,
     table,
 )
 
@@ -89,16 +86,6 @@ def worker(index: int, task: Task, gate: Gate) -> list[Begin]:
         returned.append((turn.ticket, begin, begin - turn.local_start))
     limiter.close()  # the reporter thread has handed every event to the hook once this returns
     return [(ticket, begin, late, checked.get(ticket)) for ticket, begin, late in returned]
-
-
-@contextmanager
-def state_url(state: str, redis_url: str | None, directory: Path) -> Iterator[str]:
-    """The URL of a fresh ``state``: a state file in ``directory``, or a Redis of its own."""
-    if state == "file":
-        yield f"file://{directory}/state.json"
-        return
-    with redis_server(redis_url) as url:
-        yield url
 
 
 def row(state: str, begins: list[Begin], interval: float, max_late: float) -> list[str]:
@@ -148,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     with busy_loops(args.hog), tempfile.TemporaryDirectory() as directory:
         for state in states:
             progress.note(state)
-            with state_url(state, args.redis_url, Path(directory)) as url:
+            with state_url(state, args, f"file://{directory}/state.json") as url:
                 task = Task(url, f"check-{time.monotonic_ns()}", args.interval, args.turns)
                 results = run_processes(worker, [task] * args.procs)
             rows.append(row(state, [b for part in results for b in part], args.interval, DEFAULT_MAX_LATE))
