@@ -64,7 +64,7 @@ def run(url: str) -> int:
         f"gaps between calls: average {average:.3f} ms, median {statistics.median(gaps):.3f} ms, "
         f"smallest {min(gaps):.3f} ms (local clock, includes wake-up jitter)"
     )
-    print(f"state: ticket {status.current} is the latest started, next ticket {status.next_ticket}")
+    print(f"state: ticket {status.pos} is the latest started, next ticket {status.next_ticket}")
     return 0
 
 

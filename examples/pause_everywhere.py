@@ -2,7 +2,7 @@
 
 Two worker processes call a service at 20 starts a second through one
 queue name. Once they have made ten calls, the parent pauses the whole queue, as an
-operator would (``Limiter.pause(everywhere=True)``; from a shell:
+operator would (``Limiter.pause_everywhere()``; from a shell:
 ``ratequeue pause URL NAME``): a flag in the queue's shared record, so no
 process starts a job while it is set, whatever process set it. A second
 later it resumes the queue (``ratequeue resume URL NAME``). The workers log
@@ -55,11 +55,11 @@ def run(url: str, directory: Path) -> int:
     deadline = time.monotonic() + 60
     while (not log.exists() or len(log.read_text().split()) < 10) and time.monotonic() < deadline:
         time.sleep(0.05)  # the workers are up and calling
-    operator.pause(everywhere=True)  # every process stops starting jobs
+    operator.pause_everywhere()  # every process stops starting jobs
     paused_at = operator.status().now
     time.sleep(1.0)
     resumed_at = operator.status().now
-    operator.resume(everywhere=True)
+    operator.resume_everywhere()
     time.sleep(1.5)
     stop.set()
     for child in workers:

@@ -1,7 +1,7 @@
 """ratequeue: one start per interval, globally, in first-come order.
 
 Many threads, processes and hosts share one rate through a small shared
-state (a JSON file, memory, Redis or MongoDB)::
+state (a JSON file, memory, Redis, MongoDB or PostgreSQL)::
 
     import ratequeue
 
@@ -12,8 +12,10 @@ state (a JSON file, memory, Redis or MongoDB)::
 
 from __future__ import annotations
 
-from ._jobs import Backoff, DeadLetter
 from .combined import all_of
+from .core.jobs import Backoff, DeadLetter
+from .core.operation import Operation, Terms, operation
+from .core.shard import Turn
 from .errors import (
     AcquireTimeout,
     ConfigurationError,
@@ -29,17 +31,13 @@ from .group import LimiterGroup
 from .limiter import Limiter, Reservation, Status
 from .queue import Queue
 from .rates import Rate, parse_rate
-from .shard import Turn
-from .state import Snapshot, State
-from .state import from_url as open_state
-
-#: the older name of :func:`open_state`, kept working
-from_url = open_state
+from .settings import Settings
+from .state import Snapshot, State, open_state
 
 # What ``import ratequeue`` offers: the limiter and queue (thread API; ``ratequeue.aio``
-# has the asyncio ones), what they return (Turn, Reservation, Status), what they report to an
-# on_event hook (Event; ratequeue.prometheus has an exporter), the errors, and
-# the state contract with its opener for tools that read or reset records directly.
+# has the asyncio ones), their settings, what they return (Turn, Reservation, Status), what
+# they report to an on_event hook (Event; ratequeue.prometheus has an exporter), the errors,
+# and the state contract -- its opener and operations -- for tools that act on records directly.
 __all__ = [
     "AcquireTimeout",
     "Backoff",
@@ -48,23 +46,26 @@ __all__ = [
     "Event",
     "Limiter",
     "LimiterGroup",
+    "Operation",
     "Queue",
     "QueueClosed",
     "QueueFull",
     "Rate",
     "RateQueueError",
     "Reservation",
+    "Settings",
     "Snapshot",
     "State",
     "StateCorrupted",
     "StateUnavailable",
     "Status",
+    "Terms",
     "TermsMismatch",
     "Turn",
     "__version__",
     "all_of",
-    "from_url",
     "open_state",
+    "operation",
     "parse_rate",
 ]
 

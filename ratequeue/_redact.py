@@ -31,7 +31,7 @@ from urllib.parse import unquote, unquote_plus
 
 from .errors import RateQueueError
 
-__all__ = ["MASK", "redact", "scrub", "scrub_error", "secrets", "secrets_kept_out"]
+__all__ = ["MASK", "chained", "redact", "scrub", "scrub_error", "secrets", "secrets_kept_out"]
 
 #: what a secret is replaced with
 MASK = "***"
@@ -49,43 +49,18 @@ _HEAD = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 def redact(url: str) -> str:
     """``url`` with every secret (see the module) replaced by ``***``, for messages and ``repr``."""
-    head = _HEAD.match(url)
-    start = head.end() if head else 0
-    query_at = _query_start(url, start)
-    authority, rest = url[start:query_at], url[query_at:]
-    user_end = authority.rfind("@")
-    if user_end >= 0:
-        user, colon, _ = authority[:user_end].partition(":")
-        if colon:
-            authority = f"{user}:{MASK}{authority[user_end:]}"
-    if rest:
-        rest = "?" + "&".join(_redact_option(option) for option in rest[1:].split("&"))
-    return url[:start] + authority + rest
+    before, password, after, query = _parts(url)
+    if query:
+        query = "?" + "&".join(_option(option)[0] for option in query[1:].split("&"))
+    return before + ("" if password is None else MASK) + after + query
 
 
 def secrets(url: str) -> list[str]:
     """The secrets :func:`redact` hides in ``url``, as written and percent-decoded, longest first."""
-    found: list[str] = []
-    head = _HEAD.match(url)
-    start = head.end() if head else 0
-    query_at = _query_start(url, start)
-    authority = url[start:query_at]
-    user_end = authority.rfind("@")
-    if user_end >= 0:
-        _, colon, password = authority[:user_end].partition(":")
-        if colon:
-            found.append(password)
-    for option in url[query_at + 1 :].split("&"):
-        key, equals, value = option.partition("=")
-        if not equals:
-            continue
-        if _is_secret(key):
-            found.append(value)
-        elif _normal(key) == _PROPERTIES:
-            for prop in unquote_plus(value).split(","):
-                name, colon, secret = prop.partition(":")
-                if colon and _is_secret(name):
-                    found.append(secret)
+    _, password, _, query = _parts(url)
+    found = [] if password is None else [password]
+    for option in query[1:].split("&"):
+        found += _option(option)[1]
     decoded = [variant for value in found for variant in (value, unquote(value), unquote_plus(value))]
     return sorted({value for value in decoded if value}, key=len, reverse=True)
 
@@ -104,27 +79,33 @@ def scrub(text: str, url: object) -> str:
     return text
 
 
-def _query_start(url: str, start: int) -> int:
-    """Where the query (``?``) of ``url`` begins, or its end; a ``#`` is taken as text."""
-    at = url.find("?", start)
-    return at if at >= 0 else len(url)
+def _parts(url: str) -> tuple[str, str | None, str, str]:
+    """``url`` cut around its password: what comes before it, the password (``None`` without one),
+    the rest up to the query, and the query (from its ``?``; a ``#`` is taken as text)."""
+    start = head.end() if (head := _HEAD.match(url)) else 0
+    query_at = (url + "?").find("?", start)  # no "?": the end
+    user_end = url.rfind("@", start, query_at)
+    colon = url.find(":", start, user_end)
+    if user_end < 0 or colon < 0:
+        return url[:query_at], None, "", url[query_at:]
+    return url[: colon + 1], url[colon + 1 : user_end], url[user_end:query_at], url[query_at:]
 
 
-def _redact_option(option: str) -> str:
+def _option(option: str) -> tuple[str, list[str]]:
+    """A query option with its secrets replaced by ``***``, and those secrets."""
     key, equals, value = option.partition("=")
-    if not equals:
-        return option
-    if _is_secret(key):
-        return f"{key}={MASK}"
-    if _normal(key) == _PROPERTIES:
-        props = unquote_plus(value).split(",")
-        return f"{key}=" + ",".join(_redact_property(prop) for prop in props)
-    return option
-
-
-def _redact_property(prop: str) -> str:
-    name, colon, _ = prop.partition(":")
-    return f"{name}:{MASK}" if colon and _is_secret(name) else prop
+    if equals and _is_secret(key):
+        return f"{key}={MASK}", [value]
+    if not equals or _normal(key) != _PROPERTIES:
+        return option, []
+    shown, found = [], []
+    for prop in unquote_plus(value).split(","):
+        name, colon, secret = prop.partition(":")
+        if colon and _is_secret(name):
+            found.append(secret)
+            prop = f"{name}:{MASK}"
+        shown.append(prop)
+    return f"{key}=" + ",".join(shown), found
 
 
 def _normal(key: str) -> str:
@@ -132,8 +113,7 @@ def _normal(key: str) -> str:
 
 
 def _is_secret(key: str) -> bool:
-    name = _normal(key)
-    return any(word in name for word in SECRET_WORDS)
+    return any(word in _normal(key) for word in SECRET_WORDS)
 
 
 def scrub_error(error: BaseException, url: object) -> None:
@@ -143,14 +123,20 @@ def scrub_error(error: BaseException, url: object) -> None:
     have echoed it (or a driver's message quoting part of it): a traceback
     shows the chained errors too.
     """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in chained(error):
         current.args = tuple(scrub(arg, url) if isinstance(arg, str) else arg for arg in current.args)
         where = getattr(current, "where", None)
         if isinstance(where, str):
             current.where = scrub(where, url)  # type: ignore[attr-defined]
+
+
+def chained(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors it came from (its ``__cause__``, else its ``__context__``), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
         current = current.__cause__ or current.__context__
 
 

@@ -3,12 +3,13 @@
 Every error derives from :class:`RateQueueError`. Where a built-in fits, the
 error subclasses it too, so callers that already catch ``ValueError`` or
 ``TimeoutError`` keep working. All of them pickle with their context intact,
-because they cross process and Spark executor boundaries.
+because they cross process and Spark executor boundaries: each takes its
+message as its one positional argument and its context as keyword arguments
+with defaults, so an exception's own pickling (``cls(*args)``, then its
+``__dict__`` restored) brings every attribute back.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 __all__ = [
     "AcquireTimeout",
@@ -46,7 +47,13 @@ class TermsMismatch(ConfigurationError):
     """
 
     def __init__(
-        self, message: str, *, name: str = "", field: str = "", stored: float = 0, wanted: float = 0
+        self,
+        message: str,
+        *,
+        name: str = "",
+        field: str = "",
+        stored: float | None = None,
+        wanted: float | None = None,
     ) -> None:
         super().__init__(message)
         #: the queue name
@@ -60,39 +67,28 @@ class TermsMismatch(ConfigurationError):
         #: the commands that change the stored value, for the state it came from ("" until known)
         self.way_out = ""
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        attrs = {"name": self.name, "field": self.field, "stored": self.stored, "wanted": self.wanted}
-        attrs["way_out"] = self.way_out
-        return (_rebuild, (type(self), self.args, attrs))
 
-
-class StateUnavailable(RateQueueError, ConnectionError):
-    """The state could not be reached; the original error is chained."""
+class _Located(RateQueueError):
+    """An error of the state at a place it names: ``where``."""
 
     def __init__(self, message: str, *, where: str = "") -> None:
         super().__init__(message)
-        #: the file path or host that could not be reached
+        #: the file path, host or key: for :class:`StateUnavailable` what could not be reached, for
+        #: :class:`StateCorrupted` what holds the bad state
         self.where = where
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.args, {"where": self.where}))
+
+class StateUnavailable(_Located, ConnectionError):
+    """The state could not be reached (``where``: the file path or host); the original error is chained."""
 
 
-class StateCorrupted(RateQueueError):
-    """The stored state cannot be parsed or has the wrong shape.
+class StateCorrupted(_Located):
+    """The stored state cannot be parsed or has the wrong shape (``where``: the file path or key holding it).
 
     ratequeue never resets such state by itself. A bad record can be cleared
     with ``python -m ratequeue reset URL NAME``; a state file that cannot be
     read at all must be moved aside (the next operation creates a new one).
     """
-
-    def __init__(self, message: str, *, where: str = "") -> None:
-        super().__init__(message)
-        #: the file path or key holding the bad state
-        self.where = where
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.args, {"where": self.where}))
 
 
 class AcquireTimeout(RateQueueError, TimeoutError):
@@ -109,9 +105,6 @@ class AcquireTimeout(RateQueueError, TimeoutError):
         #: the timeout, in seconds, that passed
         self.timeout = timeout
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.args, {"name": self.name, "timeout": self.timeout}))
-
 
 class QueueClosed(RateQueueError, RuntimeError):
     """A job was added to a closed queue."""
@@ -119,10 +112,3 @@ class QueueClosed(RateQueueError, RuntimeError):
 
 class QueueFull(RateQueueError, RuntimeError):
     """A queue held ``max_waiting`` jobs: a new one was refused, or the oldest was dropped for it."""
-
-
-def _rebuild(cls: type[Exception], args: tuple[Any, ...], attrs: dict[str, Any]) -> Exception:
-    error = cls.__new__(cls)
-    Exception.__init__(error, *args)
-    error.__dict__.update(attrs)
-    return error

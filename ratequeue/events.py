@@ -57,8 +57,10 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from contextlib import suppress
+from functools import partial
 from queue import SimpleQueue
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple, get_args
 
 from .errors import ConfigurationError
 
@@ -85,16 +87,7 @@ _log = logging.getLogger("ratequeue.events")
 EventKind = Literal["start", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter"]
 
 #: every :data:`EventKind`, in the order the docs list them
-KINDS: tuple[EventKind, ...] = (
-    "start",
-    "timeout",
-    "call",
-    "state_error",
-    "passed",
-    "late",
-    "retry",
-    "dead_letter",
-)
+KINDS: tuple[EventKind, ...] = get_args(EventKind)
 
 
 class Event(NamedTuple):
@@ -113,7 +106,7 @@ class Event(NamedTuple):
                           ``error``, ``duration``, ``ticket``
     ``"passed"``          the state answered that the ticket held here has passed (a later one
                           started, or the record was reset): the caller takes a new one. ``ticket``
-    ``"late"``            a granted turn woke more than ``max_late`` after its start (G7):
+    ``"late"``            a started turn woke more than ``max_late`` after its start (G7):
                           ``ticket``, ``lateness``, ``outcome`` (``"moved"``: its start was moved
                           later; ``"given_up"``: the turn was given up for a new ticket;
                           ``"begun"``: a queue with a burst begins it late)
@@ -178,6 +171,18 @@ def check_hook(value: object) -> EventHook | None:
     return value
 
 
+#: the log line of a hook that raised: its limiter, and the event's kind
+_HOOK_FAILED = (
+    "the on_event hook of %r raised on a %r event; the event is dropped and the limiter goes on "
+    "(later failures of this hook are logged at DEBUG)"
+)
+#: the log line of a hook that ended the reporter thread (KeyboardInterrupt, SystemExit)
+_REPORTER_STOPPED = (
+    "an on_event hook raised %s in ratequeue's reporter thread; the thread stops, and a new one "
+    "delivers the next events"
+)
+
+
 class Outlet:
     """Where one limiter's events go: its hook, and whether the hook has failed yet.
 
@@ -204,22 +209,13 @@ class Outlet:
         except BaseException:
             level = logging.DEBUG if self.failed else logging.WARNING
             self.failed = True
-            _log.log(
-                level,
-                "the on_event hook of %r raised on a %r event; the event is dropped and the limiter "
-                "goes on (later failures of this hook are logged at DEBUG)",
-                self.owner,
-                event.kind,
-                exc_info=True,
-            )
+            _log.log(level, _HOOK_FAILED, self.owner, event.kind, exc_info=True)
 
 
-# The reporter: one daemon thread per process, reading (outlet, event) pairs -- and the
-# flush markers of flush() -- from a queue, in order. Handing an event on is one put.
+# The reporter: one daemon thread per process, making the calls of a queue in order: each delivers
+# an event to its outlet, or sets a flush marker of flush(). Handing an event on is one put.
 
-_Item = Union[tuple[Outlet, Event], threading.Event]
-
-_pending: SimpleQueue[_Item] = SimpleQueue()
+_pending: SimpleQueue[Callable[[], object]] = SimpleQueue()
 _reporter: threading.Thread | None = None
 _starting = threading.Lock()
 _exit_flush_registered = False
@@ -234,7 +230,7 @@ def report(outlet: Outlet, event: Event) -> None:
     The reporter is started here the first time, and again after a
     ``KeyboardInterrupt`` or ``SystemExit`` from a hook ended it.
     """
-    _pending.put((outlet, event))
+    _pending.put(partial(outlet.deliver, event))
     if _reporter is None:
         _start()
 
@@ -242,18 +238,16 @@ def report(outlet: Outlet, event: Event) -> None:
 def _start() -> None:
     """Start the reporter thread unless one runs; at the interpreter's shutdown, give up quietly."""
     global _reporter, _exit_flush_registered
-    try:
-        with _starting:
-            if _reporter is not None:
-                return
-            thread = threading.Thread(target=_run, name=REPORTER_THREAD, daemon=True)
-            thread.start()
-            _reporter = thread
-            if not _exit_flush_registered:
-                _exit_flush_registered = True
-                atexit.register(flush, EXIT_FLUSH)
-    except RuntimeError:  # "can't create new thread at interpreter shutdown": the events are dropped
-        pass
+    # at the interpreter's shutdown, "can't create new thread" (RuntimeError): the events are dropped
+    with suppress(RuntimeError), _starting:
+        if _reporter is not None:
+            return
+        thread = threading.Thread(target=_run, name=REPORTER_THREAD, daemon=True)
+        thread.start()
+        _reporter = thread
+        if not _exit_flush_registered:
+            _exit_flush_registered = True
+            atexit.register(flush, EXIT_FLUSH)
 
 
 def _run() -> None:
@@ -262,19 +256,9 @@ def _run() -> None:
     get = _pending.get
     try:
         while True:
-            item = get()
-            if isinstance(item, tuple):
-                item[0].deliver(item[1])
-            else:
-                item.set()
-            del item  # no event (nor its limiter) kept alive while idle
+            get()()  # an outlet's delivery of an event, or a flush marker's set; nothing kept while idle
     except (KeyboardInterrupt, SystemExit) as exc:
-        _log.warning(
-            "an on_event hook raised %s in ratequeue's reporter thread; the thread stops, and a new "
-            "one delivers the next events",
-            type(exc).__name__,
-            exc_info=True,
-        )
+        _log.warning(_REPORTER_STOPPED, type(exc).__name__, exc_info=True)
     finally:
         with _starting:
             if _reporter is threading.current_thread():
@@ -298,7 +282,7 @@ def flush(timeout: float | None = None) -> bool:
     if threading.current_thread() is _reporter:
         return False
     done = threading.Event()
-    _pending.put(done)
+    _pending.put(done.set)
     if _reporter is None:
         _start()
     return done.wait(timeout)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ._grouping import SEPARATOR, GroupBase
 from .events import flush
+from .grouping import SEPARATOR, GroupBase
 from .limiter import Limiter
-from .state import State, from_url
+from .state import State
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["LimiterGroup"]
 
 
-class LimiterGroup(GroupBase[Limiter, State]):
+class LimiterGroup(GroupBase[Limiter]):
     """One :class:`~ratequeue.Limiter` per key, all with the same rate, across every process.
 
     ``group["customer-42"].acquire()`` waits for that key's turn: each key
@@ -23,18 +26,25 @@ class LimiterGroup(GroupBase[Limiter, State]):
     a million keys seen once do not stay.
     """
 
+    _limiter_class = Limiter
+
+    @property
+    def state(self) -> State:
+        """The state every key's limiter uses."""
+        return self._state  # type: ignore[return-value]
+
     def keys(self) -> list[str]:
         """The keys that have a record in the state now (from every process), sorted; one call to the state.
 
         A key idle past its keep time is listed until the state has deleted it.
         """
-        return self._keys_of(self._state.names(f"{self.name}{SEPARATOR}"))
+        return self._keys_of(self.state.names(f"{self.name}{SEPARATOR}"))
 
     def close(self) -> None:
         """Close the state if this group opened it from a URL; deliver its keys' events (up to 1 s)."""
         if self._owns_state:
-            self._state.close()
-        if self._settings["on_event"] is not None:
+            self.state.close()
+        if self._hook is not None:
             flush(1.0)
 
     def __enter__(self) -> LimiterGroup:
@@ -42,9 +52,3 @@ class LimiterGroup(GroupBase[Limiter, State]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _limiter_class(self) -> type[Limiter]:
-        return Limiter
-
-    def _open(self, url: Any) -> State:
-        return from_url(url)

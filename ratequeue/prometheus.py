@@ -95,126 +95,105 @@ class PrometheusMetrics:
             has these metrics already (another ``PrometheusMetrics`` with this namespace on it).
         """
         try:
-            import prometheus_client
+            from prometheus_client import REGISTRY, Counter, Histogram
         except ImportError as exc:
-            raise ConfigurationError(
-                "ratequeue.prometheus needs prometheus_client: pip install 'ratequeue[prometheus]'"
-            ) from exc
+            install = "pip install 'ratequeue[prometheus]'"
+            raise ConfigurationError(f"ratequeue.prometheus needs prometheus_client: {install}") from exc
         if queue_label is not None and not callable(queue_label):
             raise ConfigurationError(f"queue_label must be None or a callable, got {queue_label!r}")
         self._label: Callable[[str], str] = queue_label or str
         #: the labelled children made so far, by (metric, label values): as many as the series
         self._children: dict[tuple[Any, ...], Any] = {}
-        target = registry or prometheus_client.REGISTRY
-        # registered all together below, or none: a clash leaves the registry as it was
+        # made unregistered, then registered all together below, or none: a clash leaves the registry as is
         common: dict[str, Any] = {"namespace": namespace, "registry": None}
-        counter, histogram = prometheus_client.Counter, prometheus_client.Histogram
-        q = ("queue",)
+
+        def counter(name: str, help: str, *labels: str) -> Counter:
+            return Counter(name, help, ("queue", *labels), **common)
+
+        def histogram(name: str, help: str, buckets: Sequence[float], *labels: str) -> Histogram:
+            return Histogram(name, help, ("queue", *labels), buckets=tuple(buckets), **common)
+
         #: turns begun
-        self.starts = counter("starts", "Turns begun (acquire() returned).", q, **common)
+        self.starts = counter("starts", "Turns begun (acquire() returned).")
         #: callers that gave up
-        self.timeouts = counter("timeouts", "Callers that gave up waiting (AcquireTimeout).", q, **common)
+        self.timeouts = counter("timeouts", "Callers that gave up waiting (AcquireTimeout).")
         #: held tickets answered as passed
         self.passed_tickets = counter(
-            "passed_tickets", "Held tickets the state answered as passed; a new one was taken.", q, **common
+            "passed_tickets", "Held tickets the state answered as passed; a new one was taken."
         )
         #: late wake-ups, by what was done
         self.late_wakeups = counter(
             "late_wakeups",
             "Wake-ups more than max_late after a turn's start, by outcome (moved, given_up, begun).",
-            (*q, "outcome"),
-            **common,
+            "outcome",
         )
         #: state calls that raised
         self.state_errors = counter(
-            "state_errors", "State calls that raised, by error type.", (*q, "operation", "error"), **common
+            "state_errors", "State calls that raised, by error type.", "operation", "error"
         )
         #: queue jobs retried, and failed for good
-        self.retries = counter("retries", "Queue jobs that failed and were retried.", q, **common)
-        self.dead_letters = counter("dead_letters", "Queue jobs that failed for good.", q, **common)
+        self.retries = counter("retries", "Queue jobs that failed and were retried.")
+        self.dead_letters = counter("dead_letters", "Queue jobs that failed for good.")
         #: seconds from acquire() to the begin
         self.acquire_wait = histogram(
-            "acquire_wait_seconds",
-            "Seconds from acquire() to the begin.",
-            q,
-            buckets=tuple(wait_buckets),
-            **common,
+            "acquire_wait_seconds", "Seconds from acquire() to the begin.", wait_buckets
         )
         #: seconds a begin came after its turn's start
         self.begin_lateness = histogram(
             "begin_lateness_seconds",
             "Seconds a begin came after its turn's start (Turn.local_start).",
-            q,
-            buckets=tuple(lateness_buckets),
-            **common,
+            lateness_buckets,
         )
         #: seconds a state call took
         self.state_call_duration = histogram(
             "state_call_duration_seconds",
             "Seconds a state call took, round-trip included, by operation.",
-            (*q, "operation"),
-            buckets=tuple(call_buckets),
-            **common,
+            call_buckets,
+            "operation",
         )
-        self._register(target, namespace)
-
-    def _register(self, registry: CollectorRegistry, namespace: str) -> None:
-        """Register every metric in ``registry``, or none: :class:`ConfigurationError` on a clash."""
-        metrics = (
-            self.starts,
-            self.timeouts,
-            self.passed_tickets,
-            self.late_wakeups,
-            self.state_errors,
-            self.retries,
-            self.dead_letters,
-            self.acquire_wait,
-            self.begin_lateness,
-            self.state_call_duration,
-        )
-        done: list[Any] = []
-        for metric in metrics:
-            try:
-                registry.register(metric)
-            except ValueError as exc:  # "Duplicated timeseries in CollectorRegistry"
-                for registered in done:
-                    registry.unregister(registered)
-                raise ConfigurationError(
-                    f"this registry has ratequeue's metrics (namespace {namespace!r}) already: one "
-                    "PrometheusMetrics per registry; pass registry=... or reuse the object "
-                    f"({exc})"
-                ) from None
-            done.append(metric)
+        metrics = [value for value in vars(self).values() if isinstance(value, (Counter, Histogram))]
+        _register(registry or REGISTRY, namespace, metrics)
 
     def __call__(self, event: Event) -> None:
         """Count or time ``event``."""
-        kind = event.kind
+        kind, queue = event.kind, event.queue
         if kind == "call":
-            child = self._child(self.state_call_duration, event.queue, event.operation or "")
-            child.observe(event.duration or 0.0)
+            self._child(self.state_call_duration, queue, event.operation or "").observe(event.duration or 0.0)
         elif kind == "start":
-            self._child(self.starts, event.queue).inc()
+            self._child(self.starts, queue).inc()
             if event.wait is not None:
-                self._child(self.acquire_wait, event.queue).observe(event.wait)
+                self._child(self.acquire_wait, queue).observe(event.wait)
             if event.lateness is not None:
-                self._child(self.begin_lateness, event.queue).observe(event.lateness)
+                self._child(self.begin_lateness, queue).observe(event.lateness)
         elif kind == "timeout":
-            self._child(self.timeouts, event.queue).inc()
+            self._child(self.timeouts, queue).inc()
         elif kind == "passed":
-            self._child(self.passed_tickets, event.queue).inc()
+            self._child(self.passed_tickets, queue).inc()
         elif kind == "late":
-            self._child(self.late_wakeups, event.queue, event.outcome or "").inc()
+            self._child(self.late_wakeups, queue, event.outcome or "").inc()
         elif kind == "state_error":
-            self._child(self.state_errors, event.queue, event.operation or "", event.error or "").inc()
+            self._child(self.state_errors, queue, event.operation or "", event.error or "").inc()
         elif kind == "retry":
-            self._child(self.retries, event.queue).inc()
+            self._child(self.retries, queue).inc()
         elif kind == "dead_letter":
-            self._child(self.dead_letters, event.queue).inc()
+            self._child(self.dead_letters, queue).inc()
 
     def _child(self, metric: Any, queue: str, *labels: str) -> Any:
         """``metric.labels(queue's label, *labels)``, kept: a dict look-up, not prometheus_client's checks."""
         key = (id(metric), self._label(queue), *labels)
         child = self._children.get(key)
-        if child is None:
-            child = self._children.setdefault(key, metric.labels(*key[1:]))
-        return child
+        return self._children.setdefault(key, metric.labels(*key[1:])) if child is None else child
+
+
+def _register(registry: CollectorRegistry, namespace: str, metrics: list[Any]) -> None:
+    """Register every metric in ``registry``, or none: :class:`ConfigurationError` on a clash."""
+    for done, metric in enumerate(metrics):
+        try:
+            registry.register(metric)
+        except ValueError as exc:  # "Duplicated timeseries in CollectorRegistry"
+            for registered in metrics[:done]:
+                registry.unregister(registered)
+            raise ConfigurationError(
+                f"this registry has ratequeue's metrics (namespace {namespace!r}) already: one "
+                f"PrometheusMetrics per registry; pass registry=... or reuse the object ({exc})"
+            ) from None

@@ -35,8 +35,7 @@ ACCEPTED = (
 )
 
 _TEXT = re.compile(
-    r"^\s*(?P<count>[-+]?\d+(?:\.\d*)?)\s*(?:/|\s+per\s+)\s*(?P<size>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
-    re.IGNORECASE,
+    r"(?i)^\s*(?P<count>[-+]?\d+(?:\.\d*)?)\s*(?:/|\s+per\s+)\s*(?P<size>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$"
 )
 
 #: how :meth:`Rate.__str__` names a period of exactly one unit
@@ -53,16 +52,10 @@ class Rate:
     per: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise ConfigurationError(
-                f"a rate's count must be a whole number >= 1, got {self.count!r}; {ACCEPTED}"
-            )
-        per = _seconds(self.per)
-        if not (0.0 < per < math.inf):
-            raise ConfigurationError(
-                f"a rate's period must be a finite number of seconds > 0, got {self.per!r}"
-            )
-        object.__setattr__(self, "per", per)
+        count = self.count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigurationError(f"a rate's count must be a whole number >= 1, got {count!r}; {ACCEPTED}")
+        object.__setattr__(self, "per", _seconds(self.per))
 
     @property
     def interval(self) -> float:
@@ -106,10 +99,11 @@ def parse_rate(value: object) -> Rate:
 
 
 def _seconds(value: object) -> float:
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(
-            f"a rate's period must be seconds or a timedelta, got {type(value).__name__}"
-        )
-    return float(value)
+    """A rate's period, ``value``, as seconds (it may be a ``timedelta``): finite, > 0."""
+    seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else value
+    if isinstance(value, bool) or not isinstance(seconds, (int, float)):
+        kind = type(value).__name__
+        raise ConfigurationError(f"a rate's period must be seconds or a timedelta, got {kind}")
+    if not 0.0 < seconds < math.inf:
+        raise ConfigurationError(f"a rate's period must be a finite number of seconds > 0, got {value!r}")
+    return float(seconds)

@@ -13,7 +13,7 @@ connection. In each Python worker process, the first row builds one
 :class:`~ratequeue.Limiter` from it, which connects lazily on its first
 acquire; every later task that this worker runs, from any helper given a
 limiter of the same configuration, reuses it (:func:`process_limiter`). So
-each Python worker process is one shard (DESIGN.md §4) of the queue that the
+each Python worker process is one shard (docs/design.md, "A shard") of the queue that the
 driver's limiter names, and all of them, together with any other process
 using that queue, start one call per interval in first-come order.
 
@@ -39,13 +39,14 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from . import _validate, errors
-from ._redact import redact
+from . import errors
+from ._redact import chained, redact
+from .core.shard import Turn
 from .errors import ConfigurationError, RateQueueError
 from .limiter import Limiter
-from .shard import Turn
+from .settings import check_timeout
 
 try:
     import pyspark  # noqa: F401 - only to fail early, with a useful message
@@ -110,8 +111,7 @@ def throttled_partitions(
     def partition(rows: Iterable[T]) -> Iterator[R]:
         shard = process_limiter(config)
         for row in rows:
-            _acquire(shard, seconds)
-            yield _call(fn, row)
+            yield _at_turn(shard, seconds, fn, row)
 
     return partition
 
@@ -150,18 +150,12 @@ def throttled_batches(
         import pandas
 
         shard = process_limiter(config)
-        for frame in frames:
-            if len(frame) == 0:
-                continue
+        for frame in filter(len, frames):  # an empty frame takes no turn and makes no call
             if per == "batch":
-                _acquire(shard, seconds)
-                yield _call(fn, frame)
-                continue
-            results = []
-            for start in range(len(frame)):
-                _acquire(shard, seconds)
-                results.append(_call(fn, frame.iloc[start : start + 1]))
-            yield pandas.concat(results, ignore_index=True)
+                yield _at_turn(shard, seconds, fn, frame)
+            else:
+                results = [_at_turn(shard, seconds, fn, frame.iloc[i : i + 1]) for i in range(len(frame))]
+                yield pandas.concat(results, ignore_index=True)
 
     return batches
 
@@ -191,8 +185,7 @@ def throttled_udf(
     config, seconds = _prepare(limiter, fn, timeout)
 
     def call(*args: Any) -> Any:
-        _acquire(process_limiter(config), seconds)
-        return _call(fn, *args)
+        return _at_turn(process_limiter(config), seconds, fn, *args)
 
     call.__name__ = getattr(fn, "__name__", "throttled_udf")  # the name Spark shows in plans
     return udf(call, returnType).asNondeterministic()
@@ -210,15 +203,13 @@ def process_limiter(limiter: Limiter | bytes) -> Limiter:
     in your own executor code (``foreachPartition``, ...) to share the shard.
     """
     config = limiter if isinstance(limiter, bytes) else pickle.dumps(limiter)
-    pid = os.getpid()
     with _limiters_lock:
         entry = _limiters.get(config)
-        if entry is None or entry[0] != pid:
+        if entry is None or entry[0] != os.getpid():
             built = pickle.loads(config)  # our own limiter's configuration
             if not isinstance(built, Limiter):
                 raise ConfigurationError(f"not a pickled Limiter: {type(built).__name__}")
-            entry = (pid, built)
-            _limiters[config] = entry
+            entry = _limiters[config] = (os.getpid(), built)
         return entry[1]
 
 
@@ -230,8 +221,7 @@ def current_turn() -> Turn | None:
     process's ``time.monotonic()``), for a log line or an idempotency key.
     ``None`` outside a helper's call.
     """
-    turn: Turn | None = getattr(_current, "turn", None)
-    return turn
+    return cast("Turn | None", getattr(_current, "turn", None))
 
 
 def original_error(error: BaseException) -> RateQueueError | None:
@@ -246,19 +236,12 @@ def original_error(error: BaseException) -> RateQueueError | None:
     are read from the traceback's last line, and the context is left empty.
     """
     text = _error_text(error)
-    notes = _NOTE.findall(text)
-    if notes:
-        rebuilt = _from_note(notes[-1])
-        if rebuilt is not None:
-            return rebuilt
-    lines = _LAST_LINE.findall(text)
-    if lines:
-        cls = _error_class(lines[-1][0])
-        if cls is not None:
-            plain = cls.__new__(cls)
-            Exception.__init__(plain, lines[-1][1])
-            return plain
-    return None
+    notes, lines = _NOTE.findall(text), _LAST_LINE.findall(text)
+    rebuilt = _from_note(notes[-1]) if notes else None
+    if rebuilt is None and lines:
+        name, message = lines[-1]
+        rebuilt = _rebuilt(name, [message], {})
+    return rebuilt
 
 
 @contextmanager
@@ -297,22 +280,16 @@ def _prepare(limiter: Limiter, fn: Callable[..., Any], timeout: object) -> tuple
             "have a rate of its own; use a state every executor reaches (redis://, mongodb://, "
             "file:// on one host)"
         )
-    return pickle.dumps(limiter), _validate.timeout(timeout)
+    return pickle.dumps(limiter), check_timeout(timeout)
 
 
-def _acquire(limiter: Limiter, timeout: float | None) -> None:
+def _at_turn(limiter: Limiter, timeout: float | None, fn: Callable[..., R], *args: Any) -> R:
+    """``fn(*args)`` once a turn of ``limiter`` begins; :func:`current_turn` tells that turn meanwhile."""
     _current.turn = None
     try:
         _current.turn = limiter.acquire(timeout)
-    except RateQueueError as exc:
-        _add_note(exc)
-        raise
-
-
-def _call(fn: Callable[..., R], *args: Any) -> R:
-    try:
         return fn(*args)
-    except RateQueueError as exc:  # fn's own limiters
+    except RateQueueError as exc:  # the acquire's, or one of fn's own limiters
         _add_note(exc)
         raise
     finally:
@@ -337,23 +314,26 @@ def _add_note(error: RateQueueError) -> None:
 def _from_note(raw: str) -> RateQueueError | None:
     try:
         payload = json.loads(raw)
-        cls = _error_class(str(payload["type"]))
-        args, attrs = list(payload["args"]), dict(payload["attrs"])
+        name, args, attrs = str(payload["type"]), list(payload["args"]), dict(payload["attrs"])
     except (ValueError, KeyError, TypeError):
         return None
+    return _rebuilt(name, args, {str(key): value for key, value in attrs.items()})
+
+
+def _rebuilt(name: str, args: list[Any], attrs: dict[str, Any]) -> RateQueueError | None:
+    """The public ratequeue error named ``name``, with ``args`` and ``attrs``, built without ``__init__``."""
+    cls = _error_class(name)
     if cls is None:
         return None
     error = cls.__new__(cls)
     Exception.__init__(error, *args)
-    error.__dict__.update({str(key): value for key, value in attrs.items()})
+    error.__dict__.update(attrs)
     return error
 
 
 def _error_class(name: str) -> type[RateQueueError] | None:
     """The class called ``name`` among ratequeue's public errors (never anything else)."""
-    if name not in errors.__all__:
-        return None
-    cls = getattr(errors, name)
+    cls = getattr(errors, name) if name in errors.__all__ else None
     return cls if isinstance(cls, type) and issubclass(cls, RateQueueError) else None
 
 
@@ -365,15 +345,11 @@ def _plain(value: object) -> Any:
 def _error_text(error: BaseException) -> str:
     """The text of ``error`` and of the errors it came from (Spark puts the worker's traceback there)."""
     parts: list[str] = []
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in chained(error):
         parts.append(str(current))
         java = getattr(current, "java_exception", None)  # py4j's Py4JJavaError
         if java is not None:
             parts.append(_java_text(java))
-        current = current.__cause__ or current.__context__
     return "\n".join(parts)
 
 

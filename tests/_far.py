@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from ratequeue.protocol import Outcome
-from ratequeue.state.base import Terms
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import Answer
 from ratequeue.state.memory import MemoryState
 
 
@@ -18,20 +18,16 @@ class FarMemory(MemoryState):
         super().__init__(store, private=not store)
         self.delay = delay
         self.calls = 0
+        self.reads_monotonic = False  # as a server's clock: read only in its answers
 
     def local_now(self) -> float | None:
         return None
 
-    def _answer_late(self, answer: Outcome) -> Outcome:
+    def _answer_late(self, answer: Answer) -> Answer:
         self.calls += 1
         time.sleep(self.delay)  # the answer's way back, after the state read its clock
         return answer
 
-    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
-        return self._answer_late(super()._take_and_try(name, terms, lead_us, cost))
-
-    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
-        return self._answer_late(super()._try_start(name, terms, ticket, lead_us, cost))
-
-    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
-        return self._answer_late(super()._retime(name, terms, ticket, lead_us))
+    def _execute(self, op: Operation) -> Answer:
+        answer = super()._execute(op)
+        return self._answer_late(answer) if op.kind in ("take_and_try", "try_start", "retime") else answer

@@ -9,24 +9,26 @@ import time
 from typing import Any
 
 from ratequeue import Limiter
-from ratequeue.protocol import Started
-from ratequeue.state import from_url
+from ratequeue.core.protocol import Started
+from ratequeue.state import open_state
+
+from .ops import do
 
 
 def take_many(url: str, name: str, interval_us: int, count: int, barrier: Any) -> list[int]:
     """Take ``count`` tickets as fast as possible; return them."""
-    with from_url(url) as state:
+    with open_state(url) as state:
         barrier.wait(60)
-        return [state.take(name, interval_us).ticket for _ in range(count)]
+        return [do(state, "take", name, interval_us).ticket for _ in range(count)]
 
 
 def race_try_start(
     url: str, name: str, interval_us: int, ticket: int, lead_us: int, barrier: Any
 ) -> tuple[str, int | None]:
     """Try to start ``ticket`` at the same moment as the other racers; return the answer's kind and start."""
-    with from_url(url) as state:
+    with open_state(url) as state:
         barrier.wait(60)
-        outcome = state.try_start(name, interval_us, ticket, lead_us)
+        outcome = do(state, "try_start", name, interval_us, ticket, lead_us)
         if isinstance(outcome, Started):
             return "started", outcome.start
         return type(outcome).__name__.lower(), None

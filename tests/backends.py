@@ -11,17 +11,13 @@ import redis
 import redis.asyncio
 from pymongo import AsyncMongoClient, MongoClient
 
-from ratequeue.aio.mongodb import AsyncMongoState
-from ratequeue.aio.postgresql import AsyncPostgresState
-from ratequeue.aio.redis import AsyncRedisState
-from ratequeue.aio.state import AsyncState, ThreadedState
-from ratequeue.state import State
+from ratequeue.state import AsyncState, State, ThreadedState
 from ratequeue.state.base import Clock
 from ratequeue.state.file import FileState
 from ratequeue.state.memory import MemoryState
-from ratequeue.state.mongodb import MongoState
-from ratequeue.state.postgresql import PostgresState
-from ratequeue.state.redis import RedisState
+from ratequeue.state.mongodb import AsyncMongoState, MongoState
+from ratequeue.state.postgresql import AsyncPostgresState, PostgresState
+from ratequeue.state.redis import AsyncRedisState, RedisState
 
 from .servers import Server
 

@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from ratequeue import AcquireTimeout, QueueClosed, aio, protocol
+from ratequeue import AcquireTimeout, QueueClosed, aio
+from ratequeue.core import protocol
+from ratequeue.running import runner_of
 from ratequeue.state.memory import MemoryState
 
 from . import _workers
 from .backends import Backend
+from .ops import ado
 from .strategies import epochs_us, intervals_us
 from .strategies import operations as ops_strategy
 
@@ -44,19 +47,19 @@ def test_async_backend_answers_as_the_reference(
                 clock[0] = max(0, now + int(op[1]))  # type: ignore[call-overload]
             elif kind in ("pause", "resume"):
                 reference, changed = protocol.set_paused(reference, kind == "pause", now)
-                assert await state.set_paused(name, interval, kind == "pause") is changed
+                assert await ado(state, "set_paused", name, interval, kind == "pause") is changed
             elif kind == "take":
                 reference, taken = protocol.take(reference, now)
-                assert await state.take(name, interval) == taken
+                assert await ado(state, "take", name, interval) == taken
             elif kind == "try":
                 ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
                 lead = int(op[2])  # type: ignore[call-overload]
                 reference, outcome = protocol.try_start(reference, ticket, lead, now)
-                assert await state.try_start(name, interval, ticket, lead) == outcome
+                assert await ado(state, "try_start", name, interval, ticket, lead) == outcome
             else:
                 lead = int(op[1])  # type: ignore[call-overload]
                 reference, outcome = protocol.take_and_try(reference, lead, now)
-                assert await state.take_and_try(name, interval, lead) == outcome
+                assert await ado(state, "take_and_try", name, interval, lead) == outcome
         snapshot = await state.read(name)
         changed = any(op[0] != "clock" for op in ops)
         assert snapshot.record == (reference if changed else None)
@@ -123,7 +126,7 @@ def test_cancelling_a_waiting_task_gives_up_its_place_cleanly() -> None:
         limiter = fresh(LONG)
         await limiter.acquire()
         waiting = asyncio.create_task(limiter.acquire())
-        while limiter._shard.ticket is None:  # the task took ticket 2 and sleeps until its slot
+        while runner_of(limiter).shard.ticket is None:  # the task took ticket 2 and sleeps until its slot
             await asyncio.sleep(0)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -22,6 +22,8 @@ from ratequeue._redact import redact
 from ratequeue.errors import AcquireTimeout, ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state.file import FileState
 
+from .ops import do
+
 
 def limiter(**changes: Any) -> Callable[[], object]:
     kwargs = {"name": "q", "interval": 0.1} | changes
@@ -157,21 +159,21 @@ def test_interval_mismatch_names_both_and_changes_nothing(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda s: s.take("q", 0), "interval_us"),
-        (lambda s: s.take("q", 1.5), "interval_us"),
-        (lambda s: s.take_and_try("q", 1000, -1), "lead_us"),
-        (lambda s: s.try_start("q", 1000, 0, 0), "ticket"),
-        (lambda s: s.try_start("q", 1000, True, 0), "ticket"),
-        (lambda s: s.retime("q", 1000, 0, 0), "ticket"),
-        (lambda s: s.retime("q", 1000, 1, -5), "lead_us"),
+        (lambda s: do(s, "take", "q", 0), "interval_us"),
+        (lambda s: do(s, "take", "q", 1.5), "interval_us"),
+        (lambda s: do(s, "take_and_try", "q", 1000, -1), "lead_us"),
+        (lambda s: do(s, "try_start", "q", 1000, 0, 0), "ticket"),
+        (lambda s: do(s, "try_start", "q", 1000, True, 0), "ticket"),
+        (lambda s: do(s, "retime", "q", 1000, 0, 0), "ticket"),
+        (lambda s: do(s, "retime", "q", 1000, 1, -5), "lead_us"),
         (lambda s: s.read(""), "empty"),
         (lambda s: s.reset("x" * 500), "at most"),
-        (lambda s: s.take("q", 1000, burst=0), "burst"),
-        (lambda s: s.take("q", 1000, cost=2), r"cost .* burst \(1\)"),
-        (lambda s: s.take_and_try("q", 1000, 0, burst=3, cost=4), "cost"),
-        (lambda s: s.try_start("q", 1000, 1, 0, burst=2, cost=0), "cost"),
-        (lambda s: s.take("q", 1000, keep_us=-1), "keep_us"),
-        (lambda s: s.retime("q", 2**40, 1, 0, burst=2**20), r"burst \* interval"),
+        (lambda s: do(s, "take", "q", 1000, burst=0), "burst"),
+        (lambda s: do(s, "take", "q", 1000, cost=2), r"cost .* burst \(1\)"),
+        (lambda s: do(s, "take_and_try", "q", 1000, 0, burst=3, cost=4), "cost"),
+        (lambda s: do(s, "try_start", "q", 1000, 1, 0, burst=2, cost=0), "cost"),
+        (lambda s: do(s, "take", "q", 1000, keep_us=-1), "keep_us"),
+        (lambda s: do(s, "retime", "q", 2**40, 1, 0, burst=2**20), r"burst \* interval"),
         (lambda s: s.names("bad\nprefix"), "printable"),
         (lambda s: s.names(5), "prefix must be a string"),
     ],

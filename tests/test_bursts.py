@@ -1,4 +1,4 @@
-"""The generalised protocol (bursts and costs, DESIGN.md §7a) under shards that come and go.
+"""The generalised protocol (bursts and costs: docs/design.md) under shards that come and go.
 
 A hypothesis state machine drives several shards, each with its own FIFO of
 jobs of random costs, over the reference protocol with a fake clock: jobs
@@ -24,8 +24,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ratequeue import protocol
-from ratequeue.protocol import Passed, Record, Started, Wait
+from ratequeue.core import protocol
+from ratequeue.core.protocol import Passed, Record, Started, Wait
 
 
 @dataclass
@@ -90,7 +90,7 @@ class BurstMachine(RuleBasedStateMachine):
             self.record, outcome = protocol.try_start(self.record, model.ticket, lead, self.now, called_cost)
         if isinstance(outcome, Started):
             assert self.now <= outcome.start <= self.now + lead
-            if protocol.is_same_grant(before, outcome.ticket, self.now):
+            if protocol.repeats_start(before, outcome.ticket, self.now):
                 return  # asked again for a grant already used: the shard would not do this
             model.jobs.popleft()
             model.ticket = None

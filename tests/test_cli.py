@@ -9,6 +9,7 @@ and ``--watch`` and ``set-interval`` are in ``test_cli_admin.py``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 
 import ratequeue
+from ratequeue.state import open_state
+from ratequeue.state.file import FileState
 
 from . import servers
 
@@ -244,12 +247,46 @@ def test_reset_removes_the_record(cli: Cli, state_url: str) -> None:
     assert again.stdout.startswith("no record for queue 'q'"), again.stdout
 
 
+#: the header of a file state at ``tmp_path / "state.json"`` (its records are in ``state.json.d``)
+HEADER = b'{"format": "ratequeue-state", "records": "state.json.d", "version": 2}\n'
+
+
+def stored(ticket: int, pos: Any, at: int | None, interval: int) -> dict[str, Any]:
+    """A record's fields as the file state stores them, with burst 1, not paused, no cap."""
+    return {
+        "ticket": ticket,
+        "pos": pos,
+        "at": at,
+        "interval": interval,
+        "due": at,
+        "burst": 1,
+        "paused": False,
+        "max_running": 0,
+        "leases": [],
+        "held": None,
+    }
+
+
+def write_state(path: Path, header: bytes, records: dict[str, Any]) -> None:
+    """Write a file state at ``path`` by hand: its ``header``'s bytes, and a file per record's fields."""
+    path.write_bytes(header)
+    state = FileState(path)
+    if records:
+        state.records.mkdir()
+    for name, fields in records.items():
+        state.record_files(name)[0].write_text(json.dumps({"name": name, "record": fields}))
+
+
+def state_files(path: Path) -> dict[str, bytes]:
+    """The bytes of the file state at ``path``: its header's and its record files'."""
+    return {file.name: file.read_bytes() for file in [path, *path.with_name(f"{path.name}.d").glob("*.json")]}
+
+
 def test_reset_leaves_other_queues_alone(cli: Cli, tmp_path: Path, state_url: str) -> None:
-    path = tmp_path / "state.json"
-    path.write_text(
-        '{"format": "ratequeue-state", "version": 1, "queues": {'
-        '"a": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000},'
-        '"b": {"ticket": 8, "pos": 7, "at": 2000000, "interval": 50000}}}'
+    write_state(
+        tmp_path / "state.json",
+        HEADER,
+        {"a": stored(4, 3, 1_000_000, 20_000), "b": stored(8, 7, 2_000_000, 50_000)},
     )
     assert cli("reset", state_url, "a").returncode == 0
     assert re.search(r"^record:\s+none", cli("status", state_url, "a").stdout, re.MULTILINE)
@@ -259,34 +296,35 @@ def test_reset_leaves_other_queues_alone(cli: Cli, tmp_path: Path, state_url: st
     assert re.search(r"^interval:\s+0\.05 s$", kept.stdout, re.MULTILINE)
 
 
-CORRUPTIONS = {
-    "empty": b"",
-    "not-json": b'{"format": "ratequeue-state", "version": 1, "queues": {',
-    "binary": bytes(range(256)),
-    "not-a-state": b'{"hello": "world"}\n',
-    "other-version": b'{"format": "ratequeue-state", "version": 99, "queues": {}}',
-    "bad-record": b'{"format": "ratequeue-state", "version": 1, "queues": '
-    b'{"q": {"ticket": 1, "pos": 5, "at": null, "interval": 20000}}}',
-    "record-not-object": b'{"format": "ratequeue-state", "version": 1, "queues": {"q": [1, 2]}}',
+#: file states the commands refuse: the bytes of the header, and the stored record of queue q (or none)
+CORRUPTIONS: dict[str, tuple[bytes, Any]] = {
+    "empty": (b"", None),
+    "not-json": (b'{"format": "ratequeue-state", "version": 2, ', None),
+    "binary": (bytes(range(256)), None),
+    "not-a-state": (b'{"hello": "world"}\n', None),
+    "other-version": (b'{"format": "ratequeue-state", "version": 99}', None),
+    "bad-record": (HEADER, stored(1, 5, None, 20_000)),
+    "record-not-object": (HEADER, [1, 2]),
 }
 
 
-@pytest.mark.parametrize("content", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+@pytest.mark.parametrize(("header", "record"), CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_status_of_a_corrupted_state_fails_and_leaves_it_unchanged(
-    cli: Cli, tmp_path: Path, state_url: str, content: bytes
+    cli: Cli, tmp_path: Path, state_url: str, header: bytes, record: Any
 ) -> None:
     path = tmp_path / "state.json"
-    path.write_bytes(content)
+    write_state(path, header, {} if record is None else {"q": record})
+    before = state_files(path)
     result = cli("status", state_url, "q")
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith("ratequeue: error:"), result.stderr
     assert str(path) in result.stderr  # says which file
     assert "Traceback" not in result.stderr
-    assert path.read_bytes() == content
+    assert state_files(path) == before
 
 
 @pytest.mark.parametrize(
-    "content", [CORRUPTIONS["not-json"], CORRUPTIONS["not-a-state"]], ids=["not-json", "not-a-state"]
+    "content", [CORRUPTIONS["not-json"][0], CORRUPTIONS["not-a-state"][0]], ids=["not-json", "not-a-state"]
 )
 def test_demo_on_a_corrupted_state_fails_and_leaves_it_unchanged(
     cli: Cli, tmp_path: Path, state_url: str, content: bytes
@@ -313,21 +351,17 @@ def test_reset_of_a_corrupted_file_fails_and_leaves_it_unchanged(
 ) -> None:
     # docs/file-state.md: a bad file is never overwritten, not even by reset; move it aside
     path = tmp_path / "state.json"
-    path.write_bytes(CORRUPTIONS[name])
+    path.write_bytes(CORRUPTIONS[name][0])
     result = cli("reset", state_url, "q")
     assert result.returncode == 2, result.stdout + result.stderr
     assert str(path) in result.stderr
     assert "Traceback" not in result.stderr
-    assert path.read_bytes() == CORRUPTIONS[name]
+    assert path.read_bytes() == CORRUPTIONS[name][0]
 
 
 def test_reset_recovers_one_bad_record_and_keeps_the_others(cli: Cli, tmp_path: Path, state_url: str) -> None:
     path = tmp_path / "state.json"
-    path.write_text(
-        '{"format": "ratequeue-state", "version": 1, "queues": {'
-        '"bad": {"ticket": 13, "pos": "x", "at": null, "interval": 20000},'
-        '"good": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000}}}'
-    )
+    write_state(path, HEADER, {"bad": stored(13, "x", None, 20_000), "good": stored(4, 3, 1_000_000, 20_000)})
     bad = cli("status", state_url, "bad")
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert f"{path}#bad" in bad.stderr  # names the file and the record
@@ -572,14 +606,12 @@ def test_demo_says_one_process_and_one_start_in_the_singular(cli: Cli, state_url
 
 @pytest.mark.processes
 def test_demo_without_a_name_uses_a_fresh_queue_and_leaves_no_record(cli: Cli, state_url: str) -> None:
-    from ratequeue.state import from_url
-
     ratequeue.Limiter(state_url, name="real", interval=0.5).acquire()
     result = _quick_demo(cli, state_url, "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
     header = re.search(r"\(queue '(ratequeue-demo-[0-9a-f]+)', deleted at the end\)", result.stdout)
     assert header, result.stdout
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         assert state.names() == ["real"]  # the demo's record is gone; the other queue is untouched
         record = state.read("real").record
     assert record is not None
@@ -588,10 +620,8 @@ def test_demo_without_a_name_uses_a_fresh_queue_and_leaves_no_record(cli: Cli, s
 
 @pytest.mark.processes
 def test_demo_refuses_a_queue_that_has_a_record_unless_reset(cli: Cli, state_url: str) -> None:
-    from ratequeue.state import from_url
-
     ratequeue.Limiter(state_url, name="prod", interval=0.5).acquire()
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         before = state.read("prod").record
     refused = _quick_demo(cli, state_url, "--name", "prod")
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -599,13 +629,13 @@ def test_demo_refuses_a_queue_that_has_a_record_unless_reset(cli: Cli, state_url
     assert "--reset" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert refused.stdout == ""  # refused before anything is printed
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         assert state.read("prod").record == before  # untouched: interval 0.5 s, its ticket and start
 
     reset = _quick_demo(cli, state_url, "--name", "prod", "--reset", "--quiet")
     assert reset.returncode == 0, reset.stdout + reset.stderr
     assert "(queue 'prod', kept at the end)" in reset.stdout
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         after = state.read("prod").record
     assert after is not None
     assert after.interval == 20_000  # reset on purpose, and kept for status to show
@@ -701,9 +731,7 @@ def test_ctrl_c_stops_the_demo_without_a_traceback(cli: Cli, state_url: str) -> 
     assert "Traceback" not in err, err
     assert err.strip() == "ratequeue: interrupted", err
     assert "summary:" not in out
-    from ratequeue.state import from_url
-
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         assert state.names() == []  # the demo's fresh queue was deleted on the way out
 
 
@@ -730,9 +758,7 @@ def test_sigterm_or_sighup_to_the_demo_ends_its_workers_and_deletes_its_record(
     assert demo.returncode == 128 + signum, out + err
     assert err.strip() == f"ratequeue: ended by {name}", err
     assert "summary:" not in out
-    from ratequeue.state import from_url
-
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         assert state.names() == []  # the demo's fresh queue was deleted on the way out
 
 
@@ -770,9 +796,7 @@ def test_a_demo_whose_output_is_closed_ends_with_141_and_cleans_up(cli: Cli, sta
         _stop_group(demo)
     assert demo.returncode == 141, err  # 128 + SIGPIPE, as a shell reports it
     assert err == "", err  # no traceback, no "Exception ignored" at exit
-    from ratequeue.state import from_url
-
-    with from_url(state_url) as state:
+    with open_state(state_url) as state:
         assert state.names() == []
 
 
@@ -797,8 +821,8 @@ def test_the_watch_does_not_catch_up_in_a_burst_after_a_slow_read(monkeypatch: p
     import io
     import types
 
-    from ratequeue import _cli_watch
-    from ratequeue.state.base import Snapshot
+    from ratequeue.cli import watch
+    from ratequeue.state import Snapshot
 
     clock = [0.0]
     reads: list[float] = []
@@ -823,10 +847,10 @@ def test_the_watch_does_not_catch_up_in_a_burst_after_a_slow_read(monkeypatch: p
         clock[0] += seconds
 
     fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep)
-    monkeypatch.setattr(_cli_watch, "time", fake_time)
-    monkeypatch.setattr(_cli_watch, "open_state", lambda url: SlowOnceState())
+    monkeypatch.setattr(watch, "time", fake_time)
+    monkeypatch.setattr(watch, "opened_state", lambda url: SlowOnceState())
     args = argparse.Namespace(url="x", name="q", every=1.0, count=6, json=True)
-    assert _cli_watch.run(args, io.StringIO()) == 0
+    assert watch.run(args, io.StringIO()) == 0
     assert reads == [0.0, 1.0, 11.0, 12.0, 13.0, 14.0]
 
 
@@ -834,11 +858,8 @@ def test_list_names_a_stored_name_that_is_not_a_valid_queue_name_and_lists_the_r
     cli: Cli, tmp_path: Path, state_url: str
 ) -> None:
     """A foreign key under a Redis prefix, say: its control character shown escaped, the others listed."""
-    (tmp_path / "state.json").write_text(
-        '{"format": "ratequeue-state", "version": 1, "queues": {'
-        '"a\\u0001b": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000},'
-        '"good": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000}}}'
-    )
+    good = stored(4, 3, 1_000_000, 20_000)
+    write_state(tmp_path / "state.json", HEADER, {"a\x01b": good, "good": good})
     for args in ([], ["--json"]):
         result = cli("list", state_url, *args)
         assert result.returncode == 2, result.stdout + result.stderr

@@ -12,18 +12,18 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import ratequeue
-from ratequeue._cli_interval import _waiting_tickets, _whole_again
-from ratequeue.protocol import NEVER, Record
-from ratequeue.state import from_url
+from ratequeue.cli.interval import _waiting_tickets, _whole_again
+from ratequeue.core.operation import Terms, operation
+from ratequeue.core.protocol import NEVER, Record
+from ratequeue.state import open_state
 
-from .test_cli import TIMEOUT, Cli
+from .test_cli import HEADER, TIMEOUT, Cli, stored, write_state
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def state_url(tmp_path: Path) -> str:
 
 
 def _record(url: str, name: str) -> Record | None:
-    with from_url(url) as state:
+    with open_state(url) as state:
         return state.read(name).record
 
 
@@ -63,18 +63,18 @@ QUEUE_FIELDS = [
 def queues(state_url: str) -> Iterator[str]:
     """A state with four queues: a group's two keys (burst 3), a capped queue with a job running and a
     ticket not started, and a paused one; the URL."""
-    group = ratequeue.LimiterGroup(state_url, name="tenants", rate="100/s", burst=3)
+    # max_late=None: on a loaded host a late wake-up would give the first turn up for a new
+    # ticket (G7), and the counts the tests read would differ
+    group = ratequeue.LimiterGroup(state_url, name="tenants", rate="100/s", burst=3, max_late=None)
     for key in ("acme", "globex"):
         group[key].acquire()
     group.close()
-    # max_late=None: on a loaded host a late wake-up would give the first turn up for a new
-    # ticket (G7), and the counts the tests read would differ
     capped = ratequeue.Limiter(state_url, name="api", interval=0.1, max_running=3, lease=60, max_late=None)
     turn = capped.acquire()
-    with from_url(state_url) as state:
-        state.take("api", 100_000, max_running=3, lease_us=60 * 1_000_000)
-        ratequeue.Limiter(state, name="reports", interval=2).acquire()
-        state.set_paused("reports", 2_000_000, True)
+    with open_state(state_url) as state:
+        state.execute(operation("take", "api", Terms.checked(100_000, 1, 0, 3, 60 * 1_000_000)))
+        ratequeue.Limiter(state, name="reports", interval=2, max_late=None).acquire()
+        state.execute(operation("set_paused", "reports", Terms.checked(2_000_000), paused=True))
     yield state_url
     capped.release(turn)
     capped.close()
@@ -159,7 +159,7 @@ def test_status_json(cli: Cli, queues: str) -> None:
     assert status["name"] == "api"
     assert status["exists"] is True
     assert (status["tickets"], status["pos"], status["unstarted"], status["running"]) == (2, 1, 1, 1)
-    with from_url(queues) as state:
+    with open_state(queues) as state:
         now = state.read("api").now
     assert status["now_us"] <= now
 
@@ -250,8 +250,8 @@ def test_watch_ends_with_status_0_on_ctrl_c(cli: Cli, state_url: str) -> None:
 def test_set_interval_refuses_a_queue_with_a_ticket_not_started(cli: Cli, state_url: str) -> None:
     # the ticket's slot is 5 s after the start: its holder may still be waiting for it for 10 s
     ratequeue.Limiter(state_url, name="q", interval=5).acquire()
-    with from_url(state_url) as state:
-        state.take("q", 5_000_000)
+    with open_state(state_url) as state:
+        state.execute(operation("take", "q", Terms.checked(5_000_000)))
     before = _record(state_url, "q")
     result = cli("set-interval", state_url, "q", "0.1")
     assert result.returncode == 2, result.stdout + result.stderr
@@ -374,11 +374,8 @@ def test_set_interval_json_says_on_stderr_what_it_waits_for(cli: Cli, state_url:
 def test_list_shows_the_readable_queues_and_names_a_bad_record(
     cli: Cli, tmp_path: Path, state_url: str
 ) -> None:
-    (tmp_path / "state.json").write_text(
-        '{"format": "ratequeue-state", "version": 1, "queues": {'
-        '"bad": {"ticket": 13, "pos": "x", "at": null, "interval": 20000},'
-        '"good": {"ticket": 4, "pos": 3, "at": 1000000, "interval": 20000}}}'
-    )
+    good, bad = stored(4, 3, 1_000_000, 20_000), stored(13, "x", None, 20_000)
+    write_state(tmp_path / "state.json", HEADER, {"bad": bad, "good": good})
     result = cli("list", state_url)
     assert result.returncode == 2, result.stdout + result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == ["NAME", "good"]
@@ -427,7 +424,7 @@ def test_tickets_of_gone_holders_and_the_units_of_a_cost_do_not_count_as_waiting
     assert _waiting_tickets(record, 10 * second) == 2, "their slots (11 s, 12 s) may still have holders"
     assert _waiting_tickets(record, 13 * second - 1) == 2
     assert _waiting_tickets(record, 13 * second) == 0, "take passes them now: nobody waits for them"
-    assert _waiting_tickets(replace(record, ticket=2), 10 * second) == 0
+    assert _waiting_tickets(record._replace(ticket=2), 10 * second) == 0
 
 
 def test_a_record_is_whole_again_after_its_burst_units_under_the_longer_interval() -> None:

@@ -4,7 +4,7 @@ One table of backends (``backend`` in conftest: memory, file, redis, mongodb,
 the last two on real servers started by the tests) runs the same suite.
 Hypothesis generates operation sequences and clock movements; each backend,
 driven with the same ``now`` through its test-only clock, must give the same
-answers as :mod:`ratequeue.protocol` and end with the same record.
+answers as :mod:`ratequeue.core.protocol` and end with the same record.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from hypothesis import given
 
-from ratequeue import protocol
 from ratequeue._redact import redact
+from ratequeue.core import protocol
+from ratequeue.core.protocol import Started
 from ratequeue.errors import ConfigurationError, TermsMismatch
-from ratequeue.protocol import Started
 from ratequeue.state.redis import RedisState
 
 from . import _workers
 from .backends import Backend
+from .ops import ado, do
 from .strategies import (
     burst_operations,
     bursts,
@@ -64,24 +65,24 @@ def test_backend_answers_as_the_reference(
             continue
         elif kind in ("pause", "resume"):
             reference, changed = protocol.set_paused(reference, kind == "pause", now)
-            assert state.set_paused(name, interval, kind == "pause") is changed
+            assert do(state, "set_paused", name, interval, kind == "pause") is changed
         elif kind == "take":
             reference, expected_taken = protocol.take(reference, now)
-            assert state.take(name, interval) == expected_taken
+            assert do(state, "take", name, interval) == expected_taken
         elif kind == "try":
             ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.try_start(reference, ticket, lead, now)
-            assert state.try_start(name, interval, ticket, lead) == expected_outcome
+            assert do(state, "try_start", name, interval, ticket, lead) == expected_outcome
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
-            assert state.retime(name, interval, ticket, lead) == expected_outcome
+            assert do(state, "retime", name, interval, ticket, lead) == expected_outcome
         else:
             lead = int(op[1])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.take_and_try(reference, lead, now)
-            assert state.take_and_try(name, interval, lead) == expected_outcome
+            assert do(state, "take_and_try", name, interval, lead) == expected_outcome
         if kind != "clock":
             created = True
     assert state.read(name).record == (reference if created else None)
@@ -117,29 +118,36 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
             continue
         if kind in ("pause", "resume"):
             reference, changed = protocol.set_paused(reference, kind == "pause", now)
-            assert state.set_paused(name, interval, kind == "pause", burst=burst, keep_us=keep) is changed
+            assert (
+                do(state, "set_paused", name, interval, kind == "pause", burst=burst, keep_us=keep) is changed
+            )
         elif kind == "take":
             cost = 1 + int(op[1]) % burst  # type: ignore[call-overload]
             reference, expected_taken = protocol.take(reference, now, cost)
-            assert state.take(name, interval, burst=burst, cost=cost, keep_us=keep) == expected_taken
+            assert do(state, "take", name, interval, burst=burst, cost=cost, keep_us=keep) == expected_taken
             costs[expected_taken.ticket] = cost
         elif kind == "try":
             ticket, cost = pick_ticket(int(op[1]), costs, reference.ticket)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, cost)
-            answer = state.try_start(name, interval, ticket, lead, burst=burst, cost=cost, keep_us=keep)
+            answer = do(
+                state, "try_start", name, interval, ticket, lead, burst=burst, cost=cost, keep_us=keep
+            )
             assert answer == expected_outcome
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
-            assert state.retime(name, interval, ticket, lead, burst=burst, keep_us=keep) == expected_outcome
+            assert (
+                do(state, "retime", name, interval, ticket, lead, burst=burst, keep_us=keep)
+                == expected_outcome
+            )
         else:
             lead, cost = int(op[1]), 1 + int(op[2]) % burst  # type: ignore[call-overload]
             costs[reference.ticket] = cost
             reference, expected_outcome = protocol.take_and_try(reference, lead, now, cost)
             assert (
-                state.take_and_try(name, interval, lead, burst=burst, cost=cost, keep_us=keep)
+                do(state, "take_and_try", name, interval, lead, burst=burst, cost=cost, keep_us=keep)
                 == expected_outcome
             )
         created = True
@@ -176,32 +184,32 @@ def test_backend_answers_as_the_reference_with_leases(
             continue
         if kind in ("pause", "resume"):
             reference, changed = protocol.set_paused(reference, kind == "pause", now)
-            assert state.set_paused(name, interval, kind == "pause", **terms) is changed
+            assert do(state, "set_paused", name, interval, kind == "pause", **terms) is changed
         elif kind == "take":
             reference, expected_taken = protocol.take(reference, now)
-            assert state.take(name, interval, **terms) == expected_taken
+            assert do(state, "take", name, interval, **terms) == expected_taken
         elif kind == "try":
             ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, 1, lease)
-            assert state.try_start(name, interval, ticket, lead, **terms) == expected_outcome
+            assert do(state, "try_start", name, interval, ticket, lead, **terms) == expected_outcome
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
-            assert state.retime(name, interval, ticket, lead, **terms) == expected_outcome
+            assert do(state, "retime", name, interval, ticket, lead, **terms) == expected_outcome
         elif kind == "release":
             ticket = lease_ticket(int(op[1]), reference.leases, reference.ticket)  # type: ignore[call-overload]
             reference, released = protocol.release(reference, ticket, now)
-            assert state.release(name, interval, ticket, **terms) is released
+            assert do(state, "release", name, interval, ticket, **terms) is released
         elif kind == "renew":
             ticket = lease_ticket(int(op[1]), reference.leases, reference.ticket)  # type: ignore[call-overload]
             reference, renewed = protocol.renew(reference, ticket, lease, now)
-            assert state.renew(name, interval, ticket, **terms) is renewed
+            assert do(state, "renew", name, interval, ticket, **terms) is renewed
         else:
             lead = int(op[1])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.take_and_try(reference, lead, now, 1, lease)
-            assert state.take_and_try(name, interval, lead, **terms) == expected_outcome
+            assert do(state, "take_and_try", name, interval, lead, **terms) == expected_outcome
         created = True
     assert state.read(name).record == (reference if created else None)
     state.reset(name)  # keep the store small: secantusdb slows down as its documents add up
@@ -211,12 +219,12 @@ def test_max_running_is_fixed_per_queue(backend: Backend) -> None:
     """A queue's cap on running jobs is stored with it: another cap, or none, is refused, changing nothing."""
     state = backend.open()
     name = backend.fresh_name()
-    started = state.take_and_try(name, 10_000, 0, max_running=2, lease_us=1_000_000)
+    started = do(state, "take_and_try", name, 10_000, 0, max_running=2, lease_us=1_000_000)
     assert isinstance(started, Started)
     before = state.read(name).record
     for other in ({"max_running": 3, "lease_us": 1_000_000}, {}):
         with pytest.raises(ConfigurationError, match="max_running"):
-            state.take(name, 10_000, **other)
+            do(state, "take", name, 10_000, **other)
     assert state.read(name).record == before
     assert before is not None
     assert before.max_running == 2
@@ -229,26 +237,30 @@ def test_pause_and_resume_create_a_missing_record_with_their_terms(backend: Back
     state, clock = backend.clocked()
     clock[0] = 10**15
     paused, resumed = backend.fresh_name(), backend.fresh_name()
-    assert state.set_paused(paused, 20_000, True, burst=3) is True
+    assert do(state, "set_paused", paused, 20_000, True, burst=3) is True
     assert state.read(paused).record == protocol.Record(
         ticket=1, pos=0, at=protocol.NEVER, interval=20_000, burst=3, due=protocol.NEVER, paused=True
     )
-    assert state.set_paused(resumed, 20_000, False) is False, "created, not paused: the flag did not change"
+    assert do(state, "set_paused", resumed, 20_000, False) is False, (
+        "created, not paused: the flag did not change"
+    )
     assert state.read(resumed).record == protocol.new_record(20_000)
     before = state.read(paused).record
     for call in (
-        lambda: state.set_paused(paused, 10_000, False, burst=3),
-        lambda: state.set_paused(paused, 10_000, True, burst=3),
+        lambda: do(state, "set_paused", paused, 10_000, False, burst=3),
+        lambda: do(state, "set_paused", paused, 10_000, True, burst=3),
     ):
         with pytest.raises(ConfigurationError, match=r"interval 0\.02 s .* not 0\.01 s"):
             call()
     with pytest.raises(ConfigurationError, match="burst 3"):
-        state.set_paused(paused, 20_000, False)
+        do(state, "set_paused", paused, 20_000, False)
     assert state.read(paused).record == before
     # paused: tickets are handed out, none starts; resumed: the first starts at once
-    assert state.take_and_try(paused, 20_000, 0, burst=3) == protocol.Wait(1, 10**15 + protocol.US, 10**15)
-    assert state.set_paused(paused, 20_000, False, burst=3) is True
-    assert state.try_start(paused, 20_000, 1, 0, burst=3) == Started(1, 10**15, 10**15)
+    assert do(state, "take_and_try", paused, 20_000, 0, burst=3) == protocol.Wait(
+        1, 10**15 + protocol.US, 10**15
+    )
+    assert do(state, "set_paused", paused, 20_000, False, burst=3) is True
+    assert do(state, "try_start", paused, 20_000, 1, 0, burst=3) == Started(1, 10**15, 10**15)
     state.reset(paused)
     state.reset(resumed)
 
@@ -259,18 +271,18 @@ def test_a_paused_record_with_a_keep_time_is_kept_until_resumed(backend: Backend
     clock[0] = 10**15
     name = backend.fresh_name()
     keep = 10**9 if backend.kind == "redis" else 5000
-    state.take_and_try(name, 1000, 0, keep_us=keep)
-    state.set_paused(name, 1000, True, keep_us=keep)
+    do(state, "take_and_try", name, 1000, 0, keep_us=keep)
+    do(state, "set_paused", name, 1000, True, keep_us=keep)
     if isinstance(state, RedisState):
         assert state.client.pttl(state.key(name)) == -1, "paused: no TTL"
-        state.set_paused(name, 1000, False, keep_us=keep)
+        do(state, "set_paused", name, 1000, False, keep_us=keep)
         assert state.client.pttl(state.key(name)) > 0, "resumed: a TTL again"
         state.reset(name)
         return
     clock[0] += 10**9
     state.sweep()
     assert state.names(name) == [name], "paused: kept, however long idle"
-    state.set_paused(name, 1000, False, keep_us=keep)
+    do(state, "set_paused", name, 1000, False, keep_us=keep)
     clock[0] += keep + 1
     state.sweep()
     assert state.names(name) == [], "resumed: gone once idle past the keep time"
@@ -279,14 +291,14 @@ def test_a_paused_record_with_a_keep_time_is_kept_until_resumed(backend: Backend
 def test_burst_mismatch_changes_nothing(backend: Backend) -> None:
     state = backend.open()
     name = backend.fresh_name()
-    state.take_and_try(name, 10_000, 0, burst=3)
+    do(state, "take_and_try", name, 10_000, 0, burst=3)
     before = state.read(name).record
     for call in (
-        lambda: state.take(name, 10_000),
-        lambda: state.take_and_try(name, 10_000, 0, burst=4),
-        lambda: state.try_start(name, 10_000, 1, 0, burst=2),
-        lambda: state.retime(name, 10_000, 1, 0),
-        lambda: state.set_paused(name, 10_000, True),
+        lambda: do(state, "take", name, 10_000),
+        lambda: do(state, "take_and_try", name, 10_000, 0, burst=4),
+        lambda: do(state, "try_start", name, 10_000, 1, 0, burst=2),
+        lambda: do(state, "retime", name, 10_000, 1, 0),
+        lambda: do(state, "set_paused", name, 10_000, True),
     ):
         with pytest.raises(TermsMismatch, match="burst 3") as raised:
             call()
@@ -304,8 +316,8 @@ def test_records_with_a_keep_time_are_listed_and_go_when_idle(backend: Backend) 
     prefix = backend.fresh_name()
     kept, forever = f"{prefix}-kept", f"{prefix}-forever"
     keep = 10**9 if backend.kind == "redis" else 5000  # Redis's TTL runs in real time: 1000 s, not 5 ms
-    state.take_and_try(kept, 1000, 0, burst=2, keep_us=keep)
-    state.take_and_try(forever, 1000, 0, burst=2)
+    do(state, "take_and_try", kept, 1000, 0, burst=2, keep_us=keep)
+    do(state, "take_and_try", forever, 1000, 0, burst=2)
     assert state.names(prefix) == [forever, kept]
     assert state.names(prefix + "-k") == [kept]
     if isinstance(state, RedisState):
@@ -327,14 +339,14 @@ def test_records_with_a_keep_time_are_listed_and_go_when_idle(backend: Backend) 
 def test_interval_mismatch_changes_nothing(backend: Backend) -> None:
     state = backend.open()
     name = backend.fresh_name()
-    state.take_and_try(name, 10_000, 0)
+    do(state, "take_and_try", name, 10_000, 0)
     before = state.read(name).record
     for call in (
-        lambda: state.take(name, 20_000),
-        lambda: state.take_and_try(name, 20_000, 0),
-        lambda: state.try_start(name, 20_000, 1, 0),
-        lambda: state.retime(name, 20_000, 1, 0),
-        lambda: state.set_paused(name, 20_000, True),
+        lambda: do(state, "take", name, 20_000),
+        lambda: do(state, "take_and_try", name, 20_000, 0),
+        lambda: do(state, "try_start", name, 20_000, 1, 0),
+        lambda: do(state, "retime", name, 20_000, 1, 0),
+        lambda: do(state, "set_paused", name, 20_000, True),
     ):
         with pytest.raises(TermsMismatch, match=r"interval 0\.01 s .* not 0\.02 s") as raised:
             call()
@@ -358,9 +370,9 @@ def test_interval_mismatch_names_the_command_on_asyncio(backend: Backend) -> Non
         state = backend.open_async()
         name = backend.fresh_name()
         try:
-            await state.take(name, 10_000)
+            await ado(state, "take", name, 10_000)
             with pytest.raises(TermsMismatch) as raised:
-                await state.take(name, 30_000)
+                await ado(state, "take", name, 30_000)
             await state.reset(name)
             return raised.value
         finally:
@@ -380,9 +392,9 @@ def test_reset_and_read(backend: Backend) -> None:
     name = backend.fresh_name()
     assert state.read(name).record is None
     assert state.reset(name) is False
-    state.take(name, 1000)
+    do(state, "take", name, 1000)
     record = state.read(name).record
-    assert record == protocol.Record(ticket=2, pos=0, at=protocol.NEVER, interval=1000)
+    assert record == protocol.Record(ticket=2, pos=0, at=protocol.NEVER, interval=1000, due=protocol.NEVER)
     assert state.reset(name) is True
     assert state.read(name).record is None
 
@@ -391,8 +403,8 @@ def test_the_state_clock_moves(backend: Backend) -> None:
     """Without a test clock, ``now`` comes from the state's own clock and moves forward."""
     state = backend.open()
     name = backend.fresh_name()
-    first = state.take_and_try(name, 1000, 0)
-    second = state.take_and_try(name, 1000, 10_000_000)
+    first = do(state, "take_and_try", name, 1000, 0)
+    second = do(state, "take_and_try", name, 1000, 10_000_000)
     assert isinstance(first, Started)
     assert isinstance(second, Started)
     assert second.start - first.start >= 1000
@@ -431,8 +443,8 @@ def test_racers_on_one_ticket_share_its_one_start(shared_backend: Backend) -> No
     interval = 10_000_000
     name = shared_backend.fresh_name()
     state = shared_backend.open()
-    assert isinstance(state.take_and_try(name, interval, 0), Started)
-    ticket = state.take(name, interval).ticket
+    assert isinstance(do(state, "take_and_try", name, interval, 0), Started)
+    ticket = do(state, "take", name, interval).ticket
     answers = race(shared_backend, [(name, interval, ticket, interval)] * 8)
     assert {kind for kind, _ in answers} == {"started"}
     starts = {start for _, start in answers}
@@ -447,8 +459,8 @@ def test_racers_on_eight_tickets_start_an_interval_apart_in_order(shared_backend
     """8 processes try to start 8 tickets at once: the starts stay spaced and ordered (atomic CAS)."""
     name = shared_backend.fresh_name()
     state = shared_backend.open()
-    assert isinstance(state.take_and_try(name, 1000, 0), Started)
-    tickets = [state.take(name, 1000).ticket for _ in range(8)]
+    assert isinstance(do(state, "take_and_try", name, 1000, 0), Started)
+    tickets = [do(state, "take", name, 1000).ticket for _ in range(8)]
     answers = race(shared_backend, [(name, 1000, ticket, 10_000_000) for ticket in tickets])
     started = sorted((ticket, start) for ticket, (kind, start) in zip(tickets, answers, strict=True) if start)
     assert started, "the first racer to arrive starts"

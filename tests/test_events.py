@@ -33,12 +33,15 @@ import pytest
 
 import ratequeue
 from ratequeue import AcquireTimeout, Backoff, ConfigurationError, Event, StateCorrupted, aio
+from ratequeue.core.flow import Flow
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import Started, Wait
 from ratequeue.events import KINDS, flush
-from ratequeue.protocol import Started, Wait
-from ratequeue.shard import Shard, TakeAndTry, TryStart
+from ratequeue.running import runner_of
 from ratequeue.state.memory import MemoryState
 
 from ._far import FarMemory
+from .ops import is_step, make_shard
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -116,24 +119,26 @@ def after_answers(state: Any, then: Callable[[object], object]) -> None:
     -- where a hook ran before hooks were delivered off the acquire path.
     Works on thread and asyncio states alike.
     """
-    for name in ("take_and_try", "try_start", "retime"):
-        original = getattr(state, name)
-        if inspect.iscoroutinefunction(original):
+    original = state.execute
+    tries = ("take_and_try", "try_start", "retime")
+    if inspect.iscoroutinefunction(original):
 
-            async def wrapper_async(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-                answer = await _original(*args, **kwargs)
+        async def wrapper_async(op: Operation) -> Any:
+            answer = await original(op)
+            if op.kind in tries:
                 then(answer)
-                return answer
+            return answer
 
-            setattr(state, name, functools.wraps(original)(wrapper_async))
-        else:
+        state.execute = wrapper_async
+    else:
 
-            def wrapper(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-                answer = _original(*args, **kwargs)
+        def wrapper(op: Operation) -> Any:
+            answer = original(op)
+            if op.kind in tries:
                 then(answer)
-                return answer
+            return answer
 
-            setattr(state, name, functools.wraps(original)(wrapper))
+        state.execute = wrapper
 
 
 def subsequence(wanted: list[str], found: list[str]) -> bool:
@@ -237,17 +242,18 @@ def test_late_wake_ups_are_reported_moved_then_given_up() -> None:
     hook = Recorder()
     limiter = ratequeue.Limiter(f"memory://{fresh()}", name=fresh(), interval=0.1, clock=clock, on_event=hook)
     after_answers(limiter.state, wake_late)
-    call_state = limiter._call_state
+    runner = runner_of(limiter)
+    call_flow = runner.call_flow
 
-    def answered_then_late(*args: Any) -> Any:
+    def answered_then_late(op: Operation, lost: Any = None) -> Flow[Any]:
         """The answer is read; the process resumes 30 ms later, past max_late."""
-        answer = call_state(*args)
+        timed = yield from call_flow(op, lost)
         if woken_late[0]:
             woken_late[0] = False
             clock.shift += 0.03
-        return answer
+        return timed
 
-    limiter._call_state = answered_then_late  # type: ignore[method-assign]
+    runner.call_flow = answered_then_late  # type: ignore[method-assign]
     turn = limiter.acquire()
     limiter.close()
 
@@ -310,7 +316,7 @@ def test_on_event_must_be_callable_and_is_not_pickled() -> None:
         ratequeue.Limiter("memory://", name="x", interval=1.0, on_event="print")  # type: ignore[arg-type]
     limiter = ratequeue.Limiter("memory://", name=fresh(), interval=1.0, on_event=Recorder())
     copy = pickle.loads(pickle.dumps(limiter))
-    assert copy._on_event is None
+    assert not runner_of(copy).reporter.on
 
 
 def test_a_coroutine_function_hook_is_refused() -> None:
@@ -397,7 +403,8 @@ def test_an_interrupted_begin_gives_its_place_back() -> None:
         max_late=None,
         on_event=Recorder(),
     )
-    report_start = limiter._report_start
+    reporter = runner_of(limiter).reporter
+    report_start = reporter.start
     interrupted: list[int] = []
 
     def interrupt_once(turn: ratequeue.Turn, now: float, since: float) -> None:
@@ -406,7 +413,7 @@ def test_an_interrupted_begin_gives_its_place_back() -> None:
             raise KeyboardInterrupt
         report_start(turn, now, since)
 
-    limiter._report_start = interrupt_once  # type: ignore[method-assign]
+    reporter.start = interrupt_once  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         limiter.acquire()
     began = time.monotonic()
@@ -465,7 +472,9 @@ def test_a_reservation_waited_for_twice_begins_once() -> None:
     assert turn is not None
     assert limiter.release(turn)
     assert reservation.wait(timeout=LONG) is turn, "the same turn, not begun again"
-    assert len(limiter._leases) == 0, "no lease held again for a job that has ended"
+    leases = runner_of(limiter).leases
+    assert leases is not None
+    assert len(leases.book) == 0, "no lease held again for a job that has ended"
     limiter.acquire(timeout=LONG / 2)  # the only place is free
     limiter.close()
     assert [event.ticket for event in hook.of("start")] == [1, 2]
@@ -562,16 +571,16 @@ def test_a_group_reports_each_key_as_its_queue() -> None:
 
 def test_the_shard_counts_a_state_clock_that_steps_back() -> None:
     """A server's clock (no direct offset): an answer bounding the offset far above the best is a step."""
-    shard = Shard(1.0)
+    shard = make_shard(1.0)
     job = shard.add()
-    assert isinstance(shard.step(job, 0.0), TakeAndTry)
+    assert is_step(shard.step(job, 0.0), "take_and_try")
     shard.receive(job, Wait(ticket=1, slot=1_200_000, now=1_000_000), 0.0, 0.001)
-    assert shard.clock_steps == 0
-    assert isinstance(shard.step(job, 0.2), TryStart)  # at its slot
+    assert shard.estimator.steps == 0
+    assert is_step(shard.step(job, 0.2), "try_start")  # at its slot
     # 0.2 s later on this host, the state's clock says 0.1 s later: it stepped back by 0.1 s
     shard.receive(job, Wait(ticket=1, slot=1_200_000, now=1_100_000), 0.2, 0.201)
-    assert shard.clock_steps == 1
-    assert shard.clock_step == pytest.approx(0.1, abs=0.002)
+    assert shard.estimator.steps == 1
+    assert shard.estimator.step == pytest.approx(0.1, abs=0.002)
 
 
 # --------------------------------------------------------------------------- Prometheus

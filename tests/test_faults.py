@@ -60,12 +60,14 @@ import redis
 from pymongo import MongoClient
 
 from ratequeue import Limiter
+from ratequeue.core.protocol import NEVER
 from ratequeue.errors import RateQueueError, StateCorrupted
-from ratequeue.state import from_url
+from ratequeue.state import open_state
 from ratequeue.state.file import FileState
 
 from . import _workers, servers
 from ._procs import Fleet, Spec, Start
+from .ops import do
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -217,7 +219,7 @@ def check_outcomes(out: Outcomes, url: str, *, all_turned: bool) -> None:
         assert [t.ticket for t in ordered] == sorted(t.ticket for t in turns), f"{name}: G2"
         short = [(a, b) for a, b in itertools.pairwise(ordered) if b.start_us - a.start_us < INTERVAL_US]
         assert not short, f"{name}: starts closer than the interval: {short}"
-        with from_url(url) as state:
+        with open_state(url) as state:
             record = state.read(name).record
         assert record is not None
         assert record.ticket > max(t.ticket for t in turns), (name, record)
@@ -354,7 +356,7 @@ def test_sigkill_of_all_but_one_process(kind: str, tmp_path: Path, request: pyte
     span = alone[-1].start_us - alone[0].start_us
     assert span <= (len(alone) - 1 + lost) * INTERVAL_US + ALLOWANCE_US, (span, len(alone), lost)
 
-    with from_url(url) as state:
+    with open_state(url) as state:
         record = state.read(name).record
     assert record is not None
     assert record.ticket > max(s.ticket for s in starts)
@@ -448,6 +450,7 @@ def test_sigstop_of_the_file_lock_holder(tmp_path: Path) -> None:
 DISK_FULL = """
 import json, resource, signal, sys
 from ratequeue import Limiter
+from ratequeue.core.protocol import NEVER
 from ratequeue.errors import RateQueueError
 path, names, rounds, limit = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
@@ -495,7 +498,7 @@ def test_disk_full_mid_run_on_many_queues(tmp_path: Path) -> None:
         seeding.close()
     stored = FileState(path)
     for i in range(STORED):
-        stored.take(f"stored{i}", INTERVAL_US)
+        do(stored, "take", f"stored{i}", INTERVAL_US)
     before = {f"stored{i}": stored.read(f"stored{i}").record for i in range(STORED)}
     limit = max(stored.record_files(name)[0].stat().st_size for name in names) + 1
     ran = subprocess.run(
@@ -535,16 +538,45 @@ NOW_US = time.time_ns() // 1000
 TEN_YEARS_US = 10 * 365 * 86_400 * 1_000_000
 NEAR_2_52 = 2**52 - 1
 
-#: poison -> (the record's fields, the field the error must name); values JSON/BSON/Redis can hold
+#: a well-formed record as ratequeue stores it (a fresh one's burst, pause, cap, leases and hold); each
+#: poison below replaces some of its fields, and only the named one is bad
+WELL_FORMED: dict[str, Any] = {
+    "ticket": 3,
+    "pos": 2,
+    "at": NOW_US,
+    "interval": INTERVAL_US,
+    "due": NOW_US,
+    "burst": 1,
+    "paused": False,
+    "max_running": 0,
+    "leases": [],
+    "held": NEVER,
+}
+
+#: poison -> (the fields it replaces in WELL_FORMED, the field the error must name); values
+#: JSON/BSON/Redis can hold
 POISONS: dict[str, tuple[dict[str, Any], str]] = {
-    "ticket-text": ({"ticket": "seven", "pos": 1, "at": NOW_US, "interval": INTERVAL_US}, "ticket"),
-    "at-fraction": ({"ticket": 3, "pos": 2, "at": NOW_US + 0.5, "interval": INTERVAL_US}, "at"),
-    "interval-text": ({"ticket": 3, "pos": 2, "at": NOW_US, "interval": "often"}, "interval"),
-    "ticket-near-2**52": (
-        {"ticket": NEAR_2_52, "pos": NEAR_2_52 - 1, "at": NOW_US, "interval": INTERVAL_US}, "ticket"
-    ),
-    "at-far-future": ({"ticket": 3, "pos": 2, "at": NOW_US + TEN_YEARS_US, "interval": INTERVAL_US}, "at"),
-}  # fmt: skip
+    "ticket-text": ({"ticket": "seven", "pos": 1}, "ticket"),
+    "at-fraction": ({"at": NOW_US + 0.5}, "at"),
+    "interval-text": ({"interval": "often"}, "interval"),
+    "ticket-near-2**52": ({"ticket": NEAR_2_52, "pos": NEAR_2_52 - 1}, "ticket"),
+    "at-far-future": ({"at": NOW_US + TEN_YEARS_US, "due": NOW_US + TEN_YEARS_US}, "at"),
+}
+
+
+def _poisoned(poison: str) -> dict[str, Any]:
+    """Every field of a record, as stored, with ``poison``'s in place of the well-formed ones."""
+    return {**WELL_FORMED, **POISONS[poison][0]}
+
+
+def _redis_text(value: Any) -> str:
+    """A field as the Redis state stores it: decimal text, paused "1"/"0", leases "T:E,T:E"."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list):
+        return ",".join(f"{ticket}:{expiry}" for ticket, expiry in value)
+    return str(value)
+
 
 #: the poisons a read still reports (a record at its last ticket is well formed; only taking
 #: another ticket, which would overflow it, is refused)
@@ -561,15 +593,16 @@ def _poison_cases() -> Iterator[Any]:
 def test_poisoned_record_is_refused_naming_the_field(
     backend: str, poison: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    fields, named = POISONS[poison]
+    fields, named = _poisoned(poison), POISONS[poison][1]
     name = fresh("poison")
     read_raw: Callable[[], Any]
     if backend == "file":
         path = tmp_path / "state.json"
         file_state = FileState(path)
-        file_state.take("neighbour", INTERVAL_US)  # a valid state, in its current layout
+        do(file_state, "take", "neighbour", INTERVAL_US)  # a valid state, in its current layout
         record_file = file_state.record_files(name)[0]
-        record_file.write_text(json.dumps({"name": name, "record": fields}))
+        stored = {**fields, "held": None}  # the file state stores NEVER as null
+        record_file.write_text(json.dumps({"name": name, "record": stored}))
         url = f"file://{path}"
         read_raw = record_file.read_bytes
     elif backend == "redis":
@@ -577,7 +610,7 @@ def test_poisoned_record_is_refused_naming_the_field(
         url = redis_url(server, "poison")
         client = _redis_client(server)
         request.addfinalizer(client.close)
-        client.hset(f"poison:{name}", mapping={k: str(v) for k, v in fields.items()})
+        client.hset(f"poison:{name}", mapping={k: _redis_text(v) for k, v in fields.items()})
         read_raw = lambda: client.hgetall(f"poison:{name}")  # noqa: E731
     else:
         server = request.getfixturevalue("fault_mongodb")
@@ -589,9 +622,9 @@ def test_poisoned_record_is_refused_naming_the_field(
         # the document's ``answer`` is where an operation leaves its reply, not part of the record
         read_raw = lambda: collection.find_one({"_id": name}, {"answer": 0})  # noqa: E731
     before = read_raw()
-    with from_url(url) as state:
+    with open_state(url) as state:
         with pytest.raises(StateCorrupted, match=rf"\b{named}=") as raised:
-            state.take_and_try(name, INTERVAL_US, 0)
+            do(state, "take_and_try", name, INTERVAL_US, 0)
         assert name in raised.value.where, raised.value.where
         if poison in READABLE:
             assert state.read(name).record is not None, "a record at its last ticket is still read"

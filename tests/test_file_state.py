@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import os
 import signal
 import stat
@@ -15,16 +14,19 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from freezegun import freeze_time
 
-from ratequeue import protocol
+from ratequeue.core import protocol
+from ratequeue.core.protocol import NEVER, Passed, Started, Wait
 from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
-from ratequeue.protocol import NEVER, Passed, Started, Wait
 from ratequeue.state import file as file_state
-from ratequeue.state import from_url
+from ratequeue.state import open_state
 from ratequeue.state.file import FileState, LockFile, LockTimeout
+
+from .ops import do
 
 INTERVAL = 100_000  # us
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -36,33 +38,67 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "state.json"
 
 
+def _stored(ticket: int, pos: int, at: int | None, interval: int, **fields: Any) -> dict[str, Any]:
+    """A record's fields as a record file holds them: every one, those not given as in a fresh record."""
+    return {
+        "ticket": ticket,
+        "pos": pos,
+        "at": at,
+        "interval": interval,
+        "due": at,
+        "burst": 1,
+        "paused": False,
+        "max_running": 0,
+        "leases": [],
+        "held": None,
+        **fields,
+    }
+
+
+def _plant(path: Path, records: dict[str, Any]) -> FileState:
+    """Write the state at ``path`` in its layout as it is: the header at PATH, and a record file in
+    PATH.d holding ``records[name]`` (stored fields, as they are) for each queue name."""
+    state = FileState(path)
+    header = {"format": "ratequeue-state", "version": 2, "records": state.records.name}
+    path.write_text(json.dumps(header))
+    os.chmod(path, 0o600)
+    state.records.mkdir(mode=0o700, exist_ok=True)
+    for name, fields in records.items():
+        file, _ = state.record_files(name)
+        file.write_bytes(file_state._record_bytes(name, fields))
+        os.chmod(file, 0o600)
+    return state
+
+
 def test_frozen_clock_makes_every_answer_exact(path: Path) -> None:
     """With time frozen, the answers are exactly those of the reference at that instant."""
     state = FileState(path)
     with freeze_time(T0):
-        assert state.take_and_try("q", INTERVAL, 0) == Started(ticket=1, start=T0_US, now=T0_US)
-        assert state.take_and_try("q", INTERVAL, 0) == Wait(ticket=2, slot=T0_US + INTERVAL, now=T0_US)
-        assert state.try_start("q", INTERVAL, 2, INTERVAL) == Started(
+        assert do(state, "take_and_try", "q", INTERVAL, 0) == Started(ticket=1, start=T0_US, now=T0_US)
+        assert do(state, "take_and_try", "q", INTERVAL, 0) == Wait(ticket=2, slot=T0_US + INTERVAL, now=T0_US)
+        assert do(state, "try_start", "q", INTERVAL, 2, INTERVAL) == Started(
             ticket=2, start=T0_US + INTERVAL, now=T0_US
         )
-        assert state.try_start("q", INTERVAL, 1, 0) == Passed(ticket=1, pos=2, now=T0_US)
+        assert do(state, "try_start", "q", INTERVAL, 1, 0) == Passed(ticket=1, pos=2, now=T0_US)
         snapshot = state.read("q")
     assert snapshot.now == T0_US
-    assert snapshot.record == protocol.Record(ticket=3, pos=2, at=T0_US + INTERVAL, interval=INTERVAL)
+    assert snapshot.record == protocol.Record(
+        ticket=3, pos=2, at=T0_US + INTERVAL, interval=INTERVAL, due=T0_US + INTERVAL
+    )
 
 
 def test_ticking_clock_grants_the_slot_when_it_comes(path: Path) -> None:
     """As the host clock moves, a waiting ticket starts exactly at its slot, not before."""
     state = FileState(path)
     with freeze_time(T0) as frozen:
-        state.take_and_try("q", INTERVAL, 0)
-        assert isinstance(state.take_and_try("q", INTERVAL, 0), Wait)
+        do(state, "take_and_try", "q", INTERVAL, 0)
+        assert isinstance(do(state, "take_and_try", "q", INTERVAL, 0), Wait)
         frozen.tick(datetime.timedelta(microseconds=INTERVAL - 1))
-        assert state.try_start("q", INTERVAL, 2, 0) == Wait(
+        assert do(state, "try_start", "q", INTERVAL, 2, 0) == Wait(
             ticket=2, slot=T0_US + INTERVAL, now=T0_US + INTERVAL - 1
         )
         frozen.tick(datetime.timedelta(microseconds=1))
-        assert state.try_start("q", INTERVAL, 2, 0) == Started(
+        assert do(state, "try_start", "q", INTERVAL, 2, 0) == Started(
             ticket=2, start=T0_US + INTERVAL, now=T0_US + INTERVAL
         )
 
@@ -71,12 +107,12 @@ def test_clock_stepping_back_only_delays(path: Path) -> None:
     """A host clock stepped back never lets a start come sooner than one interval after the last."""
     state = FileState(path)
     with freeze_time(T0) as frozen:
-        state.take_and_try("q", INTERVAL, 0)
+        do(state, "take_and_try", "q", INTERVAL, 0)
         frozen.move_to(T0 - datetime.timedelta(seconds=5))
-        outcome = state.take_and_try("q", INTERVAL, 0)
+        outcome = do(state, "take_and_try", "q", INTERVAL, 0)
         assert outcome == Wait(ticket=2, slot=T0_US + INTERVAL, now=T0_US - 5_000_000)
         frozen.move_to(T0 + datetime.timedelta(microseconds=INTERVAL))
-        assert state.try_start("q", INTERVAL, 2, 0) == Started(
+        assert do(state, "try_start", "q", INTERVAL, 2, 0) == Started(
             ticket=2, start=T0_US + INTERVAL, now=T0_US + INTERVAL
         )
 
@@ -85,8 +121,8 @@ def test_many_queues_one_small_file_each_in_a_readable_format(path: Path) -> Non
     """PATH is a header; each queue's record is a file of its own in PATH.d, named by a hash of the name."""
     state = FileState(path)
     with freeze_time(T0):
-        state.take_and_try("a", INTERVAL, 0)
-        state.take("b", 2 * INTERVAL)
+        do(state, "take_and_try", "a", INTERVAL, 0)
+        do(state, "take", "b", 2 * INTERVAL)
     assert json.loads(path.read_text()) == {
         "format": "ratequeue-state",
         "version": 2,
@@ -95,8 +131,8 @@ def test_many_queues_one_small_file_each_in_a_readable_format(path: Path) -> Non
     records = path.parent / "state.json.d"
     assert state.records == records
     for name, fields in {
-        "a": {"ticket": 2, "pos": 1, "at": T0_US, "interval": INTERVAL},
-        "b": {"ticket": 2, "pos": 0, "at": None, "interval": 2 * INTERVAL},
+        "a": _stored(ticket=2, pos=1, at=T0_US, interval=INTERVAL),
+        "b": _stored(ticket=2, pos=0, at=None, interval=2 * INTERVAL),
     }.items():
         file, lock = state.record_files(name)
         assert file.parent == lock.parent == records
@@ -104,26 +140,28 @@ def test_many_queues_one_small_file_each_in_a_readable_format(path: Path) -> Non
     assert len(list(records.glob("*.json"))) == 2
 
 
-def test_a_paused_record_says_so_and_a_resumed_one_is_written_as_before(path: Path) -> None:
-    """``"paused": true`` is written only while paused: resumed, the record file is byte-identical again."""
+def test_a_paused_record_says_so_and_a_resumed_one_is_as_if_never_paused(path: Path) -> None:
+    """``"paused"`` is true while paused; resumed, the record file is byte-identical to one never paused."""
     state = FileState(path)
     with freeze_time(T0):
-        state.take_and_try("q", INTERVAL, 0)
+        do(state, "take_and_try", "q", INTERVAL, 0)
         file = state.record_files("q")[0]
         before = file.read_bytes()
-        assert state.set_paused("q", INTERVAL, True) is True
-        fields = {"ticket": 2, "pos": 1, "at": T0_US, "interval": INTERVAL, "paused": True}
+        assert do(state, "set_paused", "q", INTERVAL, True) is True
+        fields = _stored(ticket=2, pos=1, at=T0_US, interval=INTERVAL, paused=True)
         assert json.loads(file.read_text()) == {"name": "q", "record": fields}
-        assert state.set_paused("q", INTERVAL, True) is False
-        assert state.take_and_try("q", INTERVAL, 0) == Wait(ticket=2, slot=T0_US + 1_000_000, now=T0_US)
-        assert state.set_paused("q", INTERVAL, False) is True
-        del fields["paused"]
+        assert do(state, "set_paused", "q", INTERVAL, True) is False
+        assert do(state, "take_and_try", "q", INTERVAL, 0) == Wait(
+            ticket=2, slot=T0_US + 1_000_000, now=T0_US
+        )
+        assert do(state, "set_paused", "q", INTERVAL, False) is True
+        fields["paused"] = False
         fields["ticket"] = 3
         assert json.loads(file.read_text()) == {"name": "q", "record": fields}
         state.reset("q")
-        state.take_and_try("q", INTERVAL, 0)
-        state.set_paused("q", INTERVAL, True)
-        state.set_paused("q", INTERVAL, False)
+        do(state, "take_and_try", "q", INTERVAL, 0)
+        do(state, "set_paused", "q", INTERVAL, True)
+        do(state, "set_paused", "q", INTERVAL, False)
         assert file.read_bytes() == before
 
 
@@ -131,7 +169,7 @@ def test_file_and_lock_are_private_to_the_user(path: Path) -> None:
     """Every file is 0600 and the record directory 0700, whatever the umask."""
     old = os.umask(0)
     try:
-        FileState(path).take("q", INTERVAL)
+        do(FileState(path), "take", "q", INTERVAL)
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -149,7 +187,7 @@ def test_names_that_differ_only_in_case_or_script_are_distinct(path: Path) -> No
     names = ["api", "API", "Api", "ä/../x", "名前", "a" * 200]
     for i, name in enumerate(names):
         for _ in range(i + 1):
-            state.take(name, INTERVAL)
+            do(state, "take", name, INTERVAL)
     for i, name in enumerate(names):
         record = state.read(name).record
         assert record is not None
@@ -158,18 +196,18 @@ def test_names_that_differ_only_in_case_or_script_are_distinct(path: Path) -> No
 
 def test_interval_mismatch_changes_nothing(path: Path) -> None:
     state = FileState(path)
-    state.take("q", INTERVAL)
+    do(state, "take", "q", INTERVAL)
     file, _ = state.record_files("q")
     before = path.read_bytes(), file.read_bytes()
     with pytest.raises(ConfigurationError, match=r"interval 0\.1 s .* not 0\.2 s"):
-        state.take_and_try("q", 2 * INTERVAL, 0)
+        do(state, "take_and_try", "q", 2 * INTERVAL, 0)
     assert (path.read_bytes(), file.read_bytes()) == before
 
 
 def test_reset_removes_one_queue(path: Path) -> None:
     state = FileState(path)
-    state.take("a", INTERVAL)
-    state.take("b", INTERVAL)
+    do(state, "take", "a", INTERVAL)
+    do(state, "take", "b", INTERVAL)
     assert state.reset("a") is True
     assert state.reset("a") is False
     assert state.read("a").record is None
@@ -177,11 +215,12 @@ def test_reset_removes_one_queue(path: Path) -> None:
 
 
 def _v1(queues: object) -> bytes:
-    """A state file of the earlier layout (version 1), every record in it."""
+    """A state file of the earlier layout (version 1), every record in it: no longer read."""
     return json.dumps({"format": "ratequeue-state", "version": 1, "queues": queues}).encode()
 
 
-#: content at PATH that is no state: every operation, reset included, raises and leaves it as it is
+#: content at PATH that is no state of this layout: every operation, reset included, raises and leaves
+#: it as it is
 CORRUPT = {
     "not json": b"{not json",
     "empty": b"",
@@ -190,17 +229,17 @@ CORRUPT = {
     "another format": json.dumps({"format": "other", "version": 1, "queues": {}}).encode(),
     "a future version": json.dumps({"format": "ratequeue-state", "version": 99, "queues": {}}).encode(),
     "version true": json.dumps({"format": "ratequeue-state", "version": True, "queues": {}}).encode(),
-    "queues not an object": _v1([]),
+    "version 1": _v1({"q": {"ticket": 2, "pos": 1, "at": 5, "interval": 1}}),
 }
 
-#: a bad record in a version-1 file: only its queue raises; a write moves it, as it is, into its record file
+#: a record file of queue q holding bad fields: only its queue raises, and the file is left as it is
 BAD_RECORDS = {
     "record not an object": 3,
-    "record missing a field": {"ticket": 2, "pos": 1, "at": 5},
-    "pos not below ticket": {"ticket": 2, "pos": 2, "at": 5, "interval": 1},
-    "ticket a float": {"ticket": 2.5, "pos": 1, "at": 5, "interval": 1},
-    "interval zero": {"ticket": 2, "pos": 1, "at": 5, "interval": 0},
-    "at a string": {"ticket": 2, "pos": 1, "at": "x", "interval": 1},
+    "record missing a field": {key: value for key, value in _stored(2, 1, 5, 1).items() if key != "interval"},
+    "pos not below ticket": _stored(ticket=2, pos=2, at=5, interval=1),
+    "ticket a float": _stored(ticket=2.5, pos=1, at=5, interval=1),  # type: ignore[arg-type]
+    "interval zero": _stored(ticket=2, pos=1, at=5, interval=0),
+    "at a string": {**_stored(ticket=2, pos=1, at=5, interval=1), "at": "x"},
 }
 
 #: a record file of the new layout that is not a record of its queue
@@ -210,19 +249,19 @@ BAD_RECORD_FILES = {
     "nested too deeply": b"[" * 100_000,
     "not an object": b"[1, 2]",
     "another queue's": json.dumps(
-        {"name": "other", "record": {"ticket": 1, "pos": 0, "at": None, "interval": 1}}
+        {"name": "other", "record": _stored(ticket=1, pos=0, at=None, interval=1)}
     ).encode(),
     "no record": json.dumps({"name": "q"}).encode(),
     "a bad record": json.dumps(
-        {"name": "q", "record": {"ticket": 1, "pos": 5, "at": None, "interval": 1}}
+        {"name": "q", "record": _stored(ticket=1, pos=5, at=None, interval=1)}
     ).encode(),
 }
 
 OPERATIONS: dict[str, Callable[[FileState], object]] = {
-    "take": lambda state: state.take("q", 1),
-    "take_and_try": lambda state: state.take_and_try("q", 1, 0),
-    "try_start": lambda state: state.try_start("q", 1, 1, 0),
-    "retime": lambda state: state.retime("q", 1, 1, 0),
+    "take": lambda state: do(state, "take", "q", 1),
+    "take_and_try": lambda state: do(state, "take_and_try", "q", 1, 0),
+    "try_start": lambda state: do(state, "try_start", "q", 1, 1, 0),
+    "retime": lambda state: do(state, "retime", "q", 1, 1, 0),
     "read": lambda state: state.read("q"),
 }
 
@@ -241,48 +280,54 @@ def test_corrupted_file_raises_and_is_left_untouched(path: Path, content: bytes,
     assert not state.records.exists()
 
 
+def test_a_version_1_file_is_refused_naming_the_version(path: Path) -> None:
+    """A state file of the earlier layout (every record in PATH) is not read, moved or overwritten."""
+    content = CORRUPT["version 1"]
+    path.write_bytes(content)
+    state = FileState(path)
+    with pytest.raises(StateCorrupted, match="has version 1; this ratequeue reads version 2"):
+        do(state, "take", "q", 1)
+    with pytest.raises(StateCorrupted, match="has version 1; this ratequeue reads version 2"):
+        state.read("q")
+    assert path.read_bytes() == content
+    assert not state.records.exists()
+
+
 @pytest.mark.parametrize("fields", BAD_RECORDS.values(), ids=BAD_RECORDS.keys())
 @pytest.mark.parametrize("operation", OPERATIONS)
-def test_bad_record_in_an_old_file_raises_for_its_queue_only(
-    path: Path, fields: object, operation: str
-) -> None:
-    """Read, the old file is left as it is; written, the bad record moves as it is into its record
-    file, which the failing operation leaves as it is. The other queue works, and reset clears it."""
-    content = _v1({"q": fields, "good": {"ticket": 4, "pos": 3, "at": T0_US, "interval": INTERVAL}})
-    path.write_bytes(content)
-    os.chmod(path, 0o600)
-    state = FileState(path)
+def test_bad_record_raises_for_its_queue_only(path: Path, fields: object, operation: str) -> None:
+    """The operation raises and leaves the bad record file as it is; the other queue works, and reset
+    clears it."""
+    state = _plant(path, {"q": fields, "good": _stored(ticket=4, pos=3, at=T0_US, interval=INTERVAL)})
+    file, _ = state.record_files("q")
+    content = file.read_bytes()
     with pytest.raises(StateCorrupted) as raised:
         OPERATIONS[operation](state)
     assert raised.value.where == f"{path}#q"
-    file, _ = state.record_files("q")
-    if operation == "read":
-        assert path.read_bytes() == content
-        assert not file.exists()
-    else:
-        assert json.loads(path.read_bytes())["version"] == 2
-        assert json.loads(file.read_bytes()) == {"name": "q", "record": fields}
-    assert state.read("good").record == protocol.Record(ticket=4, pos=3, at=T0_US, interval=INTERVAL)
+    assert file.read_bytes() == content
+    assert state.read("good").record == protocol.Record(
+        ticket=4, pos=3, at=T0_US, interval=INTERVAL, due=T0_US
+    )
     assert state.reset("q") is True
-    assert state.take("q", 1).ticket == 1
-    assert state.take("good", INTERVAL).ticket == 4
+    assert do(state, "take", "q", 1).ticket == 1
+    assert do(state, "take", "good", INTERVAL).ticket == 4
 
 
 @pytest.mark.parametrize("content", BAD_RECORD_FILES.values(), ids=BAD_RECORD_FILES.keys())
 @pytest.mark.parametrize("operation", OPERATIONS)
 def test_bad_record_file_raises_for_its_queue_only(path: Path, content: bytes, operation: str) -> None:
     state = FileState(path)
-    state.take("good", INTERVAL)
-    state.take("q", 1)
+    do(state, "take", "good", INTERVAL)
+    do(state, "take", "q", 1)
     file, _ = state.record_files("q")
     file.write_bytes(content)
     with pytest.raises(StateCorrupted) as raised:
         OPERATIONS[operation](state)
     assert raised.value.where == f"{path}#q"
     assert file.read_bytes() == content
-    assert state.take("good", INTERVAL).ticket == 2
+    assert do(state, "take", "good", INTERVAL).ticket == 2
     assert state.reset("q") is True
-    assert state.take("q", 1).ticket == 1
+    assert do(state, "take", "q", 1).ticket == 1
 
 
 def test_symlink_and_directory_are_refused(tmp_path: Path) -> None:
@@ -303,7 +348,7 @@ def test_symlink_swapped_in_after_opening_is_refused(tmp_path: Path) -> None:
     target.write_text("precious")
     path.symlink_to(target)
     with pytest.raises(ConfigurationError, match="symbolic link"):
-        state.take("q", INTERVAL)
+        do(state, "take", "q", INTERVAL)
     assert target.read_text() == "precious"
 
 
@@ -314,16 +359,16 @@ def test_missing_directory_is_a_configuration_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("host", ["", "localhost"])
 def test_file_urls(tmp_path: Path, host: str) -> None:
-    state = from_url(f"file://{host}{tmp_path}/my%20state.json")
+    state = open_state(f"file://{host}{tmp_path}/my%20state.json")
     assert isinstance(state, FileState)
     assert state.path == tmp_path / "my state.json"
-    assert from_url(state.url).path == state.path  # type: ignore[attr-defined]
+    assert open_state(state.url).path == state.path  # type: ignore[attr-defined]
 
 
 def test_default_state_is_the_per_user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RATEQUEUE_STATE_FILE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    state = from_url(None)
+    state = open_state(None)
     assert isinstance(state, FileState)
     assert state.path == tmp_path / "cache" / "ratequeue" / "state.json"
     assert stat.S_IMODE(state.path.parent.stat().st_mode) == 0o700
@@ -333,8 +378,9 @@ def test_default_state_is_the_per_user_file(tmp_path: Path, monkeypatch: pytest.
 DEFAULT_UNDER_UMASK_0 = """
 import os
 os.umask(0)
+from ratequeue.core.operation import Terms, operation
 from ratequeue.state.file import FileState
-FileState.default().take("q", 100_000)
+FileState.default().execute(operation("take", "q", Terms.checked(100_000)))
 """
 
 
@@ -359,7 +405,7 @@ def test_directories_ratequeue_creates_are_0700_whatever_the_umask(tmp_path: Pat
 def _lock_of(path: Path, name: str = "q") -> str:
     """The lock file of queue ``name`` in the state at ``path``, whose layout is made if missing."""
     state = FileState(path)
-    state.take("other", INTERVAL)  # makes the header and PATH.d
+    do(state, "take", "other", INTERVAL)  # makes the header and PATH.d
     return str(state.record_files(name)[1])
 
 
@@ -393,14 +439,14 @@ def test_lock_held_elsewhere_times_out_naming_the_path(path: Path, hold_lock: Ca
     with pytest.raises(
         StateUnavailable, match=r"could not lock .*state\.json\.d/[0-9a-f]{32}\.lock within 0\.3 s"
     ) as raised:
-        state.take("q", INTERVAL)
+        do(state, "take", "q", INTERVAL)
     assert time.monotonic() - began >= 0.3
     assert raised.value.where == str(path)
-    assert state.take("other", INTERVAL).ticket == 2
+    assert do(state, "take", "other", INTERVAL).ticket == 2
     assert state.read("q").record is None
     hold_lock()
-    assert state.take("q", INTERVAL).ticket == 1
-    assert state.take("q", INTERVAL).ticket == 2
+    assert do(state, "take", "q", INTERVAL).ticket == 1
+    assert do(state, "take", "q", INTERVAL).ticket == 2
 
 
 def _start_holder(path: Path) -> subprocess.Popen[str]:
@@ -418,12 +464,12 @@ def test_lock_held_by_another_process_times_out(path: Path) -> None:
     holder = _start_holder(path)
     try:
         with pytest.raises(StateUnavailable, match=r"within 0\.2 s") as raised:
-            FileState(path, lock_timeout=0.2).take_and_try("q", INTERVAL, 0)
+            do(FileState(path, lock_timeout=0.2), "take_and_try", "q", INTERVAL, 0)
         assert raised.value.where == str(path)
     finally:
         holder.communicate("", timeout=30)
     assert holder.returncode == 0
-    assert FileState(path, lock_timeout=5).take("q", INTERVAL).ticket == 2
+    assert do(FileState(path, lock_timeout=5), "take", "q", INTERVAL).ticket == 2
 
 
 @pytest.mark.processes
@@ -435,7 +481,7 @@ def test_a_killed_holder_releases_the_lock_at_once(path: Path) -> None:
     got: list[float] = []
 
     def wait() -> None:
-        state.take("q", INTERVAL)
+        do(state, "take", "q", INTERVAL)
         got.append(time.monotonic())
 
     waiter = threading.Thread(target=wait)
@@ -448,7 +494,7 @@ def test_a_killed_holder_releases_the_lock_at_once(path: Path) -> None:
     waiter.join(timeout=30)
     assert got
     assert got[0] - killed < 5
-    assert state.read("q").record == protocol.Record(ticket=2, pos=0, at=NEVER, interval=INTERVAL)
+    assert state.read("q").record == protocol.Record(ticket=2, pos=0, at=NEVER, interval=INTERVAL, due=NEVER)
 
 
 @pytest.mark.processes
@@ -460,26 +506,27 @@ def test_a_stopped_holder_stalls_its_queue_name_only(path: Path) -> None:
         os.kill(holder.pid, signal.SIGSTOP)
         began = time.monotonic()
         for _ in range(20):
-            state.take("other", INTERVAL)
+            do(state, "take", "other", INTERVAL)
         assert time.monotonic() - began < 5
         assert state.read("q").record is None  # reads take no lock
         with pytest.raises(StateUnavailable, match=r"within 0\.2 s"):
-            state.take("q", INTERVAL)
+            do(state, "take", "q", INTERVAL)
     finally:
         os.kill(holder.pid, signal.SIGCONT)
         holder.communicate("", timeout=30)
-    assert state.take("q", INTERVAL).ticket == 2
+    assert do(state, "take", "q", INTERVAL).ticket == 2
 
 
 #: holds queue q's lock through a FileState (taking q's ticket 1 after) until stdin closes
 HOLDER = """
 import sys
+from ratequeue.core.operation import Terms, operation
 from ratequeue.state.file import FileState
 state = FileState(sys.argv[1])
 with state._locked(state._name_lock(state.record_files("q")[1])):
     print("held", flush=True)
     sys.stdin.read()
-state.take("q", 100_000)
+state.execute(operation("take", "q", Terms.checked(100_000)))
 """
 
 
@@ -489,10 +536,10 @@ def test_lock_held_by_a_thread_of_this_process_times_out(path: Path) -> None:
     lock.acquire(1)
     try:
         with pytest.raises(StateUnavailable, match=r"within 0\.1 s"):
-            FileState(path, lock_timeout=0.1).take("q", INTERVAL)
+            do(FileState(path, lock_timeout=0.1), "take", "q", INTERVAL)
     finally:
         lock.release()
-    assert FileState(path, lock_timeout=0.1).take("q", INTERVAL).ticket == 1
+    assert do(FileState(path, lock_timeout=0.1), "take", "q", INTERVAL).ticket == 1
 
 
 def test_threads_of_one_process_are_serialized(path: Path) -> None:
@@ -503,7 +550,7 @@ def test_threads_of_one_process_are_serialized(path: Path) -> None:
 
     def hammer(state: FileState) -> None:
         for _ in range(40):
-            ticket = state.take("q", INTERVAL).ticket
+            ticket = do(state, "take", "q", INTERVAL).ticket
             with record:
                 tickets.append(ticket)
 
@@ -530,12 +577,14 @@ def test_threads_of_several_processes_are_serialized(path: Path) -> None:
 #: three threads taking 30 tickets each; prints them as JSON
 TAKER = """
 import json, sys, threading
+from ratequeue.core.operation import Terms, operation
 from ratequeue.state.file import FileState
 state = FileState(sys.argv[1])
+take_q = operation("take", "q", Terms.checked(100_000))
 tickets = []
 def take():
     for _ in range(30):
-        tickets.append(state.take("q", 100_000).ticket)
+        tickets.append(state.execute(take_q).ticket)
 threads = [threading.Thread(target=take) for _ in range(3)]
 for thread in threads:
     thread.start()
@@ -554,7 +603,7 @@ def test_waiting_for_the_lock_burns_no_cpu(path: Path, hold_lock: Callable[[], N
     state = FileState(path, lock_timeout=0.5)
     cpu = time.process_time()
     with pytest.raises(StateUnavailable):
-        state.take("q", INTERVAL)
+        do(state, "take", "q", INTERVAL)
     assert time.process_time() - cpu < 0.02
 
 
@@ -658,17 +707,17 @@ def test_lock_file_deleted_in_use_is_opened_again(path: Path) -> None:
     """After a queue's lock file is deleted, the state locks the new one that others lock, not the old one."""
     fcntl = pytest.importorskip("fcntl")
     state = FileState(path, lock_timeout=0.2)
-    state.take("q", INTERVAL)  # opens the lock file and keeps it open
+    do(state, "take", "q", INTERVAL)  # opens the lock file and keeps it open
     lock = state.record_files("q")[1]
     os.unlink(lock)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with pytest.raises(StateUnavailable, match="could not lock"):
-            state.take("q", INTERVAL)
+            do(state, "take", "q", INTERVAL)
     finally:
         os.close(fd)
-    assert state.take("q", INTERVAL).ticket == 2
+    assert do(state, "take", "q", INTERVAL).ticket == 2
 
 
 # --- writes: a failed write leaves the old file ---
@@ -678,6 +727,7 @@ def test_lock_file_deleted_in_use_is_opened_again(path: Path) -> None:
 #: prints what it raised; a write past the limit comes up short, then fails with EFBIG
 WRITE_LIMITED = """
 import resource, signal, sys
+from ratequeue.core.operation import Terms, operation
 from ratequeue.errors import StateUnavailable
 from ratequeue.state.file import FileState
 state = FileState(sys.argv[1])
@@ -685,7 +735,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails in
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 try:
-    state.take(sys.argv[3], 100_000)
+    state.execute(operation("take", sys.argv[3], Terms.checked(100_000)))
 except StateUnavailable as exc:
     print("StateUnavailable", exc.where, exc, sep="\\n")
 else:
@@ -693,14 +743,14 @@ else:
 """
 
 
-def _v1_state(path: Path, count: int) -> dict[str, dict[str, int]]:
-    """Write a version-1 state file of ``count`` queues at ``path``; their fields by name."""
-    queues = {
-        f"q{i}": {"ticket": i + 2, "pos": i + 1, "at": T0_US + i, "interval": INTERVAL} for i in range(count)
+def _planted(path: Path, count: int) -> tuple[FileState, dict[str, protocol.Record]]:
+    """The state at ``path`` with ``count`` queues planted in its layout; their records by name."""
+    records = {
+        f"q{i}": protocol.Record(ticket=i + 2, pos=i + 1, at=T0_US + i, interval=INTERVAL, due=T0_US + i)
+        for i in range(count)
     }
-    path.write_bytes(_v1(queues))
-    os.chmod(path, 0o600)
-    return queues
+    state = _plant(path, {name: file_state._encode(record) for name, record in records.items()})
+    return state, records
 
 
 def _record_files(state: FileState) -> dict[str, bytes]:
@@ -712,14 +762,15 @@ def _record_files(state: FileState) -> dict[str, bytes]:
 def test_write_cut_short_raises_and_leaves_the_old_file(path: Path, name: str) -> None:
     """A write that the disk cuts short (here: a file-size limit) raises StateUnavailable naming
     the state, and leaves the old record file complete, every other record, and no temporary file."""
-    queues = _v1_state(path, 300)
-    state = FileState(path)
-    assert state.read("q1").record is not None
-    state.take("q1", INTERVAL)  # moves the records into PATH.d
-    queues["q1"]["ticket"] += 1
+    state, queues = _planted(path, 300)
+    assert state.read("q1").record == queues["q1"]
+    do(state, "take", "q1", INTERVAL)  # a record written by the state itself
+    queues["q1"] = queues["q1"]._replace(ticket=queues["q1"].ticket + 1)
     header, before = path.read_bytes(), _record_files(state)
+    listing = sorted(p.name for p in path.parent.iterdir())
+    assert listing == ["state.json", "state.json.d"]
     assert len(before) == 300
-    limit = 40  # a record file is about 90 bytes
+    limit = 40  # a record file is about 200 bytes
     ran = subprocess.run(
         [sys.executable, "-c", WRITE_LIMITED, str(path), str(limit), name],
         capture_output=True,
@@ -732,121 +783,18 @@ def test_write_cut_short_raises_and_leaves_the_old_file(path: Path, name: str) -
     assert str(state.record_files(name)[0]) in lines[2]
     assert path.read_bytes() == header
     assert _record_files(state) == before
-    for queue, fields in queues.items():
-        assert state.read(queue).record == protocol.Record(**fields)
+    for queue, record in queues.items():
+        assert state.read(queue).record == record
     assert state.read("new").record is None
-    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.d", "state.json.lock"]
+    assert sorted(p.name for p in path.parent.iterdir()) == listing
     assert not [p for p in state.records.iterdir() if p.name.endswith(".tmp")]
-    assert state.take(name, INTERVAL).ticket == queues.get(name, {"ticket": 1})["ticket"]
-
-
-@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE and SIGXFSZ")
-def test_move_of_an_old_file_cut_short_leaves_it_to_be_moved_again(path: Path) -> None:
-    """A move into PATH.d that fails part-way raises StateUnavailable and leaves the old file as it
-    was; the next write moves every record again, and tickets continue."""
-    queues = _v1_state(path, 300)
-    queues["q150"]["ticket"] = 10**15  # its record file is longer than the others
-    path.write_bytes(_v1(queues))
-    before = path.read_bytes()
-    ran = subprocess.run(
-        [sys.executable, "-c", WRITE_LIMITED, str(path), "100", "q0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines()[:2] == ["StateUnavailable", str(path)], ran.stdout
-    assert path.read_bytes() == before
-    state = FileState(path)
-    assert 0 < len(_record_files(state)) < 300  # part-way
-    state.take("q0", INTERVAL)
-    queues["q0"]["ticket"] += 1
-    for queue, fields in queues.items():
-        assert state.read(queue).record == protocol.Record(**fields)
-
-
-def test_old_file_is_moved_on_first_write_and_tickets_continue(
-    path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    queues = _v1_state(path, 50)
-    before = path.read_bytes()
-    state = FileState(path)
-    assert state.read("q7").record == protocol.Record(**queues["q7"])  # read as it is ...
-    assert path.read_bytes() == before  # ... and left so
-    assert not state.records.exists()
-    with caplog.at_level(logging.WARNING, logger="ratequeue.state.file"):
-        assert state.take("q7", INTERVAL).ticket == 9
-    assert [r.getMessage() for r in caplog.records] == [
-        f"ratequeue moved the 50 queue record(s) of state file {path} into {state.records}, one file per "
-        "queue; earlier ratequeue versions, which read state file version 1 only, cannot use this state"
-    ]
-    assert json.loads(path.read_text())["version"] == 2
-    queues["q7"]["ticket"] += 1
-    assert len(_record_files(state)) == 50
-    for queue, fields in queues.items():
-        assert state.read(queue).record == protocol.Record(**fields)
-    assert state.take("q8", INTERVAL).ticket == 10
-
-
-def test_a_move_cut_off_earlier_is_redone_from_the_old_file(path: Path) -> None:
-    """Record files left by a move that never finished (the header is still version 1) are replaced."""
-    queues = _v1_state(path, 5)
-    state = FileState(path)
-    state.records.mkdir()
-    stale, _ = state.record_files("q2")
-    stale.write_text(
-        json.dumps({"name": "q2", "record": {"ticket": 99, "pos": 0, "at": None, "interval": 1}})
-    )
-    assert state.take("q2", INTERVAL).ticket == queues["q2"]["ticket"]
-
-
-#: takes one ticket of queue argv[2] in the state at argv[1] once argv[3] exists, and prints it
-TAKE_ONE = """
-import os, sys, time
-from ratequeue.state.file import FileState
-state = FileState(sys.argv[1])
-while not os.path.exists(sys.argv[3]):
-    time.sleep(0.001)
-print(state.take(sys.argv[2], 100_000).ticket)
-"""
-
-
-@pytest.mark.processes
-def test_processes_opening_an_old_file_at_once_move_it_once(path: Path) -> None:
-    """Four processes writing to an old file at the same moment: no record lost, no ticket twice."""
-    queues = _v1_state(path, 2000)
-    go = path.parent / "go"
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", TAKE_ONE, str(path), name, str(go)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in ["q5", "q5", "q5", "q6"]
-    ]
-    time.sleep(0.5)
-    go.touch()
-    results = [worker.communicate(timeout=60) for worker in workers]
-    assert all(worker.returncode == 0 for worker in workers), results
-    assert sorted(int(out) for out, _ in results[:3]) == [7, 8, 9]
-    assert int(results[3][0]) == 8
-    assert sum("moved the 2000 queue record(s)" in err for _, err in results) == 1
-    state = FileState(path)
-    assert len(_record_files(state)) == 2000
-    assert [state.read(queue).record.ticket for queue in ("q5", "q6")] == [10, 9]  # type: ignore[union-attr]
-    for queue, fields in queues.items():
-        if queue not in ("q5", "q6"):
-            assert state.read(queue).record == protocol.Record(**fields)
+    assert do(state, "take", name, INTERVAL).ticket == (queues[name].ticket if name in queues else 1)
 
 
 def test_operations_on_one_name_ignore_twenty_thousand_others(path: Path) -> None:
     """With 20 000 other queue names in the state, operations on one name give the reference's
     answers and leave every other record file as it was, byte for byte and unwritten."""
-    queues = _v1_state(path, 20_000)
-    state = FileState(path)
-    state.take("q0", INTERVAL)  # the move
-    queues["q0"]["ticket"] += 1
+    state, queues = _planted(path, 20_000)
     others = {
         p: (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_ino) for p in state.records.glob("*.json")
     }
@@ -854,11 +802,11 @@ def test_operations_on_one_name_ignore_twenty_thousand_others(path: Path) -> Non
     reference = FileState(path.with_name("alone.json"))
     with freeze_time(T0) as frozen:
         for i in range(200):
-            outcome = state.take_and_try("new", INTERVAL, INTERVAL // 2)
-            assert outcome == reference.take_and_try("new", INTERVAL, INTERVAL // 2)
+            outcome = do(state, "take_and_try", "new", INTERVAL, INTERVAL // 2)
+            assert outcome == do(reference, "take_and_try", "new", INTERVAL, INTERVAL // 2)
             if isinstance(outcome, Wait):
-                assert state.try_start("new", INTERVAL, outcome.ticket, INTERVAL) == reference.try_start(
-                    "new", INTERVAL, outcome.ticket, INTERVAL
+                assert do(state, "try_start", "new", INTERVAL, outcome.ticket, INTERVAL) == do(
+                    reference, "try_start", "new", INTERVAL, outcome.ticket, INTERVAL
                 )
             frozen.tick(datetime.timedelta(microseconds=INTERVAL // 3 + i))
         assert state.read("new").record == reference.read("new").record
@@ -866,20 +814,23 @@ def test_operations_on_one_name_ignore_twenty_thousand_others(path: Path) -> Non
     assert {
         p: (p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_ino) for p in state.records.glob("*.json")
     } == others
-    for queue, fields in queues.items():
-        assert state.read(queue).record == protocol.Record(**fields)
+    for queue, record in queues.items():
+        assert state.read(queue).record == record
 
 
 #: three processes of two threads on their own queue name and on a shared one; prints the tickets
 NAMED_TAKER = """
 import json, sys, threading
+from ratequeue.core.operation import Terms, operation
 from ratequeue.state.file import FileState
 state = FileState(sys.argv[1])
+take_own = operation("take", sys.argv[2], Terms.checked(100_000))
+take_shared = operation("take", "shared", Terms.checked(100_000))
 tickets = {"own": [], "shared": []}
 def take():
     for _ in range(25):
-        tickets["own"].append(state.take(sys.argv[2], 100_000).ticket)
-        tickets["shared"].append(state.take("shared", 100_000).ticket)
+        tickets["own"].append(state.execute(take_own).ticket)
+        tickets["shared"].append(state.execute(take_shared).ticket)
 threads = [threading.Thread(target=take) for _ in range(2)]
 for thread in threads:
     thread.start()
@@ -908,7 +859,9 @@ def test_a_deleted_records_directory_is_made_again_by_the_next_write(tmp_path: P
     import shutil
 
     state = FileState(tmp_path / "state.json")
-    state.take_and_try("q", 1000, 0)
+    do(state, "take_and_try", "q", 1000, 0)
     shutil.rmtree(state.records)
-    assert isinstance(state.take_and_try("q", 1000, 0), protocol.Started), "a fresh record, as after a reset"
+    assert isinstance(do(state, "take_and_try", "q", 1000, 0), protocol.Started), (
+        "a fresh record, as after a reset"
+    )
     assert state.read("q").record is not None

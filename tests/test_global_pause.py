@@ -33,8 +33,8 @@ import pytest
 
 import ratequeue
 from ratequeue import AcquireTimeout, Limiter
-from ratequeue.protocol import PAUSED_RECHECK_US, US
-from ratequeue.state import from_url
+from ratequeue.core.protocol import PAUSED_RECHECK_US, US
+from ratequeue.state import open_state
 
 from .backends import Backend
 
@@ -129,7 +129,7 @@ def test_a_queue_paused_everywhere_starts_nothing_until_resumed(shared_backend: 
     url = shared_backend.url
     if shared_backend.kind == "mongodb":
         url += f"&collection={name}"  # a collection of its own: secantusdb slows as documents add up
-    state = from_url(url)
+    state = open_state(url)
     context = multiprocessing.get_context("spawn")
     reports = context.Queue()
     stop = context.Event()

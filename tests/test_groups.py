@@ -12,9 +12,10 @@ from collections import defaultdict
 import pytest
 
 from ratequeue import ConfigurationError, Limiter, LimiterGroup, aio, all_of, open_state
-from ratequeue._combined import order
-from ratequeue.protocol import Outcome
-from ratequeue.state.base import Terms
+from ratequeue.combined import order
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import Answer
+from ratequeue.running import runner_of
 from ratequeue.state.memory import MemoryState
 
 from . import _workers
@@ -268,25 +269,26 @@ class CountingRetimes(MemoryState):
         super().__init__(private=True)
         self.retimes = 0
 
-    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
-        self.retimes += 1
-        return super()._retime(name, terms, ticket, lead_us)
+    def _execute(self, op: Operation) -> Answer:
+        self.retimes += op.kind == "retime"
+        return super()._execute(op)
 
 
 def test_all_of_moves_turns_made_late_by_a_late_wake_up() -> None:
     state = CountingRetimes()
     slow = Limiter(state, name="slow", interval=0.05)
     fast = Limiter(state, name="fast", interval=0.02)
-    real = slow._wait_precisely
+    driver = runner_of(slow).driver
+    real = driver.wait_precisely
     woke_late = []
 
-    def late_once(until: float) -> None:
-        real(until)
+    def late_once(until: float, checked: bool) -> None:
+        real(until, checked)
         if not woke_late:
             woke_late.append(time.monotonic())
             time.sleep(0.01)  # the host stalls this thread: it wakes 10 ms late
 
-    slow._wait_precisely = late_once  # type: ignore[method-assign]
+    driver.wait_precisely = late_once  # type: ignore[method-assign]
     slow.acquire()  # so that the next turns are not free at once: all_of waits and lines them up
     turns = all_of(slow, fast, timeout=LONG)
     begun = time.monotonic()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import ratequeue
 from ratequeue import Backoff, ConfigurationError, DeadLetter, Queue, QueueFull, aio
-from ratequeue._jobs import Job, PendingJobs
+from ratequeue.core.jobs import Job, PendingJobs
 from ratequeue.state.memory import MemoryState
 
 LONG = 30.0

@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratequeue import protocol
-from ratequeue.protocol import FULL_GRACE_US, FULL_RECHECK_US, Passed, Record, Started, Wait
+from ratequeue.core import protocol
+from ratequeue.core.protocol import FULL_GRACE_US, FULL_RECHECK_US, Passed, Record, Started, Wait
 
 from .strategies import epochs_us, intervals_us, lease_operations, lease_ticket, leases_us, max_runnings
 
@@ -57,7 +57,7 @@ def test_never_more_running_than_the_cap(
                 record, outcome = protocol.try_start(record, ticket, int(op[2]), now, 1, lease)  # type: ignore[call-overload]
             else:
                 record, outcome = protocol.take_and_try(record, int(op[1]), now, 1, lease)  # type: ignore[call-overload]
-            if isinstance(outcome, Started) and not protocol.is_same_grant(before, outcome.ticket, now):
+            if isinstance(outcome, Started) and not protocol.repeats_start(before, outcome.ticket, now):
                 running[outcome.ticket] = outcome.start + lease
             full = len(protocol.live_leases(before, now)) >= max_running
             if isinstance(outcome, Wait) and full and not before.paused:

@@ -16,6 +16,8 @@ import ratequeue
 from ratequeue import AcquireTimeout, Limiter
 from ratequeue.state.memory import MemoryState
 
+from .ops import do
+
 LONG = 30.0  # an interval no test waits out
 
 
@@ -199,7 +201,7 @@ def test_memory_urls_share_a_store_per_name() -> None:
 def test_close_leaves_a_callers_state_open(tmp_path: Path) -> None:
     state = ratequeue.open_state(f"file://{tmp_path}/state.json")
     Limiter(state, name="q", interval=0.01).close()
-    assert state.take("q", 10_000).ticket == 1
+    assert do(state, "take", "q", 10_000).ticket == 1
 
 
 def test_no_thread_is_left_behind() -> None:
@@ -217,7 +219,7 @@ def test_pause_everywhere_stops_every_shard_and_resume_restarts_them() -> None:
     one = Limiter(state, name="q", interval=0.01)
     other = Limiter(state, name="q", interval=0.01)
     one.acquire()
-    one.pause(everywhere=True)
+    one.pause_everywhere()
     assert not one.paused, "no shard is paused itself"
     assert not other.paused
     assert one.status().paused_everywhere
@@ -238,7 +240,7 @@ def test_pause_everywhere_stops_every_shard_and_resume_restarts_them() -> None:
     waiter.join(timeout=10)
     assert got, "the waiter never started"
     assert got[0] - resumed <= 1.5, "the waiter starts within a recheck of the resume"
-    one.resume(everywhere=True)  # resumed already: nothing changes
+    one.resume_everywhere()  # resumed already: nothing changes
     assert not other.status().paused_everywhere
 
 
@@ -247,7 +249,7 @@ def test_the_shard_that_resumes_asks_again_at_once() -> None:
     state = MemoryState(private=True)
     limiter = Limiter(state, name="q", interval=0.01)
     limiter.acquire()
-    limiter.pause(everywhere=True)
+    limiter.pause_everywhere()
     got: list[float] = []
     waiter = threading.Thread(target=lambda: got.append((limiter.acquire(timeout=10), time.monotonic())[1]))
     waiter.start()
@@ -255,7 +257,7 @@ def test_the_shard_that_resumes_asks_again_at_once() -> None:
     while state.read("q").record.ticket < 3 and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.01)  # until the waiter holds a ticket and was told to wait
     resumed = time.monotonic()
-    limiter.resume(everywhere=True)
+    limiter.resume_everywhere()
     waiter.join(timeout=10)
     assert got
     # the paused queue told it to ask again a second later; resumed here, it asks at once
@@ -280,7 +282,7 @@ def test_pause_everywhere_on_asyncio() -> None:
 
 def test_the_state_clock_is_read_between_two_reads_of_this_hosts_and_again_after_a_stall() -> None:
     """A stall between reading the two clocks would convert one turn's start off by the stall (G7)."""
-    from ratequeue._limiting import received_and_state_now
+    from ratequeue.running import received_and_state_now
 
     offset = 1000.0  # the state's clock is this host's plus 1000 s
     host = [10.0]

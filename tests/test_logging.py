@@ -29,15 +29,19 @@ import pytest
 import redis
 
 import ratequeue
-from ratequeue import Event, StateCorrupted, aio, protocol
-from ratequeue.protocol import US, Outcome, Started, Wait
-from ratequeue.shard import Begin, BeginAt, Retime, Shard, TakeAndTry, WaitForTurn
+from ratequeue import Event, StateCorrupted, aio
+from ratequeue.core import protocol
+from ratequeue.core.flow import Flow
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import US, Answer, Started, Wait
+from ratequeue.core.shard import Begin, BeginAt, Shard, WaitForTurn
+from ratequeue.running import runner_of
 from ratequeue.state._retries import RetryLog
-from ratequeue.state.base import Terms
 from ratequeue.state.file import FileState
 from ratequeue.state.memory import MemoryState
 from ratequeue.state.redis import RedisState
 
+from .ops import do, is_step, make_shard
 from .servers import Server, free_port, redis_command, redis_executable, running
 
 INTERVAL = 0.01
@@ -69,7 +73,7 @@ def without_lateness_check(queue: ratequeue.Queue) -> None:
 
     Where lateness is not under test: a busy host's late wake-ups then give no turn up and log nothing.
     """
-    queue._limiter._shard.max_late = None
+    runner_of(queue._limiter).shard.max_late = None
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -78,7 +82,6 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 def test_every_logger_is_under_ratequeue() -> None:
     import ratequeue.prometheus
-    import ratequeue.state.file
     import ratequeue.state.mongodb
     import ratequeue.state.postgresql  # noqa: F401 - their loggers are made on import
 
@@ -88,7 +91,6 @@ def test_every_logger_is_under_ratequeue() -> None:
         "ratequeue.limiter.calls",
         "ratequeue.events",
         "ratequeue.queue",
-        "ratequeue.state.file",
         "ratequeue.state.redis",
         "ratequeue.state.mongodb",
         "ratequeue.state.postgresql",
@@ -169,14 +171,14 @@ class ResetWhileWaiting(FileState):
         super().__init__(path)
         self.reset_once: str | None = None  # the queue to reset at the next WAIT answer
 
-    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
-        outcome = super()._take_and_try(name, terms, lead_us, cost)
-        if isinstance(outcome, Wait) and self.reset_once == name:
+    def _execute(self, op: Operation) -> Answer:
+        answer = super()._execute(op)
+        if op.kind == "take_and_try" and isinstance(answer, Wait) and self.reset_once == op.name:
             self.reset_once = None
             other = FileState(self.path)
-            other.reset(name)
+            other.reset(op.name)
             other.close()
-        return outcome
+        return answer
 
 
 def test_a_lost_ticket_warns(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
@@ -207,16 +209,17 @@ class LateWakeUps:
 
     def __init__(self, limiter: ratequeue.Limiter, clock: ShiftedClock, shift: float) -> None:
         self.count = 0
-        real = limiter._call_state
+        runner = runner_of(limiter)
+        real = runner.call_flow
 
-        def call_state(operation: Any, args: tuple[int, ...], kwargs: dict[str, int]) -> Any:
-            answer = real(operation, args, kwargs)
-            if self.count and isinstance(answer[0], Started):
+        def call_flow(op: Operation, lost: Any = None) -> Flow[Any]:
+            timed = yield from real(op, lost)
+            if self.count and isinstance(timed[0], Started):
                 self.count -= 1
                 clock.shift += shift
-            return answer
+            return timed
 
-        limiter._call_state = call_state  # type: ignore[method-assign]
+        runner.call_flow = call_flow  # type: ignore[method-assign]
 
 
 def test_turns_given_up_in_a_row_warn_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
@@ -257,9 +260,9 @@ def test_turns_given_up_in_a_row_warn_once_a_minute(caplog: pytest.LogCaptureFix
 
 def test_a_turn_given_up_while_paused_is_no_late_wake_up() -> None:
     """A paused shard cannot move a late start: it gives the turn up at once, counted apart."""
-    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.002, max_late=0.0003)
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     shard.receive(job, Started(ticket=1, start=10_005_000, now=10_000_000), 10.0, 10.0, offset=0.0)
     assert isinstance(shard.step(job, 10.0), BeginAt)
     shard.pause()
@@ -267,10 +270,10 @@ def test_a_turn_given_up_while_paused_is_no_late_wake_up() -> None:
     assert job.turn is None
     assert (job.given_up, job.given_up_paused) == (1, 1)
     shard.resume()
-    assert isinstance(shard.step(job, 10.007), TakeAndTry)
+    assert is_step(shard.step(job, 10.007), "take_and_try")
     shard.receive(job, Started(ticket=2, start=10_017_000, now=10_007_000), 10.007, 10.007, offset=0.0)
     assert isinstance(shard.step(job, 10.007), BeginAt)
-    assert isinstance(shard.step(job, 10.019), Retime), "not paused: moved"
+    assert is_step(shard.step(job, 10.019), "retime"), "not paused: moved"
     shard.receive(job, protocol.Passed(ticket=2, pos=3, now=10_019_000), 10.019, 10.019, offset=0.0)
     assert (job.given_up, job.given_up_paused) == (2, 1), "given up for a late wake-up"
 
@@ -302,7 +305,7 @@ def test_a_stall_between_two_clock_reads_is_no_clock_step(
     limiter.close()
     state.close()
     assert not [record for record in caplog.records if "clock" in record.getMessage()]
-    assert limiter._shard.clock_steps == 0
+    assert runner_of(limiter).shard.estimator.steps == 0
 
 
 def test_a_clock_step_warns_once_confirmed(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
@@ -322,7 +325,7 @@ def test_a_clock_step_warns_once_confirmed(caplog: pytest.LogCaptureFixture, tmp
     assert moved is not None
     assert float(moved.group(1)) == pytest.approx(-1.0, abs=0.01)
     assert "this host's forward" in warning.getMessage()
-    assert limiter._shard.clock_steps == 1
+    assert runner_of(limiter).shard.estimator.steps == 1
 
 
 def direct_answers(shard: Shard, offsets: list[float]) -> None:
@@ -330,7 +333,7 @@ def direct_answers(shard: Shard, offsets: list[float]) -> None:
     now = 100.0
     for ticket, offset in enumerate(offsets, 1):
         job = shard.add()
-        assert isinstance(shard.step(job, now), TakeAndTry)
+        assert is_step(shard.step(job, now), "take_and_try")
         state_now = round((now - offset) * US)
         shard.receive(job, Started(ticket=ticket, start=state_now, now=state_now), now, now, offset=offset)
         assert isinstance(shard.step(job, now + 0.5), Begin)
@@ -351,16 +354,16 @@ def direct_answers(shard: Shard, offsets: list[float]) -> None:
 def test_a_direct_offset_counts_a_step_only_once_the_next_answer_agrees(
     offsets: list[float], steps: int, by: float
 ) -> None:
-    shard = Shard(1.0, lead=0.0, max_late=None)
+    shard = make_shard(1.0, lead=0.0, max_late=None)
     direct_answers(shard, offsets)
-    assert shard.clock_steps == steps
-    assert shard.clock_step == pytest.approx(by)
+    assert shard.estimator.steps == steps
+    assert shard.estimator.step == pytest.approx(by)
 
 
 def test_a_state_on_the_shards_own_clock_has_no_steps() -> None:
-    shard = Shard(1.0, lead=0.0, max_late=None, same_clock=True)
+    shard = make_shard(1.0, lead=0.0, max_late=None, same_clock=True)
     direct_answers(shard, [0.0, 1.0, 1.0, 1.0])
-    assert shard.clock_steps == 0
+    assert shard.estimator.steps == 0
 
 
 def test_a_raising_hook_warns_once_per_limiter(caplog: pytest.LogCaptureFixture) -> None:
@@ -384,7 +387,7 @@ def test_a_queue_whose_state_fails_warns(caplog: pytest.LogCaptureFixture, tmp_p
     url = (tmp_path / "state.json").as_uri()
     name = fresh()
     state = ratequeue.open_state(url)
-    state.take(name, 10_000)
+    do(state, "take", name, 10_000)
     record_file, _ = state.record_files(name)  # type: ignore[attr-defined]
     Path(record_file).write_text("[")
     with (

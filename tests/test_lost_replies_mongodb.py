@@ -1,4 +1,4 @@
-"""MongoDB with replies lost on purpose: a re-sent ``try_start`` keeps its turn (DESIGN.md §3).
+"""MongoDB with replies lost on purpose: a re-sent ``try_start`` keeps its turn (docs/design.md, "try_start").
 
 The states talk to the test's server through :class:`ReplyDropper`, a real
 TCP proxy: armed with ``b"findAndModify"`` (which only an operation's
@@ -22,15 +22,16 @@ from pymongo import AsyncMongoClient, MongoClient
 
 import ratequeue
 from ratequeue import aio
-from ratequeue.aio.mongodb import AsyncMongoState
+from ratequeue.core.flow import Flow
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import NEVER, Answer, Outcome, Record, Started, Taken
+from ratequeue.core.shard import Turn
 from ratequeue.errors import StateCorrupted, StateUnavailable
-from ratequeue.protocol import NEVER, Outcome, Record, Started, Taken
-from ratequeue.shard import Turn
-from ratequeue.state._mongodb_codec import parse_outcome, parse_taken
-from ratequeue.state.base import Terms
-from ratequeue.state.mongodb import MongoState
+from ratequeue.state.mongodb import AsyncMongoState, MongoBackend, MongoState
+from ratequeue.state.mongodb.codec import parse_outcome, parse_taken
 
 from ._proxy import ReplyDropper
+from .ops import ado, do
 from .servers import Server, free_port
 
 #: the command name every update carries, and nothing else the clients send
@@ -77,9 +78,9 @@ def test_a_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper) -> No
     client: MongoClient[Any] = MongoClient(proxied(proxy))
     with MongoState(client, database="lost_replies") as state:
         name = fresh_name()
-        ticket = state.take(name, INTERVAL_US).ticket
+        ticket = do(state, "take", name, INTERVAL_US).ticket
         proxy.drop_reply_to(UPDATE)
-        outcome = state.try_start(name, INTERVAL_US, ticket, 0)
+        outcome = do(state, "try_start", name, INTERVAL_US, ticket, 0)
         assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
         assert_started_once(outcome, ticket, state.read(name).record)
 
@@ -89,9 +90,9 @@ def test_an_async_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper
         client: AsyncMongoClient[Any] = AsyncMongoClient(proxied(proxy))
         async with AsyncMongoState(client, database="lost_replies") as state:
             name = fresh_name()
-            ticket = (await state.take(name, INTERVAL_US)).ticket
+            ticket = (await ado(state, "take", name, INTERVAL_US)).ticket
             proxy.drop_reply_to(UPDATE)
-            outcome = await state.try_start(name, INTERVAL_US, ticket, 0)
+            outcome = await ado(state, "try_start", name, INTERVAL_US, ticket, 0)
             assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
             assert_started_once(outcome, ticket, (await state.read(name)).record)
 
@@ -106,30 +107,28 @@ def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) ->
     assert (record.ticket, record.pos, record.at) == (ticket + 1, ticket, outcome.start)
 
 
-class LosingState(MongoState):
-    """A MongoState whose first ``try_start`` loses its reply (the operation itself reaches the server)."""
+class Losing(MongoBackend[Any]):
+    """A MongoDB state whose first ``try_start`` loses its reply (the operation itself reaches the server).
+
+    The flow is written once for both APIs, so one override serves the sync and the asyncio state.
+    """
 
     proxy: ReplyDropper
     armed = False
 
-    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
-        if not self.armed:
+    def _execute_flow(self, op: Operation) -> Flow[Answer]:
+        if op.kind == "try_start" and not self.armed:
             self.armed = True
             self.proxy.drop_reply_to(UPDATE)
-        return super()._try_start(name, terms, ticket, lead_us, cost)
+        return super()._execute_flow(op)
 
 
-class AsyncLosingState(AsyncMongoState):
+class LosingState(Losing, MongoState):
+    """A MongoState whose first ``try_start`` loses its reply."""
+
+
+class AsyncLosingState(Losing, AsyncMongoState):
     """An AsyncMongoState whose first ``try_start`` loses its reply."""
-
-    proxy: ReplyDropper
-    armed = False
-
-    async def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
-        if not self.armed:
-            self.armed = True
-            self.proxy.drop_reply_to(UPDATE)
-        return await super()._try_start(name, terms, ticket, lead_us, cost)
 
 
 def test_a_limiter_loses_no_turn_to_a_lost_reply(proxy: ReplyDropper) -> None:
@@ -179,12 +178,25 @@ def test_an_unreachable_server_is_reported_without_the_password() -> None:
     port = free_port()  # nobody listens there
     url = f"mongodb://user:s3cret@127.0.0.1:{port}/?serverSelectionTimeoutMS=100&connectTimeoutMS=100"
     with MongoState.from_url(url) as state, pytest.raises(StateUnavailable, match="unreachable") as raised:
-        state.take("q", INTERVAL_US)
+        do(state, "take", "q", INTERVAL_US)
     assert "s3cret" not in str(raised.value)
     assert "s3cret" not in repr(state)
 
 
-RECORD = {"_id": "q", "ticket": 3, "pos": 1, "at": 5, "interval": 10}
+#: a whole stored record (every field), as the state writes one
+RECORD = {
+    "_id": "q",
+    "ticket": 3,
+    "pos": 1,
+    "at": 5,
+    "interval": 10,
+    "due": 5,
+    "burst": 1,
+    "paused": False,
+    "max_running": 0,
+    "leases": [],
+    "held": NEVER,
+}
 
 
 @pytest.mark.parametrize(
@@ -210,5 +222,10 @@ def test_a_take_must_answer_taken() -> None:
     started = {**RECORD, "answer": {"kind": "started", "ticket": 2, "value": 5, "now": 5}}
     with pytest.raises(StateCorrupted, match="kind 'started'"):
         parse_taken(started, "db.c/q")
-    taken = {**RECORD, "at": NEVER, "answer": {"kind": "taken", "ticket": 2, "value": 1, "now": 7}}
+    taken = {
+        **RECORD,
+        "at": NEVER,
+        "due": NEVER,
+        "answer": {"kind": "taken", "ticket": 2, "value": 1, "now": 7},
+    }
     assert parse_taken(taken, "db.c/q") == Taken(ticket=2, pos=1, at=NEVER, now=7)

@@ -1,4 +1,4 @@
-"""Redis with replies lost on purpose: a re-sent ``try_start`` keeps its turn (DESIGN.md §3).
+"""Redis with replies lost on purpose: a re-sent ``try_start`` keeps its turn (docs/design.md, "try_start").
 
 The states talk to the test's redis-server through :class:`ReplyDropper`, a
 real TCP proxy: armed with the bytes of one operation's name as the script
@@ -22,12 +22,12 @@ import redis.asyncio
 
 import ratequeue
 from ratequeue import aio
-from ratequeue.aio.redis import AsyncRedisState
-from ratequeue.protocol import Outcome, Record, Started, Wait
-from ratequeue.shard import Turn
-from ratequeue.state.redis import RedisState
+from ratequeue.core.protocol import Outcome, Record, Started, Wait
+from ratequeue.core.shard import Turn
+from ratequeue.state.redis import AsyncRedisState, RedisState
 
 from ._proxy import ReplyDropper
+from .ops import ado, do
 from .servers import Server
 
 #: what only a try_start call sends: its operation name, a bulk string of the EVALSHA
@@ -76,9 +76,9 @@ def async_state(proxy: ReplyDropper) -> AsyncRedisState:
 def test_a_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper) -> None:
     with sync_state(proxy) as state:
         name = fresh_name()
-        ticket = state.take(name, INTERVAL_US).ticket
+        ticket = do(state, "take", name, INTERVAL_US).ticket
         proxy.drop_reply_to(TRY_START)
-        outcome = state.try_start(name, INTERVAL_US, ticket, 0)
+        outcome = do(state, "try_start", name, INTERVAL_US, ticket, 0)
         assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
         assert_started_once(outcome, ticket, state.read(name).record)
 
@@ -87,9 +87,9 @@ def test_an_async_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper
     async def main() -> None:
         async with async_state(proxy) as state:
             name = fresh_name()
-            ticket = (await state.take(name, INTERVAL_US)).ticket
+            ticket = (await ado(state, "take", name, INTERVAL_US)).ticket
             proxy.drop_reply_to(TRY_START)
-            outcome = await state.try_start(name, INTERVAL_US, ticket, 0)
+            outcome = await ado(state, "try_start", name, INTERVAL_US, ticket, 0)
             assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
             assert_started_once(outcome, ticket, (await state.read(name)).record)
 
@@ -100,11 +100,11 @@ def test_a_lost_try_start_reply_on_a_burst_queue_still_starts(proxy: ReplyDroppe
     """Burst 3, a ticket of cost 2 behind a started one: the re-sent try_start is the same grant."""
     with sync_state(proxy) as state:
         name = fresh_name()
-        first = state.take_and_try(name, INTERVAL_US, 0, burst=3, keep_us=INTERVAL_US)
+        first = do(state, "take_and_try", name, INTERVAL_US, 0, burst=3, keep_us=INTERVAL_US)
         assert isinstance(first, Started)
-        ticket = state.take(name, INTERVAL_US, burst=3, cost=2, keep_us=INTERVAL_US).ticket
+        ticket = do(state, "take", name, INTERVAL_US, burst=3, cost=2, keep_us=INTERVAL_US).ticket
         proxy.drop_reply_to(TRY_START)
-        outcome = state.try_start(name, INTERVAL_US, ticket, 0, burst=3, cost=2, keep_us=INTERVAL_US)
+        outcome = do(state, "try_start", name, INTERVAL_US, ticket, 0, burst=3, cost=2, keep_us=INTERVAL_US)
         assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
         record = state.read(name).record
         assert isinstance(outcome, Started), f"the turn was lost: {outcome}"
@@ -125,14 +125,14 @@ def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) ->
 def test_a_lost_take_and_try_reply_costs_one_ticket_at_most(proxy: ReplyDropper) -> None:
     """A re-sent take_and_try takes a second ticket: the first, started unseen, is leaked (one interval).
 
-    DESIGN.md §3 allows this much: a ticket has no owner the server could
+    docs/design.md allows this much: a ticket has no owner the server could
     recognise. The call still answers, for the second ticket, which waits
     one interval behind the leaked start.
     """
     with sync_state(proxy) as state:
         name = fresh_name()
         proxy.drop_reply_to(TAKE_AND_TRY)
-        outcome = state.take_and_try(name, INTERVAL_US, 0)
+        outcome = do(state, "take_and_try", name, INTERVAL_US, 0)
         assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
         record = state.read(name).record
         assert record is not None
@@ -176,7 +176,7 @@ def test_a_limiter_whose_take_and_try_reply_is_lost_leaks_one_ticket(proxy: Repl
     """A lost take_and_try reply: the limiter still gets its turns, one interval apart; one ticket leaks.
 
     The leaked ticket started unseen, so the next turn comes one interval
-    after it: a slot lost, as DESIGN.md §3 allows for a re-sent take.
+    after it: a slot lost, as docs/design.md allows for a re-sent take.
     """
     with sync_state(proxy) as state:
         name = fresh_name()

@@ -19,12 +19,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ratequeue import AcquireTimeout, ConfigurationError, Limiter, Queue, aio
-from ratequeue.protocol import FULL_RECHECK_US, US
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import FULL_RECHECK_US, US, Answer
 
 from . import _workers
 from .backends import Backend
@@ -401,9 +401,9 @@ def test_a_full_queue_is_not_polled_in_a_loop_whatever_the_lead() -> None:
     class Counting(MemoryState):
         calls = 0
 
-        def _try_start(self, *args: Any, **kwargs: Any) -> Any:
-            Counting.calls += 1
-            return super()._try_start(*args, **kwargs)
+        def _execute(self, op: Operation) -> Answer:
+            Counting.calls += op.kind == "try_start"
+            return super()._execute(op)
 
     limiter = Limiter(Counting("full-poll", private=True), name="q", interval=0.01, max_running=1, lead=0.2)
     held = limiter.acquire()
@@ -440,9 +440,10 @@ def test_an_asyncio_acquire_cancelled_mid_call_gives_the_granted_place_back() ->
     from ratequeue.state.memory import MemoryState
 
     class SlowAnswers(MemoryState):
-        def _take_and_try(self, *args: Any, **kwargs: Any) -> Any:
-            answer = super()._take_and_try(*args, **kwargs)
-            time.sleep(0.3)  # applied on the state; the answer is slow to come back
+        def _execute(self, op: Operation) -> Answer:
+            answer = super()._execute(op)
+            if op.kind == "take_and_try":
+                time.sleep(0.3)  # applied on the state; the answer is slow to come back
             return answer
 
     async def main() -> float:

@@ -16,12 +16,12 @@ import pytest
 
 import ratequeue
 from ratequeue import aio
-from ratequeue.aio.postgresql import AsyncPostgresState
+from ratequeue.core.protocol import US, Started
 from ratequeue.errors import ConfigurationError, StateUnavailable
-from ratequeue.protocol import US, Started
-from ratequeue.state import from_url
-from ratequeue.state.postgresql import PostgresState, split_url
+from ratequeue.state import open_state
+from ratequeue.state.postgresql import AsyncPostgresState, PostgresState, split_url
 
+from .ops import ado, do
 from .servers import Server
 
 SECRET = "s3cr3t-pa55"
@@ -53,24 +53,24 @@ def test_options_are_ratequeues_and_the_rest_go_to_libpq() -> None:
 )
 def test_bad_urls_are_refused_before_connecting(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        from_url(url)
+        open_state(url)
     with pytest.raises(ConfigurationError, match=message):
-        aio.from_url(url)
+        aio.open_state(url)
 
 
 def test_both_schemes_open_both_states() -> None:
     for scheme in ("postgresql", "postgres"):
-        state = from_url(f"{scheme}://127.0.0.1:1/db")
+        state = open_state(f"{scheme}://127.0.0.1:1/db")
         assert isinstance(state, PostgresState)
-        assert isinstance(aio.from_url(f"{scheme}://127.0.0.1:1/db"), AsyncPostgresState)
+        assert isinstance(aio.open_state(f"{scheme}://127.0.0.1:1/db"), AsyncPostgresState)
 
 
 def test_passwords_stay_out_of_reprs_and_errors() -> None:
     url = f"postgresql://u:{SECRET}@127.0.0.1:1/db?connect_timeout=1"
-    state = from_url(url)
+    state = open_state(url)
     assert SECRET not in repr(state)
     with pytest.raises(StateUnavailable) as caught:
-        state.take("q", 1000)
+        do(state, "take", "q", 1000)
     assert SECRET not in str(caught.value)
     assert SECRET not in str(caught.value.where)
     assert "127.0.0.1:1" in str(caught.value)
@@ -86,8 +86,8 @@ def test_a_missing_driver_says_what_to_install(monkeypatch: pytest.MonkeyPatch) 
 def test_schema_and_table_are_where_the_rows_go(postgresql_server: Server) -> None:
     with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
         connection.execute("CREATE SCHEMA IF NOT EXISTS rq_schema")
-        with from_url(url_of(postgresql_server, "?schema=rq_schema&table=MixedCase")) as state:
-            assert isinstance(state.take_and_try("q", 1000, 0), Started)
+        with open_state(url_of(postgresql_server, "?schema=rq_schema&table=MixedCase")) as state:
+            assert isinstance(do(state, "take_and_try", "q", 1000, 0), Started)
             assert state.names() == ["q"]
         row = connection.execute('SELECT ticket, pos FROM rq_schema."MixedCase" WHERE name = %s', ("q",))
         assert row.fetchall() == [(2, 1)]
@@ -105,7 +105,7 @@ def test_a_ready_connection_must_be_autocommit(postgresql_server: Server) -> Non
         state = PostgresState(connection, table="ready_conn")
         assert SECRET not in state.url
         assert state.url.startswith("postgresql://postgres@127.0.0.1:")
-        assert isinstance(state.take_and_try("q", 1000, 0), Started)
+        assert isinstance(do(state, "take_and_try", "q", 1000, 0), Started)
         assert state.read("q").record is not None
         assert state.reset("q") is True
         assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -117,12 +117,12 @@ def test_a_ready_pool_is_used(postgresql_server: Server) -> None:
         url_of(postgresql_server), kwargs={"autocommit": True}, min_size=1, max_size=2, open=True
     ) as pool:
         state = PostgresState(pool, table="ready_pool")
-        assert isinstance(state.take_and_try("q", 1000, 0), Started)
+        assert isinstance(do(state, "take_and_try", "q", 1000, 0), Started)
         assert state.names("q") == ["q"]
 
 
 def test_the_state_clock_is_the_servers_in_whole_microseconds(postgresql_server: Server) -> None:
-    with from_url(url_of(postgresql_server, "?table=clock")) as state:
+    with open_state(url_of(postgresql_server, "?table=clock")) as state:
         before = time.time_ns() // 1000
         now = state.read("q").now
         after = time.time_ns() // 1000
@@ -136,7 +136,7 @@ def test_an_uncontended_acquire_is_one_statement(postgresql_server: Server) -> N
     """Once the table and function are known, each operation is one statement on one connection."""
     with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
         state = PostgresState(connection, table="one_statement")
-        state.take_and_try("warm", 1000, 0)  # the setup check and the connection's warm-up
+        do(state, "take_and_try", "warm", 1000, 0)  # the setup check and the connection's warm-up
         sent: list[str] = []
         original = connection.execute
 
@@ -153,10 +153,10 @@ def test_an_uncontended_acquire_is_one_statement(postgresql_server: Server) -> N
 
 def test_asyncio_state_answers_and_closes(postgresql_server: Server) -> None:
     async def main() -> None:
-        state = aio.from_url(url_of(postgresql_server, "?table=aio_edges"))
+        state = aio.open_state(url_of(postgresql_server, "?table=aio_edges"))
         assert isinstance(state, AsyncPostgresState)
-        first = await state.take_and_try("q", 1000, 0)
-        second = await state.take_and_try("q", 1000, 10_000_000)
+        first = await ado(state, "take_and_try", "q", 1000, 0)
+        second = await ado(state, "take_and_try", "q", 1000, 10_000_000)
         assert isinstance(first, Started)
         assert isinstance(second, Started)
         assert second.start - first.start >= 1000

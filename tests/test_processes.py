@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from ratequeue import Limiter
-from ratequeue.state import Snapshot, from_url
+from ratequeue.running import runner_of
+from ratequeue.state import Snapshot, open_state
 
 from ._procs import Fleet, Hogs, Spec, Start
 from .backends import Backend
@@ -46,7 +47,7 @@ ALLOWANCE_US = 1_000_000
 
 
 def _snapshot(url: str, name: str) -> Snapshot:
-    with from_url(url) as state:
+    with open_state(url) as state:
         return state.read(name)
 
 
@@ -326,7 +327,7 @@ def test_begins_keep_the_interval_beside_a_busy_loop(shared_backend: Backend) ->
         # enough to check a begin against it, so the limiter does not check (docs/backends.md)
         limiter = Limiter(url, name=name, interval=INTERVAL)
         try:
-            assert limiter._shard.max_late is None
+            assert runner_of(limiter).shard.max_late is None
         finally:
             limiter.close()
         return

@@ -1,4 +1,4 @@
-"""Properties of the reference protocol (ratequeue.protocol) under any operation sequence."""
+"""Properties of the reference protocol (ratequeue.core.protocol) under any operation sequence."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratequeue import protocol
-from ratequeue.protocol import NEVER, PAUSED_RECHECK_US, Passed, Record, Started, Wait
+from ratequeue.core import protocol
+from ratequeue.core.protocol import NEVER, PAUSED_RECHECK_US, Passed, Record, Started, Wait
 
 from .strategies import epochs_us, intervals_us, leads_us, retime_ticket
 from .strategies import operations as ops_strategy
@@ -38,7 +38,7 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
         if kind in ("pause", "resume"):
             record, changed = protocol.set_paused(record, kind == "pause", now)
             assert changed is (before.paused != (kind == "pause"))
-            assert record == Record(**{**before.__dict__, "paused": kind == "pause"}), "only the flag changes"
+            assert record == before._replace(paused=kind == "pause"), "only the flag changes"
         elif kind == "take":
             record, taken = protocol.take(record, now)
             assert taken.ticket == before.ticket
@@ -67,12 +67,12 @@ def check_outcome(
 ) -> None:
     if before.paused:
         assert after.paused
-        assert not isinstance(outcome, Started) or protocol.is_same_grant(before, ticket, now), (
+        assert not isinstance(outcome, Started) or protocol.repeats_start(before, ticket, now), (
             "while paused, nothing starts but the same grant again"
         )
         if isinstance(outcome, Wait):
             assert outcome.slot >= now + PAUSED_RECHECK_US, "a paused queue is asked again a second on"
-    if isinstance(outcome, Started) and protocol.is_same_grant(before, ticket, now):
+    if isinstance(outcome, Started) and protocol.repeats_start(before, ticket, now):
         assert outcome.start == before.at, "asked again, the latest start is the same grant"
         assert after == before, "a repeated grant changes nothing"
         assert history.starts, "only a real start is granted again"
@@ -88,7 +88,7 @@ def check_outcome(
     else:
         assert isinstance(outcome, Passed)
         assert outcome.pos >= ticket or ticket >= after.ticket
-        assert not protocol.is_same_grant(before, ticket, now)
+        assert not protocol.repeats_start(before, ticket, now)
 
 
 def check_retime(
@@ -98,7 +98,7 @@ def check_retime(
         assert before.pos == ticket, "only the latest start moves"
         assert outcome.start == max(before.at, now + lead), "forward only, to now + lead at the earliest"
         assert after == Record(
-            before.ticket, before.pos, outcome.start, before.interval, paused=before.paused
+            before.ticket, before.pos, outcome.start, before.interval, outcome.start, paused=before.paused
         )
         if history.starts and history.starts[-1][0] == ticket:
             history.starts[-1] = (ticket, outcome.start)
@@ -120,7 +120,7 @@ def test_starts_are_spaced_and_ordered(interval: int, epoch: int, ops: list[tupl
 
 
 @given(intervals_us, epochs_us, operations)
-def test_current_never_moves_back(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> None:
+def test_pos_never_moves_back(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> None:
     """G2: pos and ticket never decrease; at never decreases once set; pos < ticket always."""
     records = run(interval, epoch, ops).records
     for before, after in itertools.pairwise(records):
@@ -160,7 +160,7 @@ def test_first_ticket_starts_at_once(interval: int, epoch: int, lead: int) -> No
     """An unused queue starts its first job immediately."""
     record, outcome = protocol.take_and_try(protocol.new_record(interval), lead, epoch)
     assert outcome == Started(ticket=1, start=epoch, now=epoch)
-    assert record == Record(ticket=2, pos=1, at=epoch, interval=interval)
+    assert record == Record(ticket=2, pos=1, at=epoch, interval=interval, due=epoch)
 
 
 @given(intervals_us, epochs_us, st.integers(1, 10))

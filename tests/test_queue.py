@@ -10,9 +10,9 @@ import pytest
 
 import ratequeue
 from ratequeue import Queue, QueueClosed
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import Answer, Started
 from ratequeue.events import REPORTER_THREAD
-from ratequeue.protocol import Outcome, Started
-from ratequeue.state.base import Terms
 from ratequeue.state.memory import MemoryState
 
 LONG = 30.0
@@ -182,16 +182,11 @@ class RecordingState(MemoryState):
         super().__init__(private=True)
         self.starts: list[int] = []
 
-    def _take_and_try(self, name: str, terms: Terms, lead: int, cost: int) -> Outcome:
-        return self._remember(super()._take_and_try(name, terms, lead, cost))
-
-    def _try_start(self, name: str, terms: Terms, ticket: int, lead: int, cost: int) -> Outcome:
-        return self._remember(super()._try_start(name, terms, ticket, lead, cost))
-
-    def _remember(self, outcome: Outcome) -> Outcome:
-        if isinstance(outcome, Started):
-            self.starts.append(outcome.start)
-        return outcome
+    def _execute(self, op: Operation) -> Answer:
+        answer = super()._execute(op)
+        if op.kind in ("take_and_try", "try_start") and isinstance(answer, Started):
+            self.starts.append(answer.start)
+        return answer
 
 
 def test_starts_are_spaced_on_the_state_clock() -> None:

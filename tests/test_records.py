@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 import ratequeue
-from ratequeue import protocol
+from ratequeue.core import protocol
+from ratequeue.core.flow import run
+from ratequeue.core.protocol import MAX_LEAD_US, NEVER, US, Record, Started, Wait
+from ratequeue.core.shard import RECHECK, SleepUntil
 from ratequeue.errors import ConfigurationError, StateCorrupted
-from ratequeue.protocol import MAX_LEAD_US, NEVER, US, Record, Started, Wait
-from ratequeue.shard import RECHECK, Shard, SleepUntil, TakeAndTry, TryStart
 from ratequeue.state import State
-from ratequeue.state._redis_codec import SCRIPT
 from ratequeue.state.file import FileState
 from ratequeue.state.memory import MemoryState
 from ratequeue.state.mongodb import MongoState
@@ -37,6 +37,7 @@ from ratequeue.state.postgresql import PostgresState
 from ratequeue.state.redis import RedisState
 
 from .backends import Backend
+from .ops import Step, do, is_step, make_shard
 
 INTERVAL = 10_000  # us
 LAST_TICKET = 2**52 - 1
@@ -47,12 +48,28 @@ NOW = 1_800_000_000_000_000  # a fixed state clock (us), for the tests on a cloc
 # -- raw records -------------------------------------------------------------
 
 
+def full(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with the fields a record has and they leave out, as a fresh record has them."""
+    at = fields.get("at", NEVER)
+    defaults = {"due": at, "burst": 1, "paused": False, "max_running": 0, "leases": [], "held": NEVER}
+    return {**defaults, **fields}
+
+
+def record_of(fields: dict[str, Any]) -> Record:
+    """The :class:`Record` ``fields`` stand for (those left out as :func:`full` fills them)."""
+    fields = full(fields)
+    leases = tuple(map(tuple, fields.pop("leases")))
+    return Record(**{**fields, "max_running": fields["max_running"] or None, "leases": leases})
+
+
 def poke(backend: Backend, state: State, name: str, fields: dict[str, Any]) -> None:
-    """Store ``fields`` as ``name``'s record, bypassing every check."""
+    """Store ``fields`` (and the fields they leave out, as a fresh record has them) as ``name``'s record."""
     if isinstance(state, MemoryState):
-        state._records[name] = Record(**fields)
-    elif isinstance(state, FileState):
-        state.take(name, fields["interval"] if isinstance(fields.get("interval"), int) else INTERVAL)
+        state._records[name] = record_of(fields)
+        return
+    fields = full(fields)
+    if isinstance(state, FileState):
+        do(state, "take", name, fields["interval"] if isinstance(fields.get("interval"), int) else INTERVAL)
         if hasattr(state, "record_files"):  # one file per queue
             file = state.record_files(name)[0]
             data = json.loads(file.read_text())
@@ -65,28 +82,28 @@ def poke(backend: Backend, state: State, name: str, fields: dict[str, Any]) -> N
     elif isinstance(state, RedisState):
         client: redis.Redis = state.client
         client.delete(state.key(name))
-        client.hset(state.key(name), mapping={key: str(value) for key, value in fields.items()})
+        stored = {
+            key: str(int(value)) if isinstance(value, bool) else str(value) for key, value in fields.items()
+        }
+        stored["leases"] = (
+            ",".join(f"{t}:{e}" for t, e in fields["leases"])
+            if isinstance(fields["leases"], list)
+            else str(fields["leases"])
+        )
+        client.hset(state.key(name), mapping=stored)
     elif isinstance(state, PostgresState):
         state.read(name)  # the table exists
         row = {
-            "burst": 1,
-            "due_us": fields.get("at"),
-            "paused": False,
-            "max_running": 0,
-            "leases": [],
-            "held_us": NEVER,
-            **{
-                f"{key}_us" if key in ("at", "interval", "due", "held") else key: v
-                for key, v in fields.items()
-            },
+            f"{key}_us" if key in ("at", "interval", "due", "held") else key: v for key, v in fields.items()
         }
-        state._fetch(sql.SQL("DELETE FROM {} WHERE name = %s").format(state.table), (name,))
+        row["leases"] = [number for lease in row["leases"] for number in lease]
+        run(state._fetch_flow(sql.SQL("DELETE FROM {} WHERE name = %s").format(state.table), (name,)))
         insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
             state.table,
             sql.SQL(", ").join(map(sql.Identifier, ["name", *row])),
             sql.SQL(", ").join([sql.Placeholder()] * (len(row) + 1)),
         )
-        state._fetch(insert, (name, *row.values()))
+        run(state._fetch_flow(insert, (name, *row.values())))
     else:
         assert isinstance(state, MongoState)
         state.collection.replace_one({"_id": name}, {"_id": name, **fields}, upsert=True)
@@ -103,7 +120,9 @@ def raw(state: State, name: str) -> object:
     if isinstance(state, RedisState):
         return state.client.hgetall(state.key(name))
     if isinstance(state, PostgresState):
-        rows, _ = state._fetch(sql.SQL("SELECT * FROM {} WHERE name = %s").format(state.table), (name,))
+        rows, _ = run(
+            state._fetch_flow(sql.SQL("SELECT * FROM {} WHERE name = %s").format(state.table), (name,))
+        )
         return rows
     assert isinstance(state, MongoState)
     # without ``answer``: the reply of the last operation, left beside the record (a refusal's too)
@@ -112,11 +131,11 @@ def raw(state: State, name: str) -> object:
 
 def operations(name: str, interval: int) -> dict[str, Callable[[State], object]]:
     return {
-        "take": lambda s: s.take(name, interval),
-        "take_and_try": lambda s: s.take_and_try(name, interval, 0),
-        "try_start": lambda s: s.try_start(name, interval, 2, 0),
-        "retime": lambda s: s.retime(name, interval, 1, 0),
-        "set_paused": lambda s: s.set_paused(name, interval, True),
+        "take": lambda s: do(s, "take", name, interval),
+        "take_and_try": lambda s: do(s, "take_and_try", name, interval, 0),
+        "try_start": lambda s: do(s, "try_start", name, interval, 2, 0),
+        "retime": lambda s: do(s, "retime", name, interval, 1, 0),
+        "set_paused": lambda s: do(s, "set_paused", name, interval, True),
         "read": lambda s: s.read(name),
     }
 
@@ -136,7 +155,7 @@ def assert_refused(
 def assert_reset_clears(state: State, name: str) -> None:
     assert state.reset(name) is True
     assert state.read(name).record is None
-    assert isinstance(state.take_and_try(name, INTERVAL, 0), Started)
+    assert isinstance(do(state, "take_and_try", name, INTERVAL, 0), Started)
 
 
 # -- a start further ahead than any lead --------------------------------------
@@ -160,13 +179,17 @@ def test_the_lead_limit_is_exact(backend: Backend) -> None:
     clock[0] = NOW
     name = backend.fresh_name()
     poke(backend, state, name, {"ticket": 3, "pos": 1, "at": NOW + MAX_LEAD_US, "interval": INTERVAL})
-    assert state.read(name).record == Record(ticket=3, pos=1, at=NOW + MAX_LEAD_US, interval=INTERVAL)
-    assert state.try_start(name, INTERVAL, 2, 0) == Wait(ticket=2, slot=NOW + MAX_LEAD_US + INTERVAL, now=NOW)
+    assert state.read(name).record == Record(
+        ticket=3, pos=1, at=NOW + MAX_LEAD_US, interval=INTERVAL, due=NOW + MAX_LEAD_US
+    )
+    assert do(state, "try_start", name, INTERVAL, 2, 0) == Wait(
+        ticket=2, slot=NOW + MAX_LEAD_US + INTERVAL, now=NOW
+    )
     bad = NOW + MAX_LEAD_US + 1
     poke(backend, state, name, {"ticket": 3, "pos": 1, "at": bad, "interval": INTERVAL})
     assert_refused(state, name, operations(name, INTERVAL), rf"has at={bad}, .*\(now={NOW}\)")
     clock[0] = NOW + 1  # the clock catches up: the same record is one the protocol writes
-    assert state.read(name).record == Record(ticket=3, pos=1, at=bad, interval=INTERVAL)
+    assert state.read(name).record == Record(ticket=3, pos=1, at=bad, interval=INTERVAL, due=bad)
     assert state.reset(name) is True
 
 
@@ -177,7 +200,7 @@ def test_a_far_future_at_with_another_interval_is_a_mismatch_first(backend: Back
     at = state.read(name).now + TEN_YEARS_US
     poke(backend, state, name, {"ticket": 3, "pos": 1, "at": at, "interval": INTERVAL})
     with pytest.raises(ConfigurationError, match="interval"):
-        state.take(name, 2 * INTERVAL)
+        do(state, "take", name, 2 * INTERVAL)
     assert state.reset(name) is True
 
 
@@ -194,16 +217,16 @@ def test_the_last_ticket_is_never_taken(backend: Backend) -> None:
     pattern = rf"has ticket={LAST_TICKET}, the last ticket a record can hold.*reset the queue"
     calls = operations(name, INTERVAL)
     assert_refused(state, name, {op: calls[op] for op in ("take", "take_and_try")}, pattern)
-    assert state.read(name).record == Record(**fields)  # the record itself is one ratequeue writes
+    assert state.read(name).record == record_of(fields)  # the record itself is one ratequeue writes
     assert_reset_clears(state, name)
 
 
 def test_the_reference_refuses_the_last_ticket_and_a_far_at() -> None:
-    record = Record(ticket=LAST_TICKET, pos=0, at=NEVER, interval=1)
+    record = Record(ticket=LAST_TICKET, pos=0, at=NEVER, interval=1, due=NEVER)
     with pytest.raises(protocol.Unwritten) as caught:
         protocol.take(record, 0)
     assert (caught.value.field, caught.value.value) == ("ticket", LAST_TICKET)
-    far = Record(ticket=2, pos=1, at=MAX_LEAD_US + 1, interval=1)
+    far = Record(ticket=2, pos=1, at=MAX_LEAD_US + 1, interval=1, due=MAX_LEAD_US + 1)
     for call in (
         lambda: protocol.take(far, 0),
         lambda: protocol.try_start(far, 1, 0, 0),
@@ -225,7 +248,7 @@ def test_the_reference_refuses_the_last_ticket_and_a_far_at() -> None:
 def test_the_protocol_never_writes_what_it_refuses(interval: int, lead: int, gap: int, step: int) -> None:
     """With a lead of at most MAX_LEAD_US, every record written passes the check at the time it is written."""
     now = 10**15
-    record = Record(ticket=3, pos=1, at=now - gap, interval=interval)
+    record = Record(ticket=3, pos=1, at=now - gap, interval=interval, due=now - gap)
     for operation in ("try", "take_and_try", "retime", "try"):
         if operation == "try":
             record, _ = protocol.try_start(record, record.pos + 1, lead, now)
@@ -284,11 +307,11 @@ def test_wrong_types_are_refused(backend: Backend, fields: dict[str, Any], patte
 
 @pytest.mark.parametrize("value", ["yes", 1, 0, None], ids=["text", "one", "zero", "null"])
 def test_a_paused_flag_that_is_not_a_boolean_is_refused(backend: Backend, value: object) -> None:
-    """``paused`` is missing, true or false (Redis: absent or "1"); anything else is refused by name."""
+    """``paused`` is true or false (Redis: "1" or "0"); anything else is refused by name."""
     if backend.kind == "memory":
         pytest.skip("the memory state stores Record objects ratequeue made, never raw fields")
-    if backend.kind == "redis" and value in (None, 1):
-        pytest.skip('a Redis hash has no null (absent: not paused), and "1" is how it says paused')
+    if backend.kind == "redis" and value in (None, 1, 0):
+        pytest.skip('a Redis hash has no null, and "1" and "0" are how it says paused and not paused')
     if backend.kind == "postgresql":
         pytest.skip("a PostgreSQL boolean NOT NULL column holds true or false only")
     state = backend.open()
@@ -303,13 +326,13 @@ def test_a_paused_record_is_read_by_every_backend(backend: Backend) -> None:
     """A stored paused flag (file and MongoDB: ``true``, Redis: ``"1"``) reads as paused; false as not."""
     state = backend.open()
     name = backend.fresh_name()
-    stored: object = "1" if backend.kind == "redis" else True
+    stored: object = True
     fields = {"ticket": 3, "pos": 1, "at": 5, "interval": INTERVAL}
     poke(backend, state, name, {**fields, "paused": stored})
-    assert state.read(name).record == Record(**fields, paused=True)
-    if backend.kind in ("file", "mongodb", "postgresql"):
+    assert state.read(name).record == record_of({**fields, "paused": True})
+    if backend.kind != "memory":
         poke(backend, state, name, {**fields, "paused": False})
-        assert state.read(name).record == Record(**fields)
+        assert state.read(name).record == record_of(fields)
     assert state.reset(name) is True
 
 
@@ -318,31 +341,25 @@ def test_states_refuse_a_lead_past_the_limit(backend: Backend) -> None:
     state = backend.open()
     name = backend.fresh_name()
     for call in (
-        lambda: state.take_and_try(name, INTERVAL, MAX_LEAD_US + 1),
-        lambda: state.try_start(name, INTERVAL, 1, MAX_LEAD_US + 1),
-        lambda: state.retime(name, INTERVAL, 1, MAX_LEAD_US + 1),
+        lambda: do(state, "take_and_try", name, INTERVAL, MAX_LEAD_US + 1),
+        lambda: do(state, "try_start", name, INTERVAL, 1, MAX_LEAD_US + 1),
+        lambda: do(state, "retime", name, INTERVAL, 1, MAX_LEAD_US + 1),
     ):
         with pytest.raises(ConfigurationError, match=rf"lead_us must be at most {MAX_LEAD_US}"):
             call()
     assert state.read(name).record is None
-    assert isinstance(state.take_and_try(name, INTERVAL, MAX_LEAD_US), Started)
-
-
-def test_the_script_states_the_protocols_limits() -> None:
-    match = re.search(r"^local MAX_LEAD = (\d+)$", SCRIPT, re.MULTILINE)
-    assert match is not None
-    assert int(match.group(1)) == MAX_LEAD_US
+    assert isinstance(do(state, "take_and_try", name, INTERVAL, MAX_LEAD_US), Started)
 
 
 # -- shards notice a reset ------------------------------------------------------
 
 
 def test_the_shard_clamps_its_lead() -> None:
-    assert Shard(1.0, lead=7200.0).lead == MAX_LEAD_US / US
-    shard = Shard(1.0, jitter=5000.0)
+    assert make_shard(1.0, lead=7200.0).lead == MAX_LEAD_US / US
+    shard = make_shard(1.0, jitter=5000.0)
     assert shard.lead == MAX_LEAD_US / US
     job = shard.add()
-    assert shard.step(job, 0.0) == TakeAndTry(lead_us=MAX_LEAD_US)
+    assert shard.step(job, 0.0) == Step("take_and_try", lead_us=MAX_LEAD_US)
 
 
 def test_a_waiter_on_a_far_slot_gets_its_turn_soon_after_a_reset() -> None:
@@ -405,14 +422,14 @@ def test_a_file_state_waiter_notices_a_reset(tmp_path: Path) -> None:
 )
 def test_a_head_re_asks_within_the_bound(slot: float, lead: float, received: float) -> None:
     """Told to wait for a slot however far, the head asks the state again within RECHECK of the answer."""
-    shard = Shard(30.0, lead=lead)
+    shard = make_shard(30.0, lead=lead)
     job = shard.add()
-    assert isinstance(shard.step(job, received), TakeAndTry)
+    assert is_step(shard.step(job, received), "take_and_try")
     shard.receive(job, Wait(ticket=2, slot=round(slot * US), now=0), received, received, offset=received)
     now = received
     for _ in range(3):  # a sleep may end early (a change of the shard): asking again never goes past
         step = shard.step(job, now)
-        if isinstance(step, TryStart):
+        if is_step(step, "try_start"):
             break
         assert isinstance(step, SleepUntil)
         assert step.until <= received + RECHECK + 1e-9

@@ -27,12 +27,10 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from ratequeue import Limiter
-from ratequeue.aio.redis import AsyncRedisState
-from ratequeue.aio.state import AsyncState
-from ratequeue.protocol import US
-from ratequeue.state import from_url
+from ratequeue.core.protocol import US
+from ratequeue.state import AsyncState, open_state
 from ratequeue.state.base import Clock
-from ratequeue.state.redis import RedisState
+from ratequeue.state.redis import AsyncRedisState, RedisState
 
 from . import _workers
 from .backends import Backend
@@ -90,7 +88,7 @@ def backend(redis_cluster: Cluster) -> Iterator[Backend]:
 
 def test_a_cluster_url_opens_a_cluster_state_that_pickles_as_its_url(redis_cluster: Cluster) -> None:
     url = f"{redis_cluster.url}?prefix=urltest:"
-    state = from_url(url)
+    state = open_state(url)
     assert isinstance(state, RedisState)
     assert isinstance(state.client, redis.cluster.RedisCluster)
     assert state.url == url
@@ -108,7 +106,7 @@ def test_a_wrong_cluster_url_is_a_clear_error() -> None:
     with pytest.raises(
         StateUnavailable, match=re.escape("Redis Cluster at redis+cluster://u:***@127.0.0.1:1")
     ):
-        from_url("redis+cluster://u:secret@127.0.0.1:1")
+        open_state("redis+cluster://u:secret@127.0.0.1:1")
 
 
 def collect(reports: Any, workers: int) -> list[tuple[int, int, int]]:

@@ -12,8 +12,9 @@ import pytest
 
 import ratequeue
 from ratequeue import AcquireTimeout, Limiter, Queue, StateUnavailable, aio
-from ratequeue.protocol import Outcome
-from ratequeue.state.base import Terms
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import US, Answer
+from ratequeue.running import runner_of
 from ratequeue.state.memory import MemoryState
 
 LONG = 30.0  # an interval no test waits out
@@ -46,7 +47,9 @@ class Unreachable(MemoryState):
         super().__init__(private=True)
         self.failures: list[float] = []
 
-    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
+    def _execute(self, op: Operation) -> Answer:
+        if op.kind != "take_and_try":
+            return super()._execute(op)
         self.failures.append(time.monotonic())
         raise StateUnavailable("down for the test", where="nowhere")
 
@@ -59,7 +62,7 @@ def test_a_reservation_keeps_its_place_and_waits_later() -> None:
     turns: list[ratequeue.Turn] = []
     thread = threading.Thread(target=lambda: turns.append(limiter.acquire()))
     thread.start()
-    wait_until(lambda: limiter._shard.waiting == 3)
+    wait_until(lambda: runner_of(limiter).shard.waiting == 3)
     a, b = first.wait(), second.wait()
     thread.join()
     assert a is not None
@@ -77,14 +80,14 @@ def test_cancel_from_another_thread_ends_the_wait_without_a_turn() -> None:
     results: list[ratequeue.Turn | None] = []
     thread = threading.Thread(target=lambda: results.append(reservation.wait()))
     thread.start()
-    wait_until(lambda: limiter._shard.ticket is not None)  # it holds a ticket and sleeps
+    wait_until(lambda: runner_of(limiter).shard.ticket is not None)  # it holds a ticket and sleeps
     reservation.cancel()
     thread.join(5)
     assert not thread.is_alive()
     assert results == [None]
     assert reservation.cancelled
     assert reservation.turn is None
-    assert limiter._shard.waiting == 0
+    assert runner_of(limiter).shard.waiting == 0
     with pytest.raises(AcquireTimeout):
         limiter.acquire(timeout=0)  # the held ticket went to the next caller, still LONG away
 
@@ -94,14 +97,14 @@ def test_a_reservation_times_out_from_its_wait() -> None:
     limiter.acquire()
     with limiter.reserve() as reservation, pytest.raises(AcquireTimeout):
         reservation.wait(timeout=0.01)
-    assert limiter._shard.waiting == 0
+    assert runner_of(limiter).shard.waiting == 0
 
 
 def test_an_unwaited_reservation_is_cancelled_on_exit() -> None:
     limiter = Limiter(MemoryState(private=True), name="q", interval=0.01)
     with limiter.reserve():
         pass
-    assert limiter._shard.waiting == 0
+    assert runner_of(limiter).shard.waiting == 0
     assert limiter.acquire(timeout=5).ticket == 1
 
 
@@ -111,7 +114,7 @@ def test_asyncio_reservation_cancelled_by_another_task() -> None:
         await limiter.acquire()
         reservation = limiter.reserve()
         waiting = asyncio.ensure_future(reservation.wait())
-        while limiter._shard.ticket is None:
+        while runner_of(limiter).shard.ticket is None:
             await asyncio.sleep(0.001)
         reservation.cancel()
         assert await asyncio.wait_for(waiting, 5) is None
@@ -135,7 +138,7 @@ def test_a_cancelled_task_of_the_sync_decorator_uses_no_turn() -> None:
     async def run() -> ratequeue.Turn:
         first = limiter.acquire()
         task = asyncio.ensure_future(call())
-        while limiter._shard.ticket is None and limiter._shard._granted is None:
+        while runner_of(limiter).shard.ticket is None and not runner_of(limiter).shard.holding:
             await asyncio.sleep(0.001)  # the worker thread holds the next ticket (or its grant)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -144,7 +147,7 @@ def test_a_cancelled_task_of_the_sync_decorator_uses_no_turn() -> None:
         # the next slot, not one later (its start is later than the slot only if this acquire
         # came after it, as on a loaded host)
         waited = turn.start_us - first.start_us
-        assert limiter._interval_us <= waited < 2 * limiter._interval_us, "the next slot, not one later"
+        assert limiter.interval * US <= waited < 2 * limiter.interval * US, "the next slot, not one later"
         return turn
 
     asyncio.run(run())

@@ -40,22 +40,22 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ratequeue import protocol
-from ratequeue import shard as shard_module
-from ratequeue.protocol import US, Record
-from ratequeue.shard import (
+from ratequeue.core import clock as clock_module
+from ratequeue.core import protocol
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import US, Record
+from ratequeue.core.shard import (
     RECHECK,
     Begin,
     BeginAt,
     Expired,
-    Job,
-    Retime,
+    Place,
     Shard,
     SleepUntil,
-    TakeAndTry,
-    TryStart,
     WaitForTurn,
 )
+
+from .ops import Step, is_step, make_shard
 
 #: float tolerance (seconds) when local float times are compared with integer microseconds
 EPS = 2e-6
@@ -71,13 +71,13 @@ class SimShard:
     lateness: float = 0.0  # how late this shard wakes from a sleep
     alive: bool = True
     wake: float | None = None  # true time of the next wake-up, if sleeping
-    jobs: list[Job] = field(default_factory=list)  # every job ever added, in order
-    expired: list[Job] = field(default_factory=list)
-    begun: list[Job] = field(default_factory=list)
+    jobs: list[Place] = field(default_factory=list)  # every job ever added, in order
+    expired: list[Place] = field(default_factory=list)
+    begun: list[Place] = field(default_factory=list)
     calls: list[tuple[str, int | None]] = field(default_factory=list)
     answer_delay: float = 0.0  # how long (s) after the state reads its clock an answer arrives
     #: a call whose answer is on its way: (job, outcome, local send time, true arrival time)
-    pending: tuple[Job, protocol.Outcome, float, float] | None = None
+    pending: tuple[Place, protocol.Outcome, float, float] | None = None
 
 
 class ShardWorld(RuleBasedStateMachine):
@@ -115,7 +115,7 @@ class ShardWorld(RuleBasedStateMachine):
         lead = None if fixed_lead_ms is None else fixed_lead_ms / 1000
         max_late = None if max_late_ms is None else max_late_ms / 1000
         self.shards = [
-            SimShard(i, Shard(interval_ms / 1000, lead=lead, max_late=max_late), clock_offset=offsets[i])
+            SimShard(i, make_shard(interval_ms / 1000, lead=lead, max_late=max_late), clock_offset=offsets[i])
             for i in range(shards)
         ]
         self.max_late = self.shards[0].shard.max_late
@@ -158,7 +158,7 @@ class ShardWorld(RuleBasedStateMachine):
                     sim.shard.cancel(job)
                     sim.expired.append(job)
                     progressed = True
-                elif isinstance(step, (TakeAndTry, TryStart, Retime)):
+                elif isinstance(step, Operation):
                     self.call(sim, job, step, now)
                     progressed = True
                     if sim.pending is not None:
@@ -186,13 +186,13 @@ class ShardWorld(RuleBasedStateMachine):
                 return
         raise AssertionError("the shard never settles")
 
-    def call(self, sim: SimShard, job: Job, step: TakeAndTry | TryStart | Retime, now: float) -> None:
+    def call(self, sim: SimShard, job: Place, step: Operation, now: float) -> None:
         assert not sim.shard.paused, "G6: a paused shard calls the state"
         state_now = self.state_now()
-        if isinstance(step, TakeAndTry):
+        if is_step(step, "take_and_try"):
             sim.calls.append(("take_and_try", None))
             self.record, outcome = protocol.take_and_try(self.record, step.lead_us, state_now)
-        elif isinstance(step, TryStart):
+        elif is_step(step, "try_start"):
             sim.calls.append(("try_start", step.ticket))
             self.record, outcome = protocol.try_start(self.record, step.ticket, step.lead_us, state_now)
         else:
@@ -202,7 +202,7 @@ class ShardWorld(RuleBasedStateMachine):
         self.max_pos = self.record.pos
         if isinstance(outcome, protocol.Started):
             self.true_starts[outcome.ticket] = (outcome.start - self.state_offset) / US
-            if isinstance(step, Retime):
+            if is_step(step, "retime"):
                 assert self.starts[-1][0] == outcome.ticket, "only the latest start moves"
                 self.starts[-1] = (outcome.ticket, outcome.start)
             else:
@@ -214,7 +214,7 @@ class ShardWorld(RuleBasedStateMachine):
             self.answer(sim, job, outcome, now, now)
 
     def answer(
-        self, sim: SimShard, job: Job, outcome: protocol.Outcome, sent: float, received: float
+        self, sim: SimShard, job: Place, outcome: protocol.Outcome, sent: float, received: float
     ) -> None:
         """``outcome`` reaches ``sim`` at local time ``received``."""
         sim.shard.receive(job, outcome, sent, received)
@@ -226,7 +226,7 @@ class ShardWorld(RuleBasedStateMachine):
             ]
             assert len(started) <= 1, "a STARTED turn goes to one job at most"
 
-    def begin(self, sim: SimShard, job: Job) -> None:
+    def begin(self, sim: SimShard, job: Place) -> None:
         """``job`` begins now: record its true start and begin times."""
         assert job.turn is not None
         sim.begun.append(job)
@@ -414,9 +414,9 @@ TestShardWorld = ShardWorld.TestCase
 
 def test_idle_shard_asks_for_nothing() -> None:
     """A shard without jobs has nothing to do, and a new job's first step is a single fused call."""
-    shard = Shard(0.01)
+    shard = make_shard(0.01)
     job = shard.add()
-    assert shard.step(job, 0.0) == TakeAndTry(lead_us=2000)
+    assert shard.step(job, 0.0) == Step("take_and_try", lead_us=2000)
     shard.receive(job, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 0.0, 0.0)
     assert shard.step(job, 0.0) == Begin(job.turn)  # type: ignore[arg-type]
     assert shard.waiting == 0
@@ -424,9 +424,9 @@ def test_idle_shard_asks_for_nothing() -> None:
 
 def test_turn_of_a_job_that_left_goes_to_the_next() -> None:
     """A STARTED answer for a job cancelled meanwhile is given to the next waiting job."""
-    shard = Shard(0.01)
+    shard = make_shard(0.01)
     first, second = shard.add(), shard.add()
-    assert isinstance(shard.step(first, 0.0), TakeAndTry)
+    assert is_step(shard.step(first, 0.0), "take_and_try")
     shard.cancel(first)
     shard.receive(first, protocol.Started(ticket=7, start=1000, now=1000), 0.0, 0.0)
     assert second.turn is not None
@@ -436,44 +436,44 @@ def test_turn_of_a_job_that_left_goes_to_the_next() -> None:
 
 def test_expired_job_leaves_its_ticket_to_the_next() -> None:
     """A job whose slot lies past its deadline expires at once; the next job inherits the ticket."""
-    shard = Shard(1.0, lead=0.0)
+    shard = make_shard(1.0, lead=0.0)
     first = shard.add(deadline=0.5)
     second = shard.add()
-    assert isinstance(shard.step(first, 0.0), TakeAndTry)
+    assert is_step(shard.step(first, 0.0), "take_and_try")
     shard.receive(first, protocol.Wait(ticket=3, slot=800_000, now=0), 0.0, 0.0, offset=0.0)
     assert isinstance(shard.step(first, 0.0), Expired)
     shard.cancel(first)
     assert shard.step(second, 0.0) == SleepUntil(0.8)
-    assert shard.step(second, 0.8) == TryStart(ticket=3, lead_us=0)
+    assert shard.step(second, 0.8) == Step("try_start", ticket=3, lead_us=0)
 
 
 def test_a_late_answer_does_not_delay_the_local_start() -> None:
     """The offset comes from the tightest recent bound, not from each answer's own receive time."""
-    shard = Shard(1.0, lead=0.0)
+    shard = make_shard(1.0, lead=0.0)
     first = shard.add()
-    assert isinstance(shard.step(first, 10.0), TakeAndTry)
+    assert is_step(shard.step(first, 10.0), "take_and_try")
     shard.receive(first, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 10.0, 10.0001)
     assert first.turn is not None
     assert isinstance(shard.step(first, first.turn.local_start), Begin)  # a granted turn begins first
     second = shard.add()
-    assert isinstance(shard.step(second, 10.5), TakeAndTry)
+    assert is_step(shard.step(second, 10.5), "take_and_try")
     # answered at state time 5.5 s, but received 5 ms later than the first answer's bound implies
     shard.receive(second, protocol.Started(ticket=2, start=6_000_000, now=5_500_000), 10.5, 10.5051)
     assert second.turn is not None
     # the first bound, loosened only by the clocks' possible drift in the 0.5 s since
-    expected = 6.0 + 10.0001 - 5.0 + shard_module._DRIFT * (10.5051 - 10.0001)
+    expected = 6.0 + 10.0001 - 5.0 + clock_module.DRIFT * (10.5051 - 10.0001)
     assert abs(second.turn.local_start - expected) < 1e-9, "the 5 ms receive delay is not added"
 
 
 def test_a_state_clock_stepping_back_resets_the_offset() -> None:
     """After the state's clock steps back, starts convert with the clock as it is now, never earlier."""
-    shard = Shard(1.0, lead=0.0)
+    shard = make_shard(1.0, lead=0.0)
     first = shard.add()
-    assert isinstance(shard.step(first, 10.0), TakeAndTry)
+    assert is_step(shard.step(first, 10.0), "take_and_try")
     shard.receive(first, protocol.Started(ticket=1, start=5_000_000, now=5_000_000), 10.0, 10.0)
     assert isinstance(shard.step(first, 10.0), Begin)
     second = shard.add()
-    assert isinstance(shard.step(second, 10.5), TakeAndTry)
+    assert is_step(shard.step(second, 10.5), "take_and_try")
     # the state clock stepped back by 2 s: it reads 3.5 s at local 10.5
     shard.receive(second, protocol.Started(ticket=2, start=3_500_000, now=3_500_000), 10.5, 10.5)
     assert second.turn is not None
@@ -483,43 +483,43 @@ def test_a_state_clock_stepping_back_resets_the_offset() -> None:
 def _answer_at(shard: Shard, *, state_now: int, received: float, delay: float) -> float:
     """Tell ``shard`` of one answer read on the state's clock at ``state_now`` (us) and received
     ``delay`` s after that (true offset: local = state + 10 s); the offset it converts with now."""
-    return shard._offset(received - state_now / US, received, rtt=2 * delay)
+    offset, _ = shard.estimator.bound(received, state_now / US, 2 * delay)
+    return offset
 
 
 def test_a_young_shard_asks_once_more_halfway_for_another_offset_bound() -> None:
     """While few answers bound the offset, a head told to wait long for a new ticket asks once
     more, halfway; the extra answer tightens the bound its start is converted with."""
-    shard = Shard(1.0, lead=0.0)
+    shard = make_shard(1.0, lead=0.0)
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     # a fleet's first call: answered 3 ms late (true offset: local = state + 10 s)
     shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=0), 9.999, 10.003)
     assert shard.step(job, 10.003) == SleepUntil(10.003 + (10.803 - 10.003) / 2)
-    assert shard.step(job, 10.403) == TryStart(ticket=2, lead_us=0)
+    assert shard.step(job, 10.403) == Step("try_start", ticket=2, lead_us=0)
     shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=400_000), 10.4, 10.4001)
     last = shard.step(job, 10.4001)
     assert isinstance(last, SleepUntil)
     # the slot, converted with the 0.1 ms bound just learnt: no second probe for this ticket
     assert last.until == pytest.approx(10.8001, abs=1e-9), "asked more than once"
-    assert shard.step(job, last.until) == TryStart(ticket=2, lead_us=0)
+    assert shard.step(job, last.until) == Step("try_start", ticket=2, lead_us=0)
     shard.receive(job, protocol.Started(ticket=2, start=800_000, now=800_000), last.until, last.until + 0.002)
     assert job.turn is not None
     # with the 0.1 ms bound and the 0.4 s of drift allowed since, not the 2-3 ms of the others
-    assert job.turn.local_start == pytest.approx(10.8001 + shard_module._DRIFT * 0.4, abs=1e-5)
+    assert job.turn.local_start == pytest.approx(10.8001 + clock_module.DRIFT * 0.4, abs=1e-5)
 
 
 def test_a_state_clock_step_makes_a_shard_young_again() -> None:
     """After a step only the newest bound counts: the next wait for a new ticket asks once more."""
-    shard = Shard(1.0, lead=0.0)
+    shard = make_shard(1.0, lead=0.0)
     for k in range(3):
         _answer_at(shard, state_now=k * 10_000, received=10.0 + k * 0.01, delay=0.0)
-        shard._bounded_at.append(10.0 + k * 0.01)
-    clock_steps = shard.clock_steps
+    clock_steps = shard.estimator.steps
     job = shard.add()
-    assert isinstance(shard.step(job, 10.1), TakeAndTry)
+    assert is_step(shard.step(job, 10.1), "take_and_try")
     # the state's clock stepped back by 1 s
     shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=-1_000_000 + 100_000), 10.1, 10.1)
-    assert shard.clock_steps == clock_steps + 1
+    assert shard.estimator.steps == clock_steps + 1
     step = shard.step(job, 10.1)
     assert isinstance(step, SleepUntil)
     # the slot is at local 11.8 on the stepped clock; halfway to it, one more bound is asked for
@@ -528,37 +528,18 @@ def test_a_state_clock_step_makes_a_shard_young_again() -> None:
 
 def test_a_shard_reading_the_offset_directly_never_probes() -> None:
     """A state on this host's clock gives the offset itself: one call per wait, as before."""
-    shard = Shard(1.0, lead=0.0)
+    shard = make_shard(1.0, lead=0.0)
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     shard.receive(job, protocol.Wait(ticket=2, slot=800_000, now=0), 10.0, 10.003, offset=10.0)
     assert shard.step(job, 10.003) == SleepUntil(10.8)
-
-
-def test_a_tight_bound_outlives_later_loose_ones_with_its_drift_added() -> None:
-    """One quick answer keeps bounding the offset for seconds, loosened only by possible drift."""
-    shard = Shard(1.0, lead=0.0)
-    assert _answer_at(shard, state_now=0, received=10.0001, delay=0.0001) == pytest.approx(10.0001, abs=1e-9)
-    for k in range(1, 16):  # 1.5 s of answers each 2 ms late, as from a busy host
-        used = _answer_at(shard, state_now=k * 100_000, received=10.002 + k * 0.1, delay=0.002)
-        assert used == pytest.approx(10.0001 + shard_module._DRIFT * (0.0019 + k * 0.1), abs=1e-9)
-    assert used - 10.0 < 0.001, "2 ms late answers did not loosen the 0.1 ms bound (but its drift did)"
-
-
-def test_an_offset_bound_older_than_the_window_is_dropped() -> None:
-    """Past _OFFSET_WINDOW a bound no longer counts, however tight: the drift allowed is unbounded."""
-    shard = Shard(1.0, lead=0.0)
-    _answer_at(shard, state_now=0, received=10.0, delay=0.0)
-    later = shard_module._OFFSET_WINDOW + 0.5
-    used = _answer_at(shard, state_now=round(later * US), received=10.0 + later + 0.003, delay=0.003)
-    assert used == pytest.approx(10.003, abs=1e-9), "the old bound was still used"
 
 
 def test_a_loose_first_bound_is_not_kept_but_own_begins_stay_apart() -> None:
     """The first turn converted with a 2 ms late answer; later, tighter answers convert later
     turns on time again, while two begins of this shard never come closer than interval - max_late."""
     interval, max_late = 0.01, 0.0003
-    shard = Shard(interval, lead=0.0, max_late=max_late)
+    shard = make_shard(interval, lead=0.0, max_late=max_late)
     begins: list[float] = []
     errors: list[float] = []
     for k in range(10):
@@ -568,12 +549,12 @@ def test_a_loose_first_bound_is_not_kept_but_own_begins_stay_apart() -> None:
         sent = true_local - 0.00006  # the state reads its clock 10 us after the call is sent
         job = shard.add()
         if k == 0:  # a fleet's first answers: a Wait close to its slot, so no probe, 2 ms late
-            assert isinstance(shard.step(job, sent - 0.003), TakeAndTry)
+            assert is_step(shard.step(job, sent - 0.003), "take_and_try")
             wait = protocol.Wait(ticket=1, slot=start, now=start - 3_000)
             shard.receive(job, wait, sent - 0.00306, true_local - 0.003 + delay)
             assert job.expected is not None
             sent = job.expected  # the slot, converted 2 ms late
-        assert isinstance(shard.step(job, sent), (TakeAndTry, TryStart))
+        assert is_step(shard.step(job, sent), "take_and_try", "try_start")
         answer = protocol.Started(ticket=k + 1, start=start, now=start - 50)
         received = max(sent + 0.00001, true_local - 0.00005 + delay)
         shard.receive(job, answer, sent, received)
@@ -593,15 +574,15 @@ def test_a_slow_first_answer_moves_its_start_and_converts_it_with_the_next() -> 
     """A start granted by the shard's first answer may truly have been a round-trip before the
     answer came: with a 2 ms round-trip the job does not begin but moves its start, and the
     moved start is converted with the tighter bound of the second answer."""
-    shard = Shard(0.01, lead=0.001, max_late=0.0003)  # true offset: local = state + 10 s
+    shard = make_shard(0.01, lead=0.001, max_late=0.0003)  # true offset: local = state + 10 s
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     # the state read its clock at once (10.0), the answer came back 2 ms later
     shard.receive(job, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.002)
     assert job.turn is not None
     assert job.turn.local_start == pytest.approx(10.002)
     step = shard.step(job, 10.002)
-    assert step == Retime(ticket=1, lead_us=1000), "began up to 2 ms late"
+    assert step == Step("retime", ticket=1, lead_us=1000), "began up to 2 ms late"
     # read at 10.002 (state 2_002), answered 48 us later: the start moves to 10.003002
     shard.receive(job, protocol.Started(ticket=1, start=3_002, now=2_002), 10.002, 10.00205)
     assert job.turn.local_start == pytest.approx(10.003002 + 0.000048, abs=1e-7), (
@@ -613,10 +594,12 @@ def test_a_slow_first_answer_moves_its_start_and_converts_it_with_the_next() -> 
 @pytest.mark.parametrize(
     ("shard", "rtt", "offset"),
     [
-        pytest.param(Shard(0.01, lead=0.0, max_late=0.0003), 0.0002, None, id="a fast first answer"),
-        pytest.param(Shard(0.01, lead=0.0, max_late=None), 0.002, None, id="no lateness check"),
-        pytest.param(Shard(0.01, lead=0.0, max_late=0.0003, burst=3), 0.002, None, id="a burst"),
-        pytest.param(Shard(0.01, lead=0.0, max_late=0.0003), 0.002, 10.0019, id="an offset read directly"),
+        pytest.param(make_shard(0.01, lead=0.0, max_late=0.0003), 0.0002, None, id="a fast first answer"),
+        pytest.param(make_shard(0.01, lead=0.0, max_late=None), 0.002, None, id="no lateness check"),
+        pytest.param(make_shard(0.01, lead=0.0, max_late=0.0003, burst=3), 0.002, None, id="a burst"),
+        pytest.param(
+            make_shard(0.01, lead=0.0, max_late=0.0003), 0.002, 10.0019, id="an offset read directly"
+        ),
     ],
 )
 def test_a_first_answer_begins_at_once_when_its_doubt_does_not_matter(
@@ -626,7 +609,7 @@ def test_a_first_answer_begins_at_once_when_its_doubt_does_not_matter(
     with a burst (whose gaps are not promised), or a state on this host's clock (whose offset,
     read directly, has no doubt: here it read its clock 0.1 ms before the answer came)."""
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     shard.receive(job, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.0 + rtt, offset=offset)
     assert job.turn is not None
     assert shard.step(job, max(10.0 + rtt, job.turn.local_start)) == Begin(job.turn)
@@ -634,18 +617,18 @@ def test_a_first_answer_begins_at_once_when_its_doubt_does_not_matter(
 
 def test_only_the_first_answer_is_doubted() -> None:
     """A later slow answer is converted with the tighter bounds before it: its start begins at once."""
-    shard = Shard(0.01, lead=0.0, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.0, max_late=0.0003)
     first = shard.add()
-    assert isinstance(shard.step(first, 10.0), TakeAndTry)
+    assert is_step(shard.step(first, 10.0), "take_and_try")
     shard.receive(first, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.0001)
     assert first.turn is not None
     assert shard.step(first, 10.0001) == Begin(first.turn)
     second = shard.add()
-    assert isinstance(shard.step(second, 10.02), TakeAndTry)
+    assert is_step(shard.step(second, 10.02), "take_and_try")
     shard.receive(second, protocol.Started(ticket=2, start=20_000, now=20_000), 10.02, 10.022)
     assert second.turn is not None
-    assert second.turn.local_start == pytest.approx(10.0201 + shard_module._DRIFT * 0.0219, abs=1e-7)
-    assert shard.step(second, 10.022) == Retime(ticket=2, lead_us=step_lead(shard)), (
+    assert second.turn.local_start == pytest.approx(10.0201 + clock_module.DRIFT * 0.0219, abs=1e-7)
+    assert shard.step(second, 10.022) == Step("retime", ticket=2, lead_us=step_lead(shard)), (
         "1.9 ms late by the tight bound: moved as any late begin"
     )
 
@@ -668,12 +651,13 @@ def _idle_acquire(
         if isinstance(step, BeginAt):
             now = step.until
             continue
-        calls.append(type(step).__name__)
+        assert isinstance(step, Operation)
+        calls.append(step.kind)
         state_now = round((now - state_behind) * US)
-        if isinstance(step, TakeAndTry):
+        if is_step(step, "take_and_try"):
             answer = protocol.Started(ticket=len(calls), start=state_now, now=state_now)
         else:
-            assert isinstance(step, Retime), step
+            assert is_step(step, "retime"), step
             answer = protocol.Started(ticket=step.ticket, start=state_now + step.lead_us, now=state_now)
         shard.receive(job, answer, now, now + rtt)
         now += rtt
@@ -683,7 +667,7 @@ def _idle_acquire(
 def test_steady_slow_answers_cost_one_call_per_idle_acquire_after_the_first() -> None:
     """A 1 ms round-trip over a max_late of 0.3 ms: only the shard's first start is doubted
     (moved, one more call); every later idle acquire is one call and begins."""
-    shard = Shard(0.01, lead=0.001, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.001, max_late=0.0003)
     now, per_acquire = 100.0, []
     for _ in range(5):
         calls, began = _idle_acquire(shard, now, rtt=0.001)
@@ -704,38 +688,38 @@ def test_idle_acquires_over_steady_slow_answers_begin_in_one_call_after_the_firs
 ) -> None:
     """Whatever the round-trip, however long the shard idles: every acquire begins, the first in
     at most two calls (one more when its answer is doubted), every later one in one call."""
-    shard = Shard(0.05, lead=0.001, max_late=max_late)
+    shard = make_shard(0.05, lead=0.001, max_late=max_late)
     calls, now = _idle_acquire(shard, 1000.0, rtt=rtt, state_behind=behind)
     assert len(calls) <= 2
     for spell in idle:
         calls, now = _idle_acquire(shard, now + spell, rtt=rtt, state_behind=behind)
-        assert calls == ["TakeAndTry"]
+        assert calls == ["take_and_try"]
 
 
 def test_a_clock_step_makes_the_next_start_doubted() -> None:
     """After the state's clock steps back, the bounds before it are gone: the next answer is a
     first answer again, and a slow one has its start moved."""
-    shard = Shard(0.01, lead=0.001, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.001, max_late=0.0003)
     _, began = _idle_acquire(shard, 100.0, rtt=0.001)
     calls, began = _idle_acquire(shard, began + 0.05, rtt=0.0001)
-    assert calls == ["TakeAndTry"]
+    assert calls == ["take_and_try"]
     calls, _ = _idle_acquire(shard, began + 0.05, rtt=0.001, state_behind=10.005)  # 5 ms back
-    assert shard.clock_steps == 1
-    assert calls == ["TakeAndTry", "Retime"]
+    assert shard.estimator.steps == 1
+    assert calls == ["take_and_try", "retime"]
 
 
 def test_a_doubted_start_is_checked_at_once_not_after_sleeping_until_it() -> None:
     """A first, slow answer granting a start 5 ms ahead: the shard asks again at once (the start
     stays where it is, the lead being shorter), and the job begins at the start the tighter
     bound converts, not a retime lead after it."""
-    shard = Shard(0.01, lead=0.005, max_late=0.0003)  # true offset: local = state + 10 s
+    shard = make_shard(0.01, lead=0.005, max_late=0.0003)  # true offset: local = state + 10 s
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     shard.receive(job, protocol.Started(ticket=1, start=5_000, now=0), 10.0, 10.002)  # 2 ms round-trip
     assert job.turn is not None
     assert job.turn.local_start == pytest.approx(10.007)
     step = shard.step(job, 10.002)
-    assert isinstance(step, Retime), f"slept until a start it would have moved anyway: {step}"
+    assert is_step(step, "retime"), f"slept until a start it would have moved anyway: {step}"
     # read at once (state 2_000), answered 50 us later: the start is unchanged, its conversion tighter
     shard.receive(job, protocol.Started(ticket=1, start=5_000, now=2_000), 10.002, 10.00205)
     assert job.turn.local_start == pytest.approx(10.00505, abs=1e-7)
@@ -745,9 +729,9 @@ def test_a_doubted_start_is_checked_at_once_not_after_sleeping_until_it() -> Non
 def test_a_paused_shard_sleeps_until_a_doubted_start_and_gives_it_up_there() -> None:
     """A paused shard makes no call, so cannot check a doubted start: it never begins it, and
     gives it up only at the start (where a shard resumed meanwhile would have checked it)."""
-    shard = Shard(0.01, lead=0.005, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.005, max_late=0.0003)
     job = shard.add()
-    assert isinstance(shard.step(job, 10.0), TakeAndTry)
+    assert is_step(shard.step(job, 10.0), "take_and_try")
     shard.receive(job, protocol.Started(ticket=1, start=5_000, now=0), 10.0, 10.002)
     assert job.turn is not None
     start = job.turn.local_start
@@ -762,39 +746,39 @@ def test_a_paused_shard_sleeps_until_a_doubted_start_and_gives_it_up_there() -> 
 def test_a_new_shard_learns_the_state_clock_from_a_working_one() -> None:
     """A group's new key: its shard starts from its sibling's offset bounds, so its first start
     is not doubted and its idle acquire is one call over a slow network."""
-    working = Shard(0.01, lead=0.001, max_late=0.0003)
+    working = make_shard(0.01, lead=0.001, max_late=0.0003)
     _, began = _idle_acquire(working, 100.0, rtt=0.001)
-    new = Shard(0.01, lead=0.001, max_late=0.0003)
-    new.learn_clock_from(working, began + 0.05)
+    new = make_shard(0.01, lead=0.001, max_late=0.0003)
+    new.learn_clock(working, began + 0.05)
     calls, _ = _idle_acquire(new, began + 0.05, rtt=0.001)
-    assert calls == ["TakeAndTry"]
-    stale = Shard(0.01, lead=0.001, max_late=0.0003)
-    stale.learn_clock_from(working, began + 10.0)  # the working shard's bounds are 10 s old: none learnt
+    assert calls == ["take_and_try"]
+    stale = make_shard(0.01, lead=0.001, max_late=0.0003)
+    stale.learn_clock(working, began + 10.0)  # the working shard's bounds are 10 s old: none learnt
     calls, _ = _idle_acquire(stale, began + 10.0, rtt=0.001)
-    assert calls == ["TakeAndTry", "Retime"], "a stale sibling's bounds count as no bounds"
-    alone = Shard(0.01, lead=0.001, max_late=0.0003)
+    assert calls == ["take_and_try", "retime"], "a stale sibling's bounds count as no bounds"
+    alone = make_shard(0.01, lead=0.001, max_late=0.0003)
     calls, _ = _idle_acquire(alone, began + 0.05, rtt=0.001)
-    assert calls == ["TakeAndTry", "Retime"], "a shard on its own doubts its first start"
+    assert calls == ["take_and_try", "retime"], "a shard on its own doubts its first start"
 
 
 def step_lead(shard: Shard) -> int:
     """The lead (us) a late job of ``shard`` moves its start by."""
-    return round(shard._retime_lead * US)
+    return round(shard.retime_lead * US)
 
 
-def granted(shard: Shard, job: Job, *, start: int, now: float) -> None:
+def granted(shard: Shard, job: Place, *, start: int, now: float) -> None:
     """Drive ``job`` to a granted turn starting at state time ``start`` (us), received at local ``now``."""
-    assert isinstance(shard.step(job, now), TakeAndTry)
+    assert is_step(shard.step(job, now), "take_and_try")
     shard.receive(job, protocol.Started(ticket=1, start=start, now=start - 5_000), now, now)
 
 
 def test_a_late_wake_up_moves_the_start_instead_of_beginning() -> None:
     """G7: a job that wakes more than max_late after its start asks for a later start; on time, it begins."""
-    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.002, max_late=0.0003)
     job = shard.add()
     granted(shard, job, start=10_005_000, now=10.0)  # local start 10.005
     assert shard.step(job, 10.0) == BeginAt(10.005)
-    assert shard.step(job, 10.0059) == Retime(ticket=1, lead_us=1400), (
+    assert shard.step(job, 10.0059) == Step("retime", ticket=1, lead_us=1400), (
         "0.9 ms late: no begin; moved by 0.9 + 0.5 ms"
     )
     shard.receive(job, protocol.Started(ticket=1, start=10_008_000, now=10_006_000), 10.006, 10.006)
@@ -806,13 +790,13 @@ def test_a_late_wake_up_moves_the_start_instead_of_beginning() -> None:
 
 def test_the_sleep_before_a_begin_ends_early_by_the_usual_lateness() -> None:
     """After late wake-ups, the sleep before a begin ends that much early; the rest is busy-waited."""
-    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.002, max_late=0.0003)
     first = shard.add()
     granted(shard, first, start=10_005_000, now=10.0)
     assert shard.step(first, 10.0) == BeginAt(10.005)
     assert isinstance(shard.step(first, 10.0052), Begin), "0.2 ms late: within max_late"
     second = shard.add()
-    assert isinstance(shard.step(second, 10.02), TakeAndTry)
+    assert is_step(shard.step(second, 10.02), "take_and_try")
     shard.receive(second, protocol.Started(ticket=2, start=10_025_000, now=10_020_000), 10.02, 10.02)
     step = shard.step(second, 10.02)
     assert isinstance(step, BeginAt)
@@ -823,24 +807,26 @@ def test_the_sleep_before_a_begin_ends_early_by_the_usual_lateness() -> None:
 
 def test_a_late_turn_that_cannot_move_is_given_up_for_a_new_ticket() -> None:
     """G7: once a later ticket has started, the late job gives its turn up and takes a new ticket."""
-    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.002, max_late=0.0003)
     job, other = shard.add(), shard.add()
     granted(shard, job, start=10_005_000, now=10.0)
     assert isinstance(shard.step(other, 10.0), WaitForTurn), "one granted, not begun, start per shard"
-    assert isinstance(shard.step(job, 10.007), Retime)
+    assert is_step(shard.step(job, 10.007), "retime")
     shard.receive(job, protocol.Passed(ticket=1, pos=2, now=10_007_000), 10.007, 10.007)
     assert job.turn is None
     assert job.given_up == 1
-    assert shard.step(job, 10.007) == TakeAndTry(lead_us=2000), "back at the head, ahead of the others"
+    assert shard.step(job, 10.007) == Step("take_and_try", lead_us=2000), (
+        "back at the head, ahead of the others"
+    )
     assert isinstance(shard.step(other, 10.007), WaitForTurn)
 
 
 def test_a_late_turn_inside_a_burst_that_cannot_move_begins_late_instead() -> None:
     """With a burst, another start may follow at once: a late turn that cannot move is not thrown away."""
-    shard = Shard(0.01, lead=0.002, max_late=0.0003, burst=5)
+    shard = make_shard(0.01, lead=0.002, max_late=0.0003, burst=5)
     job = shard.add()
     granted(shard, job, start=10_005_000, now=10.0)
-    assert isinstance(shard.step(job, 10.007), Retime)
+    assert is_step(shard.step(job, 10.007), "retime")
     shard.receive(job, protocol.Passed(ticket=1, pos=2, now=10_007_000), 10.007, 10.007)
     assert job.turn is not None
     assert job.given_up == 0
@@ -849,7 +835,7 @@ def test_a_late_turn_inside_a_burst_that_cannot_move_begins_late_instead() -> No
 
 def test_a_paused_shard_gives_a_late_turn_up_without_calling() -> None:
     """G6 with G7: a paused shard whose job wakes late makes no call; the job waits at the head."""
-    shard = Shard(0.01, lead=0.002, max_late=0.0003)
+    shard = make_shard(0.01, lead=0.002, max_late=0.0003)
     job = shard.add()
     granted(shard, job, start=10_005_000, now=10.0)
     shard.pause()
@@ -860,7 +846,7 @@ def test_a_paused_shard_gives_a_late_turn_up_without_calling() -> None:
 
 def test_no_lateness_check_for_short_intervals_or_when_off() -> None:
     """Under four times max_late (or with max_late=None) a late job begins anyway."""
-    for shard in (Shard(0.001, max_late=0.0003), Shard(0.01, max_late=None)):
+    for shard in (make_shard(0.001, max_late=0.0003), make_shard(0.01, max_late=None)):
         job = shard.add()
         granted(shard, job, start=10_005_000, now=10.0)
         assert isinstance(shard.step(job, 10.5), Begin)
@@ -868,27 +854,27 @@ def test_no_lateness_check_for_short_intervals_or_when_off() -> None:
 
 def test_a_head_waiting_for_a_far_slot_re_asks_and_notices_a_reset() -> None:
     """Told to wait 30 s, the head asks again after RECHECK; a reset record answers PASSED: new ticket."""
-    shard = Shard(30.0, lead=0.0)
+    shard = make_shard(30.0, lead=0.0)
     job = shard.add()
-    assert isinstance(shard.step(job, 0.0), TakeAndTry)
+    assert is_step(shard.step(job, 0.0), "take_and_try")
     shard.receive(job, protocol.Wait(ticket=2, slot=30_000_000, now=0), 0.0, 0.0, offset=0.0)
     assert shard.step(job, 0.0) == SleepUntil(RECHECK)
-    assert shard.step(job, RECHECK) == TryStart(ticket=2, lead_us=0)
+    assert shard.step(job, RECHECK) == Step("try_start", ticket=2, lead_us=0)
     shard.receive(job, protocol.Wait(ticket=2, slot=30_000_000, now=1_000_000), RECHECK, RECHECK, offset=0.0)
     assert shard.step(job, RECHECK) == SleepUntil(2 * RECHECK), "the bound runs from the latest answer"
-    assert shard.step(job, 2 * RECHECK) == TryStart(ticket=2, lead_us=0)
+    assert shard.step(job, 2 * RECHECK) == Step("try_start", ticket=2, lead_us=0)
     # the record was reset meanwhile: ticket 2 was never handed out by the new one
     reset = protocol.new_record(30_000_000)
     _, answer = protocol.try_start(reset, 2, 0, 2_000_000)
     assert isinstance(answer, protocol.Passed)
     shard.receive(job, answer, 2 * RECHECK, 2 * RECHECK, offset=0.0)
-    assert isinstance(shard.step(job, 2 * RECHECK), TakeAndTry)
+    assert is_step(shard.step(job, 2 * RECHECK), "take_and_try")
 
 
 def test_a_near_slot_is_slept_for_without_an_extra_call() -> None:
     """A slot within RECHECK is slept for as before: the bound adds no call to short waits."""
-    shard = Shard(0.5, lead=0.01)
+    shard = make_shard(0.5, lead=0.01)
     job = shard.add()
-    assert isinstance(shard.step(job, 0.0), TakeAndTry)
+    assert is_step(shard.step(job, 0.0), "take_and_try")
     shard.receive(job, protocol.Wait(ticket=2, slot=500_000, now=0), 0.0, 0.0, offset=0.0)
     assert shard.step(job, 0.0) == SleepUntil(0.49)

@@ -8,22 +8,19 @@
     async with limiter:
         await call_the_api()
 
-Redis and MongoDB use their drivers' asyncio clients; the memory and file
-states run in a thread.
+Redis, MongoDB and PostgreSQL use their drivers' asyncio clients; the memory
+and file states run in a thread.
 """
 
 from __future__ import annotations
 
 from ..events import Event
+from ..state import AsyncState, ThreadedState
+from ..state import open_async_state as open_state
 from .combined import all_of
 from .group import LimiterGroup
 from .limiter import Limiter, Reservation
 from .queue import Queue
-from .state import AsyncState, ThreadedState
-from .state import from_url as open_state
-
-#: the older name of :func:`open_state`, kept working
-from_url = open_state
 
 __all__ = [
     "AsyncState",
@@ -34,6 +31,5 @@ __all__ = [
     "Reservation",
     "ThreadedState",
     "all_of",
-    "from_url",
     "open_state",
 ]

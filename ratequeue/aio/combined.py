@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from .._combined import all_of_flow
-from .._flow import arun
-from .._limiting import Seconds
-from ..shard import Turn
+from ..combined import all_of_flow
+from ..core.flow import arun
+from ..core.shard import Turn
+from ..settings import Seconds
 from .limiter import Limiter
 
 __all__ = ["all_of"]

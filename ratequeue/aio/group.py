@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .._grouping import SEPARATOR, GroupBase
+from ..grouping import SEPARATOR, GroupBase
+from ..state import AsyncState
 from .limiter import Limiter
-from .state import AsyncState, from_url
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["LimiterGroup"]
 
 
-class LimiterGroup(GroupBase[Limiter, AsyncState]):
+class LimiterGroup(GroupBase[Limiter]):
     """One :class:`aio.Limiter <ratequeue.aio.Limiter>` per key: see :class:`ratequeue.LimiterGroup`."""
+
+    _limiter_class = Limiter
+
+    @property
+    def state(self) -> AsyncState:
+        """The state every key's limiter uses."""
+        return self._state  # type: ignore[return-value]
 
     async def keys(self) -> list[str]:
         """The keys that have a record in the state now, sorted (see :meth:`ratequeue.LimiterGroup.keys`)."""
-        return self._keys_of(await self._state.names(f"{self.name}{SEPARATOR}"))
+        return self._keys_of(await self.state.names(f"{self.name}{SEPARATOR}"))
 
     async def close(self) -> None:
         """Close the state if this group opened it from a URL; deliver its keys' events on the loop."""
         if self._owns_state:
-            await self._state.close()
+            await self.state.close()
         await asyncio.sleep(0)  # the events its keys scheduled on this loop run now
 
     async def __aenter__(self) -> LimiterGroup:
@@ -30,9 +40,3 @@ class LimiterGroup(GroupBase[Limiter, AsyncState]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _limiter_class(self) -> type[Limiter]:
-        return Limiter
-
-    def _open(self, url: Any) -> AsyncState:
-        return from_url(url)

@@ -1,7 +1,7 @@
-"""Where queues keep their shared record: one module per backend.
+"""Where queues keep their shared record: one module or package per state, each with both forms.
 
-:func:`from_url` opens a state from a URL; the backend's module, and the
-optional dependency it needs, are imported only then.
+:func:`open_state` and :func:`open_async_state` open a state from a URL; the
+state's module, and the optional dependency it needs, are imported only then.
 """
 
 from __future__ import annotations
@@ -15,38 +15,41 @@ from typing import Any, Union
 
 from .._redact import redact, secrets_kept_out
 from ..errors import ConfigurationError
-from .base import Snapshot, State
+from .base import AsyncState, Snapshot, State, ThreadedState
 
-__all__ = ["BACKENDS", "Backend", "Snapshot", "State", "StateLike", "from_url", "schemes", "secrets_kept_out"]
+__all__ = [
+    "BACKENDS",
+    "AsyncState",
+    "AsyncStateLike",
+    "Backend",
+    "Snapshot",
+    "State",
+    "StateLike",
+    "ThreadedState",
+    "open_async_state",
+    "open_state",
+    "schemes",
+]
 
 
 @dataclass(frozen=True)
 class Backend:
     """Where a URL scheme's state classes live, and the extra that installs their dependency."""
 
-    #: the module and class of the synchronous state
+    #: the module, and the class of the synchronous state
     module: str
     state: str
-    #: the module and class of the asyncio state; ``None``: the sync state runs in a thread
-    async_module: str | None = None
+    #: the class of the asyncio state in the same module; ``None``: the sync state runs in a thread
     async_state: str | None = None
-    #: the extra (``pip install 'ratequeue[extra]'``) providing the driver, or ``None``
+    #: the extra (``pip install 'ratequeue[extra]'``) providing the client library, or ``None``
     extra: str | None = None
 
 
-_REDIS = Backend("ratequeue.state.redis", "RedisState", "ratequeue.aio.redis", "AsyncRedisState", "redis")
-_MONGODB = Backend(
-    "ratequeue.state.mongodb", "MongoState", "ratequeue.aio.mongodb", "AsyncMongoState", "mongodb"
-)
-_POSTGRESQL = Backend(
-    "ratequeue.state.postgresql",
-    "PostgresState",
-    "ratequeue.aio.postgresql",
-    "AsyncPostgresState",
-    "postgresql",
-)
+_REDIS = Backend("ratequeue.state.redis", "RedisState", "AsyncRedisState", "redis")
+_MONGODB = Backend("ratequeue.state.mongodb", "MongoState", "AsyncMongoState", "mongodb")
+_POSTGRESQL = Backend("ratequeue.state.postgresql", "PostgresState", "AsyncPostgresState", "postgresql")
 
-#: every URL scheme :func:`from_url` and :func:`ratequeue.aio.from_url` know, sync and asyncio
+#: every URL scheme :func:`open_state` and :func:`open_async_state` know
 BACKENDS: dict[str, Backend] = {
     "memory": Backend("ratequeue.state.memory", "MemoryState"),
     "file": Backend("ratequeue.state.file", "FileState"),
@@ -64,9 +67,12 @@ BACKENDS: dict[str, Backend] = {
 #: what the limiters and queues accept as their state
 StateLike = Union[str, "os.PathLike[str]", State, None]
 
+#: what the asyncio limiters and queues accept as their state
+AsyncStateLike = Union[str, "os.PathLike[str]", State, AsyncState, None]
+
 
 def schemes() -> list[str]:
-    """The URL schemes :func:`from_url` knows."""
+    """The URL schemes :func:`open_state` knows."""
     return sorted(BACKENDS)
 
 
@@ -92,7 +98,7 @@ def backend_of(url: str) -> Backend:
 
 
 def opener(url: str, module_name: str, class_name: str, extra: str | None) -> Callable[[str], Any]:
-    """``module_name.class_name.from_url``, imported now; a clear error if its driver is missing."""
+    """``module_name.class_name.from_url``, imported now; a clear error if its client library is missing."""
     scheme = scheme_of(url)
     try:
         module = importlib.import_module(module_name)
@@ -108,7 +114,7 @@ def opener(url: str, module_name: str, class_name: str, extra: str | None) -> Ca
     return opens
 
 
-def from_url(url: StateLike) -> State:
+def open_state(url: StateLike) -> State:
     """Open the state named by ``url``.
 
     ``None`` means the per-user default state file; a path (``os.PathLike``)
@@ -132,3 +138,20 @@ def from_url(url: StateLike) -> State:
     with secrets_kept_out(url):
         state: State = opener(url, backend.module, backend.state, backend.extra)(url)
     return state
+
+
+def open_async_state(url: AsyncStateLike) -> AsyncState:
+    """Open the state named by ``url`` for asyncio, as :func:`open_state` does.
+
+    Redis, MongoDB and PostgreSQL use their client libraries' asyncio clients; the
+    memory and file states, and any :class:`State` object, run in a thread.
+    """
+    if isinstance(url, AsyncState):
+        return url
+    if isinstance(url, str):
+        backend = backend_of(url)
+        if backend.async_state is not None:
+            with secrets_kept_out(url):
+                state: AsyncState = opener(url, backend.module, backend.async_state, backend.extra)(url)
+            return state
+    return ThreadedState(open_state(url))

@@ -1,4 +1,4 @@
-"""How a server state logs the calls it retries after a connection failure.
+"""How a server state retries the calls that fail on their connection, and logs them.
 
 A dead connection is routine: a server's idle ``timeout``, a NAT or load
 balancer that drops idle flows, PostgreSQL's ``idle_session_timeout`` or
@@ -8,6 +8,10 @@ failure in a row), or a call that gives up, is what an operator may act on:
 a WARNING -- at most one per :data:`WARNING_EVERY` seconds per state, the
 ones held back meanwhile logged at DEBUG and counted in the next warning,
 so an outage logs a warning a minute, not one per call per thread.
+
+:meth:`RetryLog.retried` is the retry loop of MongoDB's and PostgreSQL's
+calls, a :mod:`ratequeue.core.flow`; Redis' lean calls retry in their own
+(they reconnect the same connection first).
 """
 
 from __future__ import annotations
@@ -16,15 +20,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
-__all__ = ["WARNING_EVERY", "RetryLog"]
+from .._redact import scrub
+from ..core.flow import Call, Flow, Sleep
+
+__all__ = ["BACKOFF", "BACKOFF_CAP", "RETRIES", "WARNING_EVERY", "RetryLog"]
+
+T = TypeVar("T")
 
 #: the most often (s) one state logs failed retries and calls given up at WARNING
 WARNING_EVERY = 60.0
 
+#: how often :meth:`RetryLog.retried` retries a call, the first backoff and the longest (s)
+RETRIES = 5
+BACKOFF = 0.02
+BACKOFF_CAP = 0.5
+
 
 class RetryLog:
-    """The retry lines of one state, to ``log``, naming the server as ``what`` at ``where``."""
+    """The retry lines of one state, to ``log``, naming the server as ``what`` at ``where``.
+
+    :meth:`retried` carries out a call with the retries it logs.
+    """
 
     def __init__(
         self,
@@ -34,22 +52,50 @@ class RetryLog:
         *,
         every: float = WARNING_EVERY,
         clock: Callable[[], float] = time.monotonic,
-        scrub: Callable[[str], str] | None = None,
+        url: str | None = None,
+        transient: tuple[type[BaseException], ...] = (),
+        lasting: tuple[type[BaseException], ...] = (),
     ) -> None:
         """
-        :param scrub: applied to each line's text about the failure (a driver's
-            message may hold a password).
+        :param url: the state's URL, whose secrets are taken out of each line's text about
+            the failure (a client library's message may hold a password).
+        :param transient: the failures :meth:`retried` retries, less those that are ``lasting``.
         """
         self._log, self._what, self.where = log, what, where
-        self._every, self._clock, self._scrub = every, clock, scrub
+        self._transient, self._lasting = transient, lasting
+        self._every, self._clock, self._url = every, clock, url
         self._lock = threading.Lock()
         #: when the latest warning was logged (``None``: never), and how many were held back since
         self._warned: float | None = None
         self._held = 0
 
+    def retried(self, attempt: Call | Callable[[], Flow[T]]) -> Flow[T]:
+        """``attempt`` (a call, or the flow it makes) carried out; after a transient failure, again.
+
+        At most :data:`RETRIES` times again, with backoff. Any other error, and the last
+        transient failure, is raised (the state maps it). A first retry is
+        INFO (a connection closed while idle is routine), a retry that fails
+        again or a call that gives up a WARNING.
+        """
+        delay, failures = BACKOFF, 0
+        while True:
+            try:
+                return (yield attempt) if isinstance(attempt, Call) else (yield from attempt())
+            except self._transient as exc:
+                if isinstance(exc, self._lasting):
+                    raise
+                failures += 1
+                if failures > RETRIES:
+                    self.gave_up(exc, failures)
+                    raise
+                self.retrying(exc, failures, RETRIES)
+                yield Sleep(delay)
+                delay = min(delay * 2, BACKOFF_CAP)
+
     def _failure(self, failure: BaseException, where: str | None) -> str:
-        text = f"{self._what} at {where or self.where} failed ({type(failure).__name__}: {failure})"
-        return self._scrub(text) if self._scrub is not None else text
+        return scrub(
+            f"{self._what} at {where or self.where} failed ({type(failure).__name__}: {failure})", self._url
+        )
 
     def retrying(
         self,

@@ -1,23 +1,18 @@
 """``file:///path/state.json``: the records of a host's queues, one small file per queue name.
 
-``PATH`` itself is a small header that says which layout the state has; the
-records live in the directory ``PATH.d``, one file per queue name, each
-with a lock file of its own. An operation on a name reads its record (about
-a hundred bytes) and decides; if the record changes, it writes the new one
-whole to a temporary file and syncs it to disk, then locks that name only
-to check that the record is still the one it decided from and to rename the
-new file into place (else it decides again). Its cost therefore does not
-depend on how many names the state holds, a process killed mid-way never
-leaves a torn record, a change survives an operating-system crash once its
-operation has returned, the lock is held for a read and a rename
-(microseconds, never a disk sync), and a process stopped while it holds a
-name's lock stalls that name only (see docs/file-state.md). The clock is
-the host's wall clock, which every user of the state shares.
-
-A state file of the earlier layout (every record in ``PATH``, version 1) is
-read as it is by operations that write nothing, and moved into ``PATH.d`` by
-the first operation that writes, under ``PATH.lock``, the lock that earlier
-versions take for every operation (see :meth:`FileState._migrate`).
+``PATH`` itself is a small header that says what the state is; the records
+live in the directory ``PATH.d``, one file per queue name, each with a lock
+file of its own. An operation on a name reads its record (about a hundred
+bytes) and decides; if the record changes, it writes the new one whole to a
+temporary file and syncs it to disk, then locks that name only to check that
+the record is still the one it decided from and to rename the new file into
+place (else it decides again). Its cost therefore does not depend on how many
+names the state holds, a process killed mid-way never leaves a torn record, a
+change survives an operating-system crash once its operation has returned,
+the lock is held for a read and a rename (microseconds, never a disk sync),
+and a process stopped while it holds a name's lock stalls that name only
+(docs/file-state.md). The clock is the host's wall clock, which every user
+of the state shares.
 
 Waiting for a lock costs no CPU while it stays held: the threads of a
 process queue on an in-process lock, and the one at the head waits for the
@@ -30,7 +25,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import logging
 import os
 import stat
 import tempfile
@@ -51,19 +45,19 @@ try:
 except ImportError:  # pragma: no cover - Windows
     _HAS_FLOCK = False
 
+from ..core.operation import Operation
+from ..core.protocol import NEVER, Answer, Record
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
-from ..protocol import NEVER, Record
-from ._local import LocalState, R, Transition, keep_until, open_record
-from .base import Clock, Terms, check_record
+from ._local import Clock, LocalState, keep_until
+from .base import Snapshot
+from .records import check_record
 
 __all__ = ["FileState", "LockFile", "LockTimeout", "default_path"]
 
 #: what the state file's top level says it is
 FORMAT = "ratequeue-state"
-#: the layout this version writes: ``PATH`` is a header, the records are files in ``PATH.d``
+#: the layout: ``PATH`` is a header, the records are files in ``PATH.d``
 VERSION = 2
-#: the earlier layout, every record in ``PATH``: read as it is, and moved into ``PATH.d`` by a write
-LEGACY_VERSION = 1
 
 #: where ``flock`` is missing, the first wait between two tries of a held
 #: lock, doubled after each try up to the cap; the lock is held for well under
@@ -85,8 +79,6 @@ KEY_DIGITS = 32
 #: how many times an operation decides from a record read without the lock before it decides
 #: holding the lock (when other processes keep changing the record in between)
 OPTIMISTIC_TRIES = 3
-
-_log = logging.getLogger(__name__)
 
 #: what a record that is not there reads as
 _MISSING: Any = object()
@@ -119,9 +111,6 @@ class FileState(LocalState):
     # looked up at each call, so that tests that move time.time (freezegun) move this too
     _host_seconds = staticmethod(lambda: time.time())
 
-    #: how often (state-clock us) creating a record also sweeps the expired record files
-    sweep_every_us = 60_000_000
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -149,7 +138,7 @@ class FileState(LocalState):
             _make_directories(self.path.parent)
         elif not self.path.parent.is_dir():
             raise ConfigurationError(f"the directory of state file {str(self.path)!r} does not exist")
-        #: the header's lock: taken to create the header or to move an old file's records
+        #: the header's lock: taken to create the header
         self._lock = LockFile.of(f"{self.path}.lock")
         #: (device, inode, size, mtime) of the header last found to be of this layout
         self._header: tuple[int, int, int, int] | None = None
@@ -181,23 +170,12 @@ class FileState(LocalState):
 
     # --- operations ---
 
-    def _transact(
-        self, name: str, terms: Terms | None, step: Transition[R] | None
-    ) -> tuple[Record | None, int, R | None]:
-        writes = terms is not None and step is not None
-        legacy = self._ready(writes=writes)
-        where = f"{self.path}#{name}"
+    def _execute(self, op: Operation) -> Answer:
+        name = op.name
+        self._ready(create=True)
         file, lock = self.record_files(name)
-        if terms is None or step is None:
-            # A record file is replaced whole, never changed in place: reading needs no lock.
-            raw = legacy.get(name, _MISSING) if legacy is not None else self._read_record(name, file)[0]
-            now = self._now()
-            record = None if raw is _MISSING else check_record(raw, where=where)
-            if terms is not None:
-                open_record(name, record, terms)
-            return record, now, None
         for _ in range(OPTIMISTIC_TRIES):
-            done = self._write_optimistically(name, file, lock, terms, step)
+            done = self._write_optimistically(op, file, lock)
             if done is not None:
                 record, now, answer = done
                 break
@@ -205,19 +183,27 @@ class FileState(LocalState):
             with self._locked(self._name_lock(lock)):
                 raw, kept = self._parse_record(name, file, self._record_bytes(name, file))
                 now = self._now()
-                record = None if raw is _MISSING else check_record(raw, where=where)
-                updated, answer = step(open_record(name, record, terms), now)
-                until = keep_until(updated, terms, now)
+                record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
+                updated, answer = self._applied(op, record, now)
+                until = keep_until(updated, op.terms, now)
                 if updated != record or until != kept:
                     content = _record_bytes(name, _encode(updated), until)
                     self._replace(file, content, sync=True, what=f"queue {name!r}")
-        if record is None and now - self._swept >= self.sweep_every_us:
+        if record is None and self._sweep_due(now):
             self._sweep_at(now)
-        return record, now, answer
+        return answer
+
+    def _read(self, name: str) -> Snapshot:
+        # A record file is replaced whole, never changed in place: reading needs no lock.
+        raw = (
+            self._read_record(name, self.record_files(name)[0])[0] if self._ready(create=False) else _MISSING
+        )
+        record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
+        return self._checked(name, record, self._now())
 
     def _write_optimistically(
-        self, name: str, file: Path, lock: Path, terms: Terms, step: Transition[R]
-    ) -> tuple[Record | None, int, R] | None:
+        self, op: Operation, file: Path, lock: Path
+    ) -> tuple[Record | None, int, Answer] | None:
         """One operation, decided from the record read without the lock; ``None`` if it changed meanwhile.
 
         The new record is written whole to a temporary file and synced to
@@ -227,15 +213,15 @@ class FileState(LocalState):
         read and a rename (microseconds), never for a disk sync, and a
         process stopped while it holds the lock stalls that name for no
         longer than that. An answer that changes nothing (a wait, a passed
-        ticket, a repeated grant) takes no lock at all.
+        ticket, a repeated start) takes no lock at all.
         """
-        where = f"{self.path}#{name}"
+        name = op.name
         seen = self._record_bytes(name, file)
         raw, kept = self._parse_record(name, file, seen)
         now = self._now()
-        record = None if raw is _MISSING else check_record(raw, where=where)
-        updated, answer = step(open_record(name, record, terms), now)
-        until = keep_until(updated, terms, now)
+        record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
+        updated, answer = self._applied(op, record, now)
+        until = keep_until(updated, op.terms, now)
         if updated == record and until == kept:
             return record, now, answer
         content = _record_bytes(name, _encode(updated), until)
@@ -248,9 +234,8 @@ class FileState(LocalState):
                 os.replace(written, file)
                 tmp = None
         except OSError as exc:
-            raise StateUnavailable(
-                f"cannot write queue {name!r} of state {self.path} to {file} (left as it was): {exc}",
-                where=str(self.path),
+            raise self._unavailable(
+                f"cannot write queue {name!r} of state {self.path} to {file} (left as it was): {exc}"
             ) from exc
         finally:
             if tmp is not None:
@@ -260,9 +245,6 @@ class FileState(LocalState):
         return record, now, answer
 
     def _names(self, prefix: str) -> list[str]:
-        legacy = self._ready(writes=False)
-        if legacy is not None:
-            return [name for name in legacy if name.startswith(prefix)]
         return [name for name, _ in self._record_names() if name.startswith(prefix)]
 
     def _sweep(self) -> int:
@@ -275,8 +257,6 @@ class FileState(LocalState):
         operation may have kept it longer meanwhile.
         """
         self._swept = now
-        if self._ready(writes=False) is not None:
-            return 0  # the earlier layout keeps no times
         gone = 0
         for name, file in self._record_names(expired_by=now):
             _, lock = self.record_files(name)
@@ -303,7 +283,7 @@ class FileState(LocalState):
         except FileNotFoundError:
             return found
         except OSError as exc:
-            raise StateUnavailable(f"cannot list {self.records}: {exc}", where=str(self.path)) from exc
+            raise self._unavailable(f"cannot list {self.records}: {exc}") from exc
         for entry in entries:
             if entry.name.startswith(".") or not entry.name.endswith(".json"):
                 continue
@@ -321,7 +301,8 @@ class FileState(LocalState):
         return found
 
     def _reset(self, name: str) -> bool:
-        self._ready(writes=True)
+        if not self._ready(create=False):
+            return False
         file, lock = self.record_files(name)
         with self._locked(self._name_lock(lock)):
             try:
@@ -329,108 +310,63 @@ class FileState(LocalState):
             except FileNotFoundError:
                 return False
             except OSError as exc:
-                raise StateUnavailable(
-                    f"cannot delete the record of queue {name!r}, {file}: {exc}", where=str(self.path)
-                ) from exc
+                raise self._unavailable(f"cannot delete the record of queue {name!r}, {file}: {exc}") from exc
             _sync_directory(self.records)
             return True
+
+    def _unavailable(self, message: str) -> StateUnavailable:
+        """The error for a file operation that failed: the state is unavailable, as it was left."""
+        return StateUnavailable(message, where=str(self.path))
 
     def _now(self) -> int:
         return self._clock() if self._clock else _host_clock()
 
-    # --- the header, and the move from the earlier layout ---
+    # --- the header ---
 
-    def _ready(self, *, writes: bool) -> dict[str, Any] | None:
-        """Make sure the state has this layout; ``None`` then.
-
-        A state file of the earlier layout is moved into it when ``writes``;
-        otherwise its records are returned, to be read as they are.
-        """
+    def _ready(self, *, create: bool) -> bool:
+        """Whether the state exists (its header, of this layout); with ``create``, make it if missing."""
         try:
             seen = os.lstat(self.path)
         except FileNotFoundError:
             seen = None
         except OSError as exc:
-            raise StateUnavailable(
-                f"cannot read state file {self.path}: {exc}", where=str(self.path)
-            ) from exc
+            raise self._unavailable(f"cannot read state file {self.path}: {exc}") from exc
         if seen is not None and _identity(seen) == self._header:
-            return None
-        loaded = self._load()
-        if loaded is not None:
-            data, identity = loaded
-            if data["version"] == VERSION:
-                self._make_records_directory()
-                self._header = identity
-                return None
-            if not writes:
-                queues: dict[str, Any] = data["queues"]
-                return queues
-        elif not writes:
-            return {}  # nothing stored yet, and a read creates nothing
-        with self._locked(self._lock):
-            loaded = self._load()  # again: another process may have done it meanwhile
-            if loaded is None:
-                self._make_records_directory()
-                self._replace(self.path, self._header_bytes(), sync=True, what="the state header")
-            elif loaded[0]["version"] == LEGACY_VERSION:
-                self._migrate(loaded[0]["queues"])
-            else:
-                self._make_records_directory()
-        return None
-
-    def _migrate(self, queues: dict[str, Any]) -> None:
-        """Move the records of a version-1 state file into ``PATH.d``, holding ``PATH.lock``.
-
-        Each record is copied as it is, valid or not (a bad one raises when
-        its queue is next used, and ``reset`` clears it), replacing any
-        record file of the same name; then the file is replaced by the
-        header. Everything is on disk before the header is: a process killed
-        or a write failing mid-way leaves the old file, which the next write
-        moves again, from the start. No operation uses a queue name in the
-        meantime: every process of this version waits for ``PATH.lock``
-        while ``PATH`` is of the old layout, and earlier versions take
-        ``PATH.lock`` for every operation, then refuse the header.
-        """
+            return True
+        identity = self._load()
+        if identity is None and create:
+            with self._locked(self._lock):
+                identity = self._load()  # again: another process may have made it meanwhile
+                if identity is None:
+                    self._make_records_directory()
+                    self._replace(self.path, self._header_bytes(), sync=True, what="the state header")
+                    identity = self._load()
+        if identity is None:
+            return False
         self._make_records_directory()
-        # One sync(2) for all the record files where there is one, rather than one fsync each.
-        each = not hasattr(os, "sync")
-        for name in sorted(queues):
-            file, _ = self.record_files(name)
-            self._replace(file, _record_bytes(name, queues[name]), sync=each, what=f"queue {name!r}")
-        if not each:
-            os.sync()
-        _sync_directory(self.records)
-        self._replace(self.path, self._header_bytes(), sync=True, what="the state header")
-        _log.warning(
-            "ratequeue moved the %d queue record(s) of state file %s into %s, one file per queue; "
-            "earlier ratequeue versions, which read state file version 1 only, cannot use this state",
-            len(queues),
-            self.path,
-            self.records,
-        )
+        self._header = identity
+        return True
 
     def _header_bytes(self) -> bytes:
         header = {"format": FORMAT, "version": VERSION, "records": self.records.name}
         return (json.dumps(header, indent=1, sort_keys=True) + "\n").encode()
 
-    def _load(self) -> tuple[dict[str, Any], tuple[int, int, int, int]] | None:
-        """The decoded state file and its identity, or ``None`` if there is none."""
+    def _load(self) -> tuple[int, int, int, int] | None:
+        """The identity of the state file, checked to be a header of this layout; ``None`` if none."""
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return None
         except OSError as exc:
             _refuse_link_or_directory(self.path)
-            raise StateUnavailable(
-                f"cannot read state file {self.path}: {exc}", where=str(self.path)
-            ) from exc
+            raise self._unavailable(f"cannot read state file {self.path}: {exc}") from exc
         with os.fdopen(fd, "rb") as file:
             seen = os.fstat(fd)
             if not stat.S_ISREG(seen.st_mode):
                 raise ConfigurationError(f"state file {str(self.path)!r} is not a regular file")
             raw = file.read()
-        return _decode_header(raw, where=str(self.path)), _identity(seen)
+        _check_header(raw, where=str(self.path))
+        return _identity(seen)
 
     def _make_records_directory(self) -> None:
         """Create ``PATH.d`` (mode 0700) if it is missing; refuse anything but a directory there."""
@@ -445,9 +381,7 @@ class FileState(LocalState):
                 ) from None
             return
         except OSError as exc:
-            raise StateUnavailable(
-                f"cannot create the record directory {directory}: {exc}", where=str(self.path)
-            ) from exc
+            raise self._unavailable(f"cannot create the record directory {directory}: {exc}") from exc
         with contextlib.suppress(OSError):
             os.chmod(directory, 0o700)  # whatever the umask
         _sync_directory(directory.parent)
@@ -470,9 +404,7 @@ class FileState(LocalState):
                 raise StateCorrupted(
                     f"record file {file} of queue {name!r} is a symbolic link; reset the queue", where=where
                 ) from exc
-            raise StateUnavailable(
-                f"cannot read the record of queue {name!r}, {file}: {exc}", where=str(self.path)
-            ) from exc
+            raise self._unavailable(f"cannot read the record of queue {name!r}, {file}: {exc}") from exc
         with os.fdopen(fd, "rb") as opened:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise StateCorrupted(
@@ -519,15 +451,14 @@ class FileState(LocalState):
                 break
             except FileNotFoundError as exc:
                 if not again or target.parent != self.records:
-                    raise StateUnavailable(
-                        f"cannot write {what} of state {self.path} to {target}: {exc}", where=str(self.path)
+                    raise self._unavailable(
+                        f"cannot write {what} of state {self.path} to {target}: {exc}"
                     ) from exc
                 self._header = None
                 self._make_records_directory()
             except OSError as exc:
-                raise StateUnavailable(
-                    f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}",
-                    where=str(self.path),
+                raise self._unavailable(
+                    f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
                 ) from exc
         tmp = Path(name)
         try:
@@ -540,9 +471,8 @@ class FileState(LocalState):
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise StateUnavailable(
-                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}",
-                where=str(self.path),
+            raise self._unavailable(
+                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
             ) from exc
         return tmp
 
@@ -560,9 +490,8 @@ class FileState(LocalState):
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise StateUnavailable(
-                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}",
-                where=str(self.path),
+            raise self._unavailable(
+                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
             ) from exc
         if sync:
             _sync_directory(target.parent)
@@ -584,17 +513,15 @@ class FileState(LocalState):
                 lock.acquire(self._lock_timeout)
                 break
             except LockTimeout as exc:
-                raise StateUnavailable(
-                    f"could not lock {lock.path} within {self._lock_timeout} s", where=str(self.path)
-                ) from exc
+                raise self._unavailable(f"could not lock {lock.path} within {self._lock_timeout} s") from exc
             except FileNotFoundError as exc:
                 if again and lock is not self._lock:  # PATH.d was deleted meanwhile
                     self._header = None
                     self._make_records_directory()
                     continue
-                raise StateUnavailable(f"cannot lock {lock.path}: {exc}", where=str(self.path)) from exc
+                raise self._unavailable(f"cannot lock {lock.path}: {exc}") from exc
             except OSError as exc:
-                raise StateUnavailable(f"cannot lock {lock.path}: {exc}", where=str(self.path)) from exc
+                raise self._unavailable(f"cannot lock {lock.path}: {exc}") from exc
         try:
             yield
         finally:
@@ -938,7 +865,7 @@ def _short(exc: BaseException) -> str:
     return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
-def _decode_header(raw: bytes, *, where: str) -> dict[str, Any]:
+def _check_header(raw: bytes, *, where: str) -> None:
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -948,34 +875,27 @@ def _decode_header(raw: bytes, *, where: str) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise StateCorrupted(f"{where} is not a ratequeue state file; give another path", where=where)
-    version = data.get("version")
-    if type(version) is not int or version not in (VERSION, LEGACY_VERSION):
+    if data.get("version") != VERSION:
         raise StateCorrupted(
-            f"state file {where} has version {version!r}; this ratequeue reads versions "
-            f"{LEGACY_VERSION} and {VERSION}",
+            f"state file {where} has version {data.get('version')!r}; this ratequeue reads version {VERSION}",
             where=where,
         )
-    if version == LEGACY_VERSION and not isinstance(data.get("queues"), dict):
-        raise StateCorrupted(f"state file {where} has no 'queues' object", where=where)
-    return data
 
 
 def _encode(record: Record) -> dict[str, Any]:
-    fields: dict[str, Any] = {
+    """The stored fields of ``record``: ``NEVER`` as null, no cap as ``max_running`` 0."""
+    return {
         "ticket": record.ticket,
         "pos": record.pos,
         "at": None if record.at == NEVER else record.at,
         "interval": record.interval,
+        "due": None if record.due == NEVER else record.due,
+        "burst": record.burst,
+        "paused": record.paused,
+        "max_running": record.max_running or 0,
+        "leases": [list(lease) for lease in record.leases],
+        "held": None if record.held == NEVER else record.held,
     }
-    if record.burst != 1:  # a record without a burst is written as before bursts (``due`` is then ``at``)
-        fields["burst"], fields["due"] = record.burst, None if record.due == NEVER else record.due
-    if record.paused:  # written only when set: a record that is not paused is written as before pauses
-        fields["paused"] = True
-    if record.max_running:  # a queue without a cap on running jobs is written as before leases
-        fields["max_running"] = record.max_running
-        fields["leases"] = [list(lease) for lease in record.leases]
-        fields["held"] = None if record.held == NEVER else record.held
-    return fields
 
 
 def _record_bytes(name: str, fields: Any, kept: int | None = None) -> bytes:

@@ -1,4 +1,4 @@
-"""``memory://``: a state inside this process, for threads of one process and for tests."""
+"""``memory://``: a state inside this process, for the threads of one process and for tests."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import time
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+from ..core.operation import Operation
+from ..core.protocol import Answer, Record
 from ..errors import ConfigurationError
-from ..protocol import Record
-from ._local import LocalState, R, Transition, keep_until, open_record
-from .base import Clock, Terms
+from ._local import Clock, LocalState, keep_until
+from .base import Snapshot
 
 __all__ = ["MemoryState"]
 
@@ -29,19 +30,16 @@ class MemoryState(LocalState):
     # looked up at each call, so that tests that move time.monotonic (freezegun) move this too
     _host_seconds = staticmethod(lambda: time.monotonic())
 
-    #: how often (state-clock us) creating a record also sweeps the store's expired records
-    sweep_every_us = 60_000_000
-
     def __init__(self, store: str = "", *, clock: Clock | None = None, private: bool = False) -> None:
         """Open the in-process store called ``store``.
 
-        :param clock: the state's clock (``time.monotonic_ns() // 1000`` by default, whole microseconds);
-            tests pass a fake one to drive time.
-        :param private: give this object a store of its own, shared with no
-            other object, whatever its name.
+        :param clock: the state's clock in whole microseconds (``time.monotonic``'s by
+            default); tests pass a fake one to drive time.
+        :param private: give this object a store of its own, whatever its name.
         """
         self.url = f"memory://{store}"
         self._clock = clock
+        self.reads_monotonic = clock is None
         self._lock: threading.Lock
         self._records: dict[str, Record]
         #: when (state clock, us) each record that expires may be deleted
@@ -53,7 +51,6 @@ class MemoryState(LocalState):
                 self._lock, self._records, self._keep = self._stores.setdefault(
                     store, (threading.Lock(), {}, {})
                 )
-        self._swept = -(2**62)
 
     @classmethod
     def from_url(cls, url: str) -> MemoryState:
@@ -66,27 +63,25 @@ class MemoryState(LocalState):
     def _now(self) -> int:
         return self._clock() if self._clock else time.monotonic_ns() // 1000
 
-    def _transact(
-        self, name: str, terms: Terms | None, step: Transition[R] | None
-    ) -> tuple[Record | None, int, R | None]:
+    def _execute(self, op: Operation) -> Answer:
+        name, terms = op.name, op.terms
         with self._lock:
-            now = self._now()
+            now = self._clock() if self._clock else time.monotonic_ns() // 1000
             record = self._records.get(name)
-            if terms is None:
-                return record, now, None
-            current = open_record(name, record, terms)
-            if step is None:
-                return record, now, None
-            updated, answer = step(current, now)
+            updated, answer = self._applied(op, record, now)
             self._records[name] = updated
-            until = keep_until(updated, terms, now)
-            if until is None:
-                self._keep.pop(name, None)
-            else:
+            until = keep_until(updated, terms, now) if terms.keep_us else None
+            if until is not None:
                 self._keep[name] = until
-            if record is None and now - self._swept >= self.sweep_every_us:
+            elif self._keep:
+                self._keep.pop(name, None)
+            if record is None and self._sweep_due(now):
                 self._sweep_locked(now)
-            return record, now, answer
+            return answer
+
+    def _read(self, name: str) -> Snapshot:
+        with self._lock:
+            return self._checked(name, self._records.get(name), self._now())
 
     def _reset(self, name: str) -> bool:
         with self._lock:

@@ -1,0 +1,376 @@
+"""The ticket protocol: the shared record and the operations on it, as pure functions.
+
+This module is the reference every state is held to (docs/design.md, "The
+protocol"). Each operation takes a :class:`Record` and the state clock's
+``now`` and returns the new record with the answer; a state runs the same
+steps atomically, reading ``now`` from its own clock.
+:func:`ratequeue.core.operation.apply` carries out any operation with them.
+
+Times and intervals are whole **microseconds**: integer arithmetic keeps
+every start at least an interval after the one before (G1) without a
+rounding error, and gives Python, Lua, SQL and MongoDB the same answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Union
+
+__all__ = [
+    "FULL_GRACE_US",
+    "FULL_RECHECK_US",
+    "MAX_BURST",
+    "MAX_LEAD_US",
+    "MAX_RUNNING",
+    "MAX_US",
+    "NEVER",
+    "PAUSED_RECHECK_US",
+    "US",
+    "Answer",
+    "Micros",
+    "Outcome",
+    "Passed",
+    "Record",
+    "Started",
+    "Taken",
+    "Unwritten",
+    "Wait",
+    "check",
+    "expires",
+    "live_leases",
+    "new_record",
+    "release",
+    "renew",
+    "repeats_start",
+    "retime",
+    "set_paused",
+    "take",
+    "take_and_try",
+    "try_start",
+]
+
+#: a time or a duration in whole microseconds (a name ending in ``_us`` says so where seconds are near)
+Micros = int
+
+#: microseconds per second
+US = 1_000_000
+
+#: times, intervals and tickets stay below this (2**52, about 142 years in us): every one is exact
+#: in a double (Lua) and in an int64 (MongoDB, PostgreSQL)
+MAX_US = 2**52
+
+#: the ``at`` of a record that has never started a job: so far in the past that every slot is free
+NEVER = -(2**52)
+
+#: the largest lead a shard asks for (an hour): every start lies at most this far past the ``now``
+#: it was made at, so a record whose ``at`` lies further ahead was not written by the protocol
+MAX_LEAD_US = 3600 * US
+
+#: the largest burst (``burst * interval`` must stay under ``MAX_US`` as well)
+MAX_BURST = 2**31
+
+#: the largest ``max_running``: its leases are kept in the record itself
+MAX_RUNNING = 1000
+
+#: how far ahead (us) a paused record answers :class:`Wait` at the least: a waiting shard asks
+#: again once a second while the queue is paused
+PAUSED_RECHECK_US = US
+
+#: how far ahead (us) a full record answers :class:`Wait` at most (its first lease's expiry if sooner)
+FULL_RECHECK_US = 100_000
+
+#: for how long (us) after a record was last found full no ticket may pass an earlier one: three
+#: rechecks, so that every holder waiting for a place has asked again before a later ticket goes
+FULL_GRACE_US = 3 * FULL_RECHECK_US
+
+
+class Record(NamedTuple):
+    """What the shards of one queue share: its tickets, its latest start, its terms, pause and leases."""
+
+    #: the next ticket number to hand out (the first is 1); a job of cost ``c`` takes ``c`` numbers
+    ticket: int
+    #: the highest ticket that has started (0: none yet)
+    pos: int
+    #: state-clock time (us) at which ticket ``pos`` starts; ``NEVER`` if none has
+    at: Micros
+    #: microseconds between two starts (of cost 1), fixed when the record is created
+    interval: Micros
+    #: the strict slot ticket ``pos`` took: ``at`` or up to ``burst - 1`` intervals later (how much
+    #: of the burst its start used); every later slot counts from it
+    due: Micros
+    #: how many starts (of cost 1) may come at once after an idle spell, fixed when created
+    burst: int = 1
+    #: whether no ticket may start, in any shard (:func:`set_paused`)
+    paused: bool = False
+    #: how many jobs may run at once across every shard (``None``: no cap), fixed when created
+    max_running: int | None = None
+    #: the leases of running jobs: ``(ticket, expiry)`` pairs in start order, expiry on the state clock
+    leases: tuple[tuple[int, Micros], ...] = ()
+    #: when (state clock) a start was last refused for a full record; ``NEVER`` if never
+    held: Micros = NEVER
+
+    def slot(self, ticket: int) -> Micros:
+        """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst."""
+        return self.due + (ticket - self.pos) * self.interval
+
+    def earliest(self, ticket: int, cost: int) -> Micros:
+        """The earliest state-clock time at which ``ticket`` (> ``pos``), of ``cost``, may start.
+
+        Its strict slot less what the burst allows, and never before the
+        latest start: starts follow each other in ticket order (the generic
+        cell rate algorithm, with tickets counted in units of cost).
+        """
+        return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at)
+
+
+def new_record(interval: Micros, burst: int = 1, max_running: int | None = None) -> Record:
+    """The record of a queue that has handed out no ticket yet."""
+    return Record(1, 0, NEVER, interval, NEVER, burst, False, max_running)
+
+
+@dataclass(slots=True)
+class Taken:
+    """A ticket handed out by :func:`take`, with the record as it stood."""
+
+    ticket: int
+    pos: int
+    at: Micros
+    now: Micros
+
+
+@dataclass(slots=True)
+class Started:
+    """``ticket`` started; its job begins at state-clock time ``start`` (``>= now``)."""
+
+    ticket: int
+    start: Micros
+    now: Micros
+
+
+@dataclass(slots=True)
+class Wait:
+    """``ticket`` may not start before state-clock time ``slot``; ask again then."""
+
+    ticket: int
+    slot: Micros
+    now: Micros
+
+
+@dataclass(slots=True)
+class Passed:
+    """A later ticket (``pos``) has started: ``ticket`` will never start; take a new one."""
+
+    ticket: int
+    pos: int
+    now: Micros
+
+
+#: what :func:`try_start`, :func:`take_and_try` and :func:`retime` answer
+Outcome = Union[Started, Wait, Passed]
+
+#: what any operation answers: a ticket, an outcome, or whether it changed something
+#: (``set_paused``: the flag changed; ``release``, ``renew``: the lease was live)
+Answer = Union[Taken, Started, Wait, Passed, bool]
+
+
+class Unwritten(ValueError):
+    """A record the protocol could not have written, or an operation that would write one.
+
+    ``field`` holds ``value``; ``now`` is the state clock's time. States
+    raise it as :class:`~ratequeue.errors.StateCorrupted`, changing nothing.
+    """
+
+    def __init__(self, field: str, value: int, now: Micros) -> None:
+        self.field, self.value, self.now = field, value, now
+        super().__init__(f"{field}={value} at now={now}")
+
+
+def live_leases(record: Record, now: Micros) -> tuple[tuple[int, Micros], ...]:
+    """``record``'s leases that have not expired at state-clock time ``now``."""
+    return tuple(lease for lease in record.leases if lease[1] > now)
+
+
+def check(record: Record, now: Micros) -> Record:
+    """``record``, if the protocol could have written it by ``now``; else :class:`Unwritten`.
+
+    Every start lies at most :data:`MAX_LEAD_US` past the ``now`` it was
+    made at; a record whose ``at`` lies further ahead would stall every
+    shard until then, so it is refused. Every operation checks its record first.
+    """
+    if record.at > now + MAX_LEAD_US:
+        raise Unwritten("at", record.at, now)
+    return record
+
+
+def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
+    """Hand out the next ticket, for a job of ``cost`` (``1 <= cost <= burst``): it holds ``cost`` numbers.
+
+    When every ticket handed out is at least one interval past its slot (and
+    the record was not found full within :data:`FULL_GRACE_US`), ``pos``
+    jumps to the last of them first, so a new ticket never waits behind
+    tickets whose holders are gone (G4); ``at`` and ``due`` stay, so slots
+    are still computed from the last real start. A record holding the last
+    ticket hands out no more (:class:`Unwritten`).
+    """
+    taken = _taken(record, now, cost)
+    return taken, Taken(record.ticket, taken.pos, record.at, now)
+
+
+def _taken(record: Record, now: Micros, cost: int) -> Record:
+    """The record after :func:`take` (the ticket handed out is ``record.ticket``)."""
+    ticket, pos, at, interval, due, burst, paused, max_running, leases, held = record
+    if at > now + MAX_LEAD_US:
+        raise Unwritten("at", at, now)
+    if ticket + cost >= MAX_US:
+        raise Unwritten("ticket", ticket, now)
+    last = ticket - 1
+    if last > pos and due + (last - pos + 1) * interval <= now and held + FULL_GRACE_US <= now:
+        pos = last
+    return Record(ticket + cost, pos, at, interval, due, burst, paused, max_running, leases, held)
+
+
+def try_start(
+    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0
+) -> tuple[Record, Outcome]:
+    """Start ``ticket``, taken for a job of ``cost``, if its earliest start is at most ``lead`` us away.
+
+    A started ticket begins at ``max(earliest, now)`` (:meth:`Record.earliest`),
+    up to ``lead`` in the future; ``pos`` moves to it, ``at`` to the start,
+    ``due`` to the later of the start and the ticket's strict slot.
+
+    * The latest start asked for again is started again, unchanged, while
+      its interval has not run out (:func:`repeats_start`): a client that
+      re-sends a call whose reply was lost keeps its turn.
+    * A ticket at or below ``pos``, or one never handed out (the record was
+      reset), is :class:`Passed`.
+    * Paused: nothing starts; :class:`Wait` until the earliest start or
+      :data:`PAUSED_RECHECK_US` from now, whichever is later.
+    * With ``max_running``: a start takes a lease on ``ticket`` until
+      ``start + lease``; while ``max_running`` leases are live nothing starts
+      (:class:`Wait` until the earliest start, or the first expiry or
+      :data:`FULL_RECHECK_US`, whichever is sooner of those two) and the
+      record notes ``held = now``. For :data:`FULL_GRACE_US` after ``held`` a
+      ticket may not pass an earlier one.
+    """
+    if record.at > now + MAX_LEAD_US:
+        raise Unwritten("at", record.at, now)
+    ticket_next, pos, at, interval, due, burst, paused, max_running, leases, held = record
+    if pos == ticket < ticket_next and now < at + interval:
+        return record, Started(ticket, at, now)
+    if pos >= ticket or ticket >= ticket_next:
+        return record, Passed(ticket, pos, now)
+    # (conditional expressions rather than max(): this runs on every acquire)
+    slot = due + (ticket - pos) * interval
+    earliest = slot - (burst - cost) * interval
+    earliest = earliest if earliest > at else at
+    if ticket > pos + 1 and held + FULL_GRACE_US > earliest:  # it would pass the tickets between:
+        earliest = held + FULL_GRACE_US  # not while they wait for a place
+    if paused:
+        return record, Wait(ticket, max(earliest, now + PAUSED_RECHECK_US), now)
+    if now + lead < earliest:
+        return record, Wait(ticket, earliest, now)
+    start = earliest if earliest > now else now
+    if max_running:
+        leases = live_leases(record, now)
+        if len(leases) >= max_running:
+            recheck = min(min(expiry for _, expiry in leases), now + FULL_RECHECK_US)
+            full = record._replace(leases=leases, held=now)
+            return full, Wait(ticket, max(earliest, recheck), now)
+        leases += ((ticket, start + lease),)
+    started = Record(
+        ticket_next,
+        ticket,
+        start,
+        interval,
+        slot if slot > start else start,
+        burst,
+        False,
+        max_running,
+        leases,
+        held,
+    )
+    return started, Started(ticket, start, now)
+
+
+def repeats_start(record: Record, ticket: int, now: Micros) -> bool:
+    """Whether ``try_start(ticket)`` at ``now`` repeats the latest start (see :func:`try_start`)."""
+    return record.pos == ticket < record.ticket and now < record.at + record.interval
+
+
+def take_and_try(
+    record: Record, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0
+) -> tuple[Record, Outcome]:
+    """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
+    return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease)
+
+
+def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
+    """Move the start of ``ticket``, the latest, to ``now + lead`` at the earliest (never back).
+
+    A shard that woke too late to begin on time calls this instead of
+    beginning late (G7): while ``pos == ticket`` its start, ``due`` and lease
+    move forward together and every gap only grows. Once a later ticket has
+    started the turn cannot move: :class:`Passed`.
+    """
+    check(record, now)
+    if record.pos != ticket or ticket >= record.ticket:
+        return record, Passed(ticket, record.pos, now)
+    start = max(record.at, now + lead)
+    moved = start - record.at
+    leases = tuple((held, expiry + moved if held == ticket else expiry) for held, expiry in record.leases)
+    retimed = record._replace(at=start, due=max(record.due, start), leases=leases)
+    return retimed, Started(ticket, start, now)
+
+
+def release(record: Record, ticket: int, now: Micros) -> tuple[Record, bool]:
+    """``record`` without ``ticket``'s lease (its job has ended), and whether that lease was live.
+
+    Expired leases are dropped as well; a lease that expired or was never
+    taken changes nothing else.
+    """
+    check(record, now)
+    leases = live_leases(record, now)
+    kept = tuple(lease for lease in leases if lease[0] != ticket)
+    if kept == record.leases:
+        return record, False
+    return record._replace(leases=kept), len(kept) < len(leases)
+
+
+def renew(record: Record, ticket: int, lease: Micros, now: Micros) -> tuple[Record, bool]:
+    """``record`` with ``ticket``'s lease lasting until ``now + lease`` at least, and whether it was live.
+
+    An expired lease cannot be renewed: its place may have gone to another
+    job meanwhile. Expired leases are dropped as well.
+    """
+    check(record, now)
+    leases = live_leases(record, now)
+    if not any(held == ticket for held, _ in leases):
+        return (record, False) if leases == record.leases else (record._replace(leases=leases), False)
+    renewed = tuple((held, max(expiry, now + lease) if held == ticket else expiry) for held, expiry in leases)
+    return record._replace(leases=renewed), True
+
+
+def set_paused(record: Record, paused: bool, now: Micros) -> tuple[Record, bool]:
+    """``record`` paused (or resumed) for every shard, and whether that changed it.
+
+    Only the flag changes: tickets are still handed out and the latest start
+    still repeated. On resume the tickets held keep their order and start at
+    the rate; a paused record never expires (:func:`expires`).
+    """
+    check(record, now)
+    if record.paused == paused:
+        return record, False
+    return record._replace(paused=paused), True
+
+
+def expires(record: Record) -> Micros:
+    """The state-clock time from which a fresh record would do what ``record`` does.
+
+    From then on every ticket handed out is an interval past its slot and
+    the whole burst is free again, so deleting the record loses nothing (an
+    idle per-key limiter's record is deleted so). A paused record, one with
+    a live lease or one found full within :data:`FULL_GRACE_US` does not
+    expire before those end (the states keep a paused one for ever).
+    """
+    ends = [record.slot(record.ticket) + record.interval, record.held + FULL_GRACE_US]
+    return max(ends + [expiry for _, expiry in record.leases])

@@ -1,0 +1,553 @@
+"""The shard: one process's line of callers waiting for their turns, free of I/O.
+
+A :class:`Shard` decides, for each :class:`Place` in its line, what its
+driver does next (docs/design.md, "A shard"): wait for its turn in the line,
+carry out an :class:`~ratequeue.core.operation.Operation` on the state
+(take and try a ticket, try the held one, re-time a late start), sleep until
+a slot comes near or until a started turn's start, and begin -- or, woken too late
+to begin on time, move its start later or give the turn up (G7). It never
+calls the state, reads a clock or sleeps itself: the drivers do, and report
+the answers back. The property tests drive it with fake clocks.
+
+Only the head of the line talks to the state, and the shard holds at most
+one ticket and one started turn not yet begun, so a shard that dies wastes
+at most one slot (G4). The ticket belongs to the shard, not to a place:
+when the head gives up (timeout, cancel) the next place inherits it, and a
+turn started for a place that has just left goes to the next one.
+
+Local times are seconds on the driver's clock (``time.monotonic``); the
+state's answers carry state-clock times in microseconds, converted with the
+:class:`~ratequeue.core.clock.OffsetEstimator`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple, Union
+
+from .clock import OffsetEstimator
+from .operation import Operation, Terms
+from .protocol import MAX_LEAD_US, US, Answer, Passed, Started, Wait
+
+__all__ = [
+    "DEFAULT_JITTER",
+    "DEFAULT_MAX_LATE",
+    "RECHECK",
+    "Begin",
+    "BeginAt",
+    "Expired",
+    "Place",
+    "Shard",
+    "SleepUntil",
+    "Step",
+    "Turn",
+    "WaitForTurn",
+]
+
+#: wake-up lateness allowed for when reserving a slot early (adaptive lead)
+DEFAULT_JITTER = 0.002
+
+#: how late (s) a job may begin after its start (G7's epsilon)
+DEFAULT_MAX_LATE = 0.0003
+
+#: the longest (s) a head sleeps toward its slot without asking again: a reset record is noticed
+#: within this (its next try answers Passed); a shard with no callers still makes no call (G5)
+RECHECK = 1.0
+
+#: the lateness check is on for intervals of at least this many ``max_late``: below, giving turns
+#: up for a busy host's wake-up jitter would cost more rate than the check is worth
+_CHECKED_FROM = 4
+#: how many times a turn's start may be moved later before the turn is given up
+_MAX_RETIMES = 2
+#: the protocol's resolution (s): lateness within it is rounding, not late
+_RESOLUTION = 1e-6
+#: what a moved start allows (s) beyond a round-trip and the usual wake-up lateness
+_RETIME_MARGIN = 0.0005
+#: how many recent wake-up latenesses the early wake-up is the median of, and its cap (s)
+_WAKE_SAMPLES = 9
+_MAX_EARLY = 0.002
+#: how many calls a head may make once its deadline has passed
+_LATE_CALLS = 2
+#: a new ticket told to wait while few answers bound the offset asks once more, halfway to its
+#: wake-up, if that is at least this far (s) away: one more bound before its start is converted
+_PROBE_FROM = 0.004
+#: weight of the newest round-trip in the smoothed round-trip time
+_RTT_WEIGHT = 0.25
+
+
+class Turn(NamedTuple):
+    """A caller's turn: a ticket that started, and when, on the state's clock and on this host's."""
+
+    #: the ticket that started
+    ticket: int
+    #: when the job starts, on the state's clock, in microseconds
+    start_us: int
+    #: the same instant on this process's clock, in seconds
+    local_start: float
+
+    @property
+    def start(self) -> float:
+        """When the job starts, on the state's clock, in seconds."""
+        return self.start_us / US
+
+
+class Place:
+    """One caller's place in a shard's line, until its turn begins.
+
+    (A plain class whose rarely-set fields default on the class: a place is
+    made on every acquire, and only three of its fields are set then.)
+    """
+
+    #: the started turn, once there is one
+    turn: Turn | None = None
+    #: whether the place is in its shard's line
+    queued = True
+    #: calls made at or after the deadline; moves of the started turn's start
+    late_calls = 0
+    retimes = 0
+    #: turns given up for late wake-ups; those of them given up because the shard was paused
+    given_up = 0
+    given_up_paused = 0
+    #: set when a late turn of a bursty queue could not be moved: it begins late
+    begins_late = False
+    #: local time the driver was told to wake at before the start, while it sleeps
+    wake: float | None = None
+    #: set when the place was withdrawn (its reservation cancelled): its driver stops, turnless
+    withdrawn = False
+    #: the local time of the slot the state last told this place to wait for
+    expected: float | None = None
+    #: how much earlier (s) than ``turn.local_start`` the start may truly have been: the
+    #: round-trip of the answer that started it, when that was the first offset bound; else 0
+    doubt = 0.0
+
+    def __init__(self, deadline: float | None = None, timeout: float | None = None, cost: int = 1) -> None:
+        #: local time by which the turn must have begun, or ``None``; the timeout (s) it came from
+        self.deadline, self.timeout = deadline, timeout
+        #: how many units of the rate the caller uses (1 to the burst)
+        self.cost = cost
+
+
+class WaitForTurn(NamedTuple):
+    """Not this place's turn to act: wait until the shard changes, or until ``deadline``."""
+
+    deadline: float | None
+
+
+class SleepUntil(NamedTuple):
+    """Sleep until local time ``until`` (or a change of the shard), then ask again."""
+
+    until: float
+
+
+class BeginAt(NamedTuple):
+    """The turn has started: wait until local time ``until`` (busy-wait if ``spin``), then ask again."""
+
+    until: float
+    spin: bool = False
+
+
+class Begin(NamedTuple):
+    """Begin now: the turn has come, at most ``max_late`` late."""
+
+    turn: Turn
+
+
+class Expired(NamedTuple):
+    """The deadline passes before the turn can come: give up."""
+
+
+#: what :meth:`Shard.step` tells a driver to do
+Step = Union[WaitForTurn, SleepUntil, Operation, BeginAt, Begin, Expired]
+
+
+class Shard:
+    """The scheduling logic of one process's share of a queue."""
+
+    def __init__(
+        self,
+        name: str,
+        terms: Terms,
+        *,
+        lead: float | None = None,
+        jitter: float = DEFAULT_JITTER,
+        max_late: float | None = DEFAULT_MAX_LATE,
+        estimator: OffsetEstimator | None = None,
+    ) -> None:
+        """
+        :param name: the queue's name, and ``terms`` its terms: the operations carry them.
+        :param lead: how long before its slot the head may reserve it; ``None`` adapts it
+            to twice the smoothed round-trip time plus ``jitter``.
+        :param max_late: how late (s) after its start a turn may still begin; a later
+            wake-up moves the start (or gives the turn up). ``None``, or an interval under
+            four times this, turns the check off. With a burst, a late turn whose start
+            cannot be moved is begun late rather than given up (giving it up would churn
+            every burst after an idle spell).
+        :param estimator: converts the state's clock to this host's (a new one by default).
+        """
+        self.name, self.terms = name, terms
+        self.interval = interval = terms.interval_us / US
+        self.burst = terms.burst
+        self._fixed_lead, self._jitter = lead, jitter
+        self.max_late = max_late if max_late is not None and interval >= _CHECKED_FROM * max_late else None
+        self.estimator = estimator or OffsetEstimator()
+        self._line: deque[Place] = deque()
+        #: the place holding a started turn not yet begun
+        self._holder: Place | None = None
+        self._in_flight: Place | None = None
+        self._retiming = False
+        self._paused = False
+        #: how late recent sleeps before a begin woke up (s)
+        self._wake_lateness: deque[float] = deque(maxlen=_WAKE_SAMPLES)
+        #: the ticket held, the cost it was taken for, the local time of its slot if known, and
+        #: whether that slot is a time to ask again (a paused or full record's answer) rather than a start
+        self._ticket: int | None = None
+        self._ticket_cost = 1
+        self._slot: float | None = None
+        self._recheck = False
+        #: local time of the answer that gave the slot; when to ask again for another offset bound
+        self._asked: float | None = None
+        self._probe_at: float | None = None
+        #: the cost and lead (us) of the call in flight
+        self._call_cost = 1
+        self._call_lead_us = 0
+        self._new_rtt(None)
+        #: the latest turn begun here, and how late (s) it began (see :meth:`_turn`)
+        self._last_turn: Turn | None = None
+        self._last_lateness = 0.0
+        #: tickets started that no caller began (dropped, given up, nobody left): on a record with
+        #: ``max_running`` their leases are released. The driver empties it.
+        self.unused: list[int] = []
+
+    @property
+    def waiting(self) -> int:
+        """How many callers wait here for their turn."""
+        return len(self._line)
+
+    @property
+    def rtt(self) -> float:
+        """The smoothed round-trip time (s) of this shard's calls to the state (0 before the first)."""
+        return self._rtt if self._rtt is not None else 0.0
+
+    @property
+    def idle(self) -> bool:
+        """Whether nobody waits or holds an unbegun turn, no call is in flight, and it is not paused."""
+        return not self._line and self._holder is None and self._in_flight is None and not self._paused
+
+    @property
+    def paused(self) -> bool:
+        """Whether the shard is paused."""
+        return self._paused
+
+    @property
+    def ticket(self) -> int | None:
+        """The ticket this shard holds, if any."""
+        return self._ticket
+
+    @property
+    def holding(self) -> bool:
+        """Whether a started turn waits here for its begin."""
+        return self._holder is not None
+
+    def _new_rtt(self, rtt: float | None) -> None:
+        """Take ``rtt`` as the smoothed round-trip time, and the :attr:`lead` that follows from it."""
+        self._rtt = rtt
+        lead = self._fixed_lead if self._fixed_lead is not None else self._jitter + 2 * (rtt or 0.0)
+        #: how long before its slot the head reserves it (at most ``MAX_LEAD_US``)
+        self.lead = min(lead, MAX_LEAD_US / US)
+
+    @property
+    def retime_lead(self) -> float:
+        """How far ahead a late turn's start is moved: its answer's way back, a wake-up, a margin.
+
+        The caller is awake: less than the lead, which also covers sleeping
+        until the slot (every microsecond of it the queue stands still).
+        """
+        return min(self.lead, self.rtt + self.early + _RETIME_MARGIN)
+
+    @property
+    def early(self) -> float:
+        """How long before its start a caller wakes, to busy-wait the rest: the median recent lateness."""
+        if not self._wake_lateness:
+            return 0.0
+        ordered = sorted(self._wake_lateness)
+        return min(ordered[len(ordered) // 2], self.interval, _MAX_EARLY)
+
+    def add(self, deadline: float | None = None, timeout: float | None = None, cost: int = 1) -> Place:
+        """A new place of ``cost`` at the back of the line; ``deadline``: local time (from ``timeout`` s)."""
+        place = Place(deadline, timeout, cost)
+        self._line.append(place)
+        return place
+
+    def cancel(self, place: Place) -> None:
+        """Take ``place`` out of the line (it timed out or was cancelled); the ticket stays with the shard."""
+        if place.queued:
+            place.queued = False
+            self._line.remove(place)
+
+    def abandon(self, place: Place) -> None:
+        """``place``'s caller is gone (it raised): cancel it, and drop its turn if started and not begun."""
+        self.cancel(place)
+        if self._holder is place:
+            self._holder = None
+            if place.turn is not None:
+                self.unused.append(place.turn.ticket)
+
+    def withdraw(self, place: Place) -> None:
+        """Withdraw ``place`` for good (its reservation was cancelled), unless its turn has begun.
+
+        Its driver, at its next step, stops and returns no turn.
+        """
+        if place.turn is not None and self._holder is not place:
+            return  # begun already
+        place.withdrawn = True
+        self.abandon(place)
+
+    def ask_again(self) -> None:
+        """Forget when the held ticket's slot comes (the record changed): the head asks at its next step."""
+        self._slot = None
+
+    def pause(self) -> None:
+        """Stop calling the state; the places keep their order."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Continue after :meth:`pause`; the held ticket is tried first."""
+        self._paused = False
+
+    def step(self, place: Place, now: float) -> Step:
+        """What the driver of ``place`` must do at local time ``now``."""
+        turn = place.turn
+        if turn is not None:
+            begun = self._started_step(place, turn, now)
+            if begun is not None:
+                return begun
+        if not place.queued:
+            raise ValueError("the place is not in this shard's line")
+        deadline = place.deadline
+        if (
+            self._line[0] is not place
+            or self._paused
+            or self._in_flight is not None
+            or self._holder is not None
+        ):
+            if deadline is not None and now >= deadline:
+                return Expired()
+            return WaitForTurn(deadline)
+        # The head gets its attempt (with a lead cut to the time left) even at or past its
+        # deadline, so a zero timeout takes a turn that is free now; it expires once its slot is
+        # known to lie beyond the deadline, or after _LATE_CALLS calls.
+        lead = self.lead
+        if deadline is not None:
+            if now >= deadline:
+                if place.late_calls >= _LATE_CALLS:
+                    return Expired()
+                place.late_calls += 1
+            lead = max(0.0, min(lead, deadline - now))
+        lead_us = round(lead * US)  # 0.000999999 s is the 1000 us it stands for
+        if self._ticket is not None and place.cost > self._ticket_cost:
+            # taken for a cheaper caller that has left: started at this cost it would overlap the
+            # next ticket's units, so it is dropped (passed, as a dead shard's ticket is)
+            self._ticket = self._slot = None
+        self._call_lead_us = lead_us
+        if self._ticket is None:
+            self._in_flight = place
+            self._call_cost = place.cost
+            return Operation("take_and_try", self.name, self.terms, 0, lead_us, place.cost)
+        if self._slot is not None:
+            if deadline is not None and self._slot > deadline:
+                place.expected = self._slot  # when the turn would come, for a caller that asks (all_of)
+                return Expired()
+            wake = self._slot if self._recheck else self._slot - self.lead
+            if self._asked is not None:
+                wake = min(wake, self._asked + RECHECK)  # ask again: the record may have been reset
+            if self._probe_at is not None:
+                wake = min(wake, self._probe_at)
+            if now < wake:
+                return SleepUntil(wake)
+        self._in_flight = place
+        self._call_cost = self._ticket_cost
+        self._probe_at = None
+        return Operation("try_start", self.name, self.terms, self._ticket, lead_us, self._ticket_cost)
+
+    def _started_step(self, place: Place, turn: Turn, now: float) -> Step | None:
+        """The step of a place holding a started turn; ``None`` once it has given the turn up."""
+        if self._holder is not place:
+            return Begin(turn)  # begun already (or cancelled): nothing more to decide
+        if place.wake is not None:  # the driver slept until place.wake: learn how late it woke
+            self._wake_lateness.append(max(0.0, now - place.wake))
+            place.wake = None
+        # A start converted with a first, slow answer counts late by that answer's round-trip
+        # whenever it begins: it is moved now rather than after sleeping until it. (A paused
+        # shard makes no call: it sleeps until the start, and gives the turn up then.)
+        doubted = self.max_late is not None and place.doubt > self.max_late + _RESOLUTION
+        if now < turn.local_start and (not doubted or self._paused):
+            wake = turn.local_start - self.early
+            if place.retimes and turn.local_start - now <= _MAX_EARLY:
+                wake = now  # a moved start, a round-trip away: busy-wait rather than risk a late wake
+            if now < wake:
+                place.wake = wake
+                return BeginAt(wake)
+            return BeginAt(turn.local_start, spin=True)
+        lateness = now - turn.local_start + place.doubt  # at worst
+        if (
+            self.max_late is None
+            or place.begins_late
+            or (not doubted and lateness <= self.max_late + _RESOLUTION)
+        ):
+            return self._begin(turn, now)
+        # Too late: a late begin shortens the gap to the next one (G7). Move the start later
+        # while it is still the latest; a paused shard makes no call, so it gives up.
+        if place.retimes < _MAX_RETIMES and not self._paused:
+            place.retimes += 1
+            self._in_flight = place
+            self._retiming = True
+            return Operation("retime", self.name, self.terms, turn.ticket, round(self.retime_lead * US))
+        if self.burst > 1:
+            return self._begin(turn, now)
+        if place.retimes < _MAX_RETIMES:  # not out of moves: paused, so none was tried
+            place.given_up_paused += 1
+        self._give_up(place)
+        return None
+
+    def _begin(self, turn: Turn, now: float) -> Begin:
+        """Begin ``turn`` at local time ``now``; remember it, and how late it began, for :meth:`_turn`."""
+        self._holder = None
+        self._last_turn = turn
+        self._last_lateness = now - turn.local_start
+        return Begin(turn)
+
+    def _give_up(self, place: Place) -> None:
+        """Put a place whose turn started back at the head of the line, to take a new ticket."""
+        if place.turn is not None:
+            self.unused.append(place.turn.ticket)
+        place.turn = None
+        place.retimes = 0
+        place.given_up += 1
+        place.queued = True
+        self._line.appendleft(place)
+        self._holder = None
+
+    def receive(
+        self, place: Place, answer: Answer, sent: float, received: float, *, offset: float | None = None
+    ) -> None:
+        """Report the state's answer to the operation carried out for ``place``.
+
+        ``sent`` and ``received`` are the local times just before the call
+        and just after its answer. ``offset`` is the local-minus-state clock
+        offset if the driver read it directly (a state on this host's
+        clock); otherwise the answer bounds it (:class:`OffsetEstimator`).
+        """
+        if not isinstance(answer, (Started, Wait, Passed)):
+            raise TypeError(f"not an answer the shard asked for: {answer!r}")
+        self._finish_call(place)
+        rtt = received - sent if received > sent else 0.0
+        smoothed = self._rtt
+        self._new_rtt(rtt if smoothed is None else smoothed + _RTT_WEIGHT * (rtt - smoothed))
+        self._probe_at = None
+        bounded = offset is None
+        first = False
+        if offset is None:
+            offset, first = self.estimator.bound(received, answer.now / US, rtt)
+        elif not self.estimator.same_clock:  # (a state on this process's own clock never steps)
+            self.estimator.direct(offset)
+        # A start converted with the first bound may truly have been up to the answer's
+        # round-trip earlier: the begin is checked as that much later (with a burst, gaps are not
+        # promised). Later bounds are the tightest of several answers.
+        doubt = rtt if first and self.burst == 1 else 0.0
+        if self._retiming:
+            self._retiming = False
+            if self._holder is not place or place.turn is None:
+                return  # the turn was abandoned meanwhile
+            if isinstance(answer, Started):
+                place.turn = self._turn(answer, offset, sent)
+                place.doubt = doubt
+            elif self.burst > 1:
+                place.begins_late = True
+            else:
+                self._give_up(place)
+        elif isinstance(answer, Started):
+            self._ticket = self._slot = None
+            line = self._line
+            if not line or line[0].cost > self._call_cost:
+                # the caller left and nobody else waits, or the next one costs more than the turn
+                self.unused.append(answer.ticket)
+                return
+            head = line.popleft()  # the caller itself, or the next one if it left meanwhile
+            head.queued = False
+            head.turn = self._turn(answer, offset, sent)
+            head.doubt = doubt
+            self._holder = head
+        elif isinstance(answer, Wait):
+            new_ticket = answer.ticket != self._ticket
+            if new_ticket:  # from take_and_try
+                self._ticket_cost = self._call_cost
+            self._ticket = answer.ticket
+            slot = _to_local(answer.slot, answer.now, offset, sent)
+            self._slot = place.expected = slot
+            self._asked = received
+            # a slot within the lead asked with would have started, were only the rate in the
+            # way: the record is paused or full, and the slot is when to ask again
+            self._recheck = answer.slot - answer.now <= self._call_lead_us
+            wake = slot if self._recheck else slot - self.lead
+            if bounded and new_ticket and wake - received >= _PROBE_FROM and self.estimator.few(received):
+                self._probe_at = received + (wake - received) / 2  # once per ticket
+        else:
+            self._ticket = self._slot = None
+
+    def _turn(self, started: Started, offset: float, sent: float) -> Turn:
+        """The turn ``started`` gives, its start converted to local time with ``offset``.
+
+        A tighter offset bound learnt since this shard's previous begun turn
+        would convert it earlier than the two starts' gap allows: it is kept
+        no earlier than ``interval - max_late`` after the previous begin
+        (after that begin's own lateness), so that the two begins of this
+        process keep G7, and a loose first bound is not kept for good.
+        """
+        local = _to_local(started.start, started.now, offset, sent)
+        last = self._last_turn
+        if last is not None and started.start > last.start_us:
+            gap = (started.start - last.start_us) / US
+            room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
+            local = max(local, last.local_start + gap - max(0.0, room))
+        return Turn(started.ticket, started.start, local)
+
+    def convert(self, started: Started, sent: float, received: float, *, offset: float | None = None) -> Turn:
+        """The turn ``started`` gives, converted to local time as :meth:`receive` would (no place involved).
+
+        For a start moved outside the line (``all_of``); the answer bounds the offset too.
+        """
+        if offset is None:
+            offset, _ = self.estimator.bound(received, started.now / US, max(0.0, received - sent))
+        else:
+            self.estimator.direct(offset)
+        return Turn(started.ticket, started.start, _to_local(started.start, started.now, offset, sent))
+
+    def learn_clock(self, other: Shard, now: float) -> None:
+        """Start from what ``other``, a shard of the same state, knows of its clock (a group's new key)."""
+        self.estimator.learn_from(other.estimator, now)
+        if self._rtt is None:
+            self._new_rtt(other._rtt)
+
+    def failed(self, place: Place) -> None:
+        """Report that the call made for ``place`` raised or was abandoned.
+
+        Its answer is unknown: a ticket it may have taken is lost (costing
+        the others at most one interval), and the held ticket is kept. A
+        failed re-time leaves the turn as it was.
+        """
+        self._finish_call(place)
+        self._retiming = False
+
+    def _finish_call(self, place: Place) -> None:
+        if self._in_flight is not place:
+            raise ValueError("no call is in flight for this place")
+        self._in_flight = None
+
+
+def _to_local(state_time: int, state_now: int, offset: float, sent: float) -> float:
+    """``state_time`` (us) as local time: with ``offset``, but never sooner than the answer allows.
+
+    The state read its clock (``state_now``) after the call was ``sent``, so
+    ``state_time`` is at least ``state_time - state_now`` after ``sent``.
+    """
+    return max(state_time / US + offset, sent + (state_time - state_now) / US)

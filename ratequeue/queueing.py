@@ -1,0 +1,581 @@
+"""What the thread and asyncio queues share: the queued jobs, the pacer, the run of a job.
+
+A queue is a limiter plus the jobs added and not yet started
+(:class:`~ratequeue.core.jobs.PendingJobs` states their order: priority,
+then the order added; held until ``not_before`` or a retry's backoff). A
+*pacer* takes the turn of the next ready job through a reservation of the
+limiter and starts the job on its own, so a slow job never delays the next
+start. A failed job may be tried again (each try takes a new turn) and, when
+its retries run out, goes to a dead-letter handler. The pacer runs only
+while jobs are queued (G5); while every queued job is held it waits without
+a turn or a ticket. The pacer, the run of a job and a group's waiter are
+flows, written once; the queue's driver (threads or asyncio) runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
+
+from ._redact import redact
+from .core.flow import Call, Flow, Sleep
+from .core.jobs import (
+    Backoff,
+    DeadLetter,
+    GroupGate,
+    Job,
+    JobOptions,
+    NotBefore,
+    PendingJobs,
+    check_bound,
+    check_group,
+    check_priority,
+    delay_until,
+)
+from .core.shard import Turn
+from .drivers import AsyncioDriver, ThreadDriver
+from .errors import QueueClosed, QueueFull
+from .events import Event
+from .grouping import DEFAULT_KEEP, GroupBase
+from .running import LimiterBase, Status, runner_of
+from .settings import QueueOptions, check_cost, wait
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["QueueBase"]
+
+#: the pacer and the jobs: retries and failures (INFO), turns the state failed to give (WARNING)
+_log = logging.getLogger("ratequeue.queue")
+
+#: the options of a queue that its limiter does not take
+_QUEUE_ONLY = ("retries", "backoff", "retry_on", "dead_letter", "max_waiting", "overflow")
+
+_NO_TURN = (
+    "queue %r: no turn for its next job, which fails with the error (%s: %s); "
+    "the next job tries again in %g s"
+)
+_RETRIED = "queue %r: a job failed on try %d of %d (%s); retried in %.3f s"
+
+#: the pause between two failed turns of the pacer (the state is failing), doubling up to the cap
+_FAILURE_BACKOFF = 0.05
+_FAILURE_BACKOFF_CAP = 2.0
+
+
+class PlaceInLine(Protocol):
+    """A limiter's reservation, thread or asyncio: waited for (plain or coroutine), or cancelled."""
+
+    def wait(self) -> Any: ...
+
+    def cancel(self) -> None: ...
+
+
+class JobFuture(Protocol):
+    """What both ``concurrent.futures.Future`` and ``asyncio.Future`` offer a queue."""
+
+    def cancel(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def done(self) -> bool: ...
+    def set_result(self, result: Any, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+
+
+L = TypeVar("L", bound=LimiterBase)
+FutureT = TypeVar("FutureT", bound=JobFuture)
+
+
+class QueueBase(Generic[L, FutureT]):
+    """The jobs of one queue object and the flows that start and run them."""
+
+    #: the limiter and group classes, and the driver, of the thread or asyncio API
+    _limiter_class: ClassVar[type[Any]]
+    _group_class: ClassVar[type[GroupBase[Any]]]
+    _driver_class: ClassVar[type[ThreadDriver] | type[AsyncioDriver]]
+    #: the name ``repr`` shows
+    _display_name = "Queue"
+
+    def __init__(self, url: Any = None, *, name: str, **options: Unpack[QueueOptions]) -> None:
+        """
+        :param url: the state, as for :class:`~ratequeue.Limiter`.
+        :param name: the queue name; every queue and limiter with the same state and name shares one rate.
+        :param options: the limiter's settings (:class:`~ratequeue.settings.Options`) and the
+            queue's own (:class:`~ratequeue.settings.QueueOptions`: retries, backoff,
+            dead letters, the bound on waiting jobs). ``on_event`` also gets each job retried
+            (``"retry"``) and failed for good (``"dead_letter"``).
+        """
+        queue_options: dict[str, Any] = {key: options.pop(key) for key in _QUEUE_ONLY if key in options}  # type: ignore[misc]
+        retries, backoff = queue_options.get("retries", 0), queue_options.get("backoff")
+        retry_on, dead_letter = queue_options.get("retry_on", (Exception,)), queue_options.get("dead_letter")
+        max_waiting, overflow = queue_options.get("max_waiting"), queue_options.get("overflow", "reject")
+        # every setting is checked before the limiter opens its state
+        #: the retry settings of a job added without its own
+        self._options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
+        self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
+        limiter: L = self._limiter_class(url, name=name, **options)
+        self._limiter = limiter
+        runner = runner_of(limiter)
+        self._runner = runner
+        self.name = limiter.name
+        self.interval = limiter.interval
+        self._clock = runner.clock
+        self._driver = self._driver_class(runner.clock)
+        self._pending: PendingJobs[Any] = PendingJobs()
+        #: counts the jobs added (and retried): a pacer waiting for held jobs wakes when it moves
+        self._generation = 0
+        #: jobs started and not finished; whether a pacer runs
+        self._running = 0
+        self._pacing = False
+        #: the pacer's place in the limiter's line, cancelled when no queued job is left to use it
+        self._reservation: PlaceInLine | None = None
+        #: the jobs waiting for their group's place, and the groups' limiters (made at the first group)
+        self._gate: GroupGate[Any] = GroupGate()
+        self._groups: GroupBase[Any] | None = None
+        #: each group waiter's place in its group limiter's line, while it waits
+        self._group_places: dict[str, PlaceInLine] = {}
+        #: counts the running jobs when their number is bounded
+        max_running = limiter.max_running
+        self._places: Any = self._driver.semaphore(max_running) if max_running else None
+        self._closed = False
+        #: the closing of the state (once the queue is closed and idle): ``None`` until it begins
+        self._state_closing: Any = None
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        cost: int = 1,
+        priority: int = 0,
+        not_before: NotBefore | None = None,
+        retries: int | None = None,
+        backoff: Backoff | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        dead_letter: Callable[[DeadLetter], Any] | None = None,
+        group: str | None = None,
+        **kwargs: Any,
+    ) -> FutureT:
+        """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future at once.
+
+        On asyncio, call it from the running loop; ``fn`` may be a coroutine
+        function (awaited). Cancelling the future before the job starts
+        removes it from the queue. The keyword arguments below are the
+        queue's, not passed on to ``fn`` (wrap ``fn`` in
+        :func:`functools.partial` to give it one of these names):
+
+        :param cost: how many starts of the rate the job uses (1 to the burst).
+        :param priority: a whole number; higher starts first (then the order added).
+        :param not_before: hold the job until then: a ``datetime`` (wall
+            clock), or seconds (or a ``timedelta``) from now. It takes no turn
+            and holds no ticket meanwhile.
+        :param retries: ``backoff``, ``retry_on``, ``dead_letter``: this job's own, in
+            place of the queue's (see the constructor).
+        :param group: run at most one job of this group at a time, across
+            every process of the queue name, in the order they asked
+            (docs/queues.md): the job holds its group's place from before its
+            turn until it ends for good (a retry keeps it).
+        :raises QueueClosed: if the queue is closed.
+        :raises QueueFull: if ``max_waiting`` jobs wait and ``overflow`` is ``"reject"``.
+        :raises ConfigurationError: for a bad option.
+        """
+        if not callable(fn):
+            raise TypeError(f"add() needs a callable, got {type(fn).__name__}")
+        base = self._options  # an option left None is the queue's; every one is checked first
+        options = JobOptions.checked(
+            base.retries if retries is None else retries,
+            base.backoff if backoff is None else backoff,
+            base.retry_on if retry_on is None else retry_on,
+            base.dead_letter if dead_letter is None else dead_letter,
+        )
+        future = cast(FutureT, self._driver.future())
+        job: Job[Any] = Job(
+            future,
+            functools.partial(fn, *args, **kwargs),
+            check_cost(cost, self._limiter.burst),
+            check_priority(priority),
+            options,
+            delay_until(not_before, self._clock),
+            group=check_group(group),
+        )
+        if job.group is not None:
+            self._group_limiter(job.group)  # checks the group as part of a queue name, now
+        dropped: Job[Any] | None = None
+        with self._driver.lock:
+            if self._closed:
+                raise QueueClosed(f"queue {self.name!r} is closed")
+            if self._max_waiting is not None and self._pending.first_tries() >= self._max_waiting:
+                if self._overflow == "reject":
+                    raise QueueFull(f"queue {self.name!r} holds max_waiting={self._max_waiting} jobs")
+                dropped = self._pending.oldest()
+                if dropped is not None:
+                    self._pending.remove(dropped)
+            job.seq = self._pending.number()
+            if job.group is not None and self._gate.enter(job):
+                self._start_group_waiter(job.group)
+            self._pending.push(job)
+            self._jobs_added()
+            self._start_pacer()
+        if dropped is not None and self._takes(dropped):
+            dropped.future.set_exception(
+                QueueFull(
+                    f"dropped from queue {self.name!r}: it held max_waiting={self._max_waiting} jobs "
+                    f"and a newer one came"
+                )
+            )
+        future.add_done_callback(lambda _: self._job_done(job))
+        return future
+
+    @property
+    def pending(self) -> int:
+        """Jobs added and not started yet."""
+        with self._driver.lock:
+            return len(self._pending)
+
+    def pause(self) -> None:
+        """Stop starting jobs from this queue object; they keep their places."""
+        self._limiter.pause()
+
+    def resume(self) -> None:
+        """Start jobs again after :meth:`pause`."""
+        self._limiter.resume()
+
+    @property
+    def paused(self) -> bool:
+        """Whether this queue object is paused."""
+        return self._limiter.paused
+
+    def __repr__(self) -> str:
+        url = redact(self._runner.state.url)
+        return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r})"
+
+    def _jobs_added(self) -> None:
+        """A job was added or queued again (holding the lock): a waiting pacer looks again."""
+        self._generation += 1
+        self._driver.changed()
+
+    def _start_pacer(self) -> None:
+        """Start the pacer unless one runs (holding the lock)."""
+        if not self._pacing:
+            self._pacing = True
+            self._driver.start(self._pace_flow(), f"ratequeue-pacer-{self.name}", locked=False, daemon=False)
+
+    def _is_idle(self) -> bool:
+        return not self._pending and not self._running and not self._pacing
+
+    def _idle_changed(self) -> None:
+        """Jobs finished or left (holding the lock): wake joiners; a closed, idle queue closes its state."""
+        self._driver.changed()
+        if self._closed and self._state_closing is None and self._is_idle():
+            self._state_closing = True
+            self._state_closing = self._driver.now_or_soon(self._close_state_flow())
+
+    def _close_state_flow(self) -> Flow[None]:
+        """Close the groups' limiters (releasing the places they hold), then the queue's limiter."""
+        for limiter in list(self._groups.limiters()) if self._groups is not None else []:
+            yield Call(limiter.close)
+        yield Call(self._limiter.close)
+
+    def _with_waiting(self, status: Status) -> Status:
+        """``status`` with this queue's pending jobs as its waiting ones."""
+        return dataclasses.replace(status, waiting=self.pending)
+
+    def _close_queue(self, cancel_pending: bool) -> None:
+        """Accept no more jobs, cancelling the queued ones if asked; the state is closed once idle."""
+        with self._driver.lock:
+            self._closed = True
+            for job in self._pending.drain() if cancel_pending else ():
+                # a retried job's thread future runs already and cannot be cancelled: fail it
+                if not job.future.cancel() and not job.future.done():
+                    job.future.set_exception(QueueClosed(f"queue {self.name!r} was closed before its retry"))
+            if cancel_pending:
+                self._jobs_added()  # a pacer waiting for a held job finds none and stops
+            self._idle_changed()
+        if cancel_pending:
+            self._withdraw_if_idle()
+
+    def _pace_flow(self) -> Flow[None]:
+        """The pacer: take a turn for each queued job and start it, until none is queued.
+
+        A turn that fails (the state is unreachable) fails the job at the
+        head of the queue and the pacer goes on, after a pause that doubles
+        while failures follow each other.
+        """
+        backoff = _FAILURE_BACKOFF
+        clock = self._clock
+        stopped = False
+        try:
+            while True:
+                with self._driver.lock:
+                    if not self._pending:
+                        # stop in the same locked step that saw no job: a job added (or queued
+                        # again for a retry) from now on starts a new pacer
+                        self._pacing = False
+                        stopped = True
+                        self._idle_changed()
+                        return
+                    self._pending.release_due(clock())
+                    due = self._pending.next_due() if self._pending.head() is None else None
+                    seen = self._generation
+                if due is not None:  # every queued job is held: wait for the first, or a new job
+                    with self._driver.lock:
+                        if self._generation == seen:
+                            yield Call(self._driver.wait_for_change, (wait(max(0.0, due - clock())),))
+                    continue
+                if self._places is not None:
+                    yield Call(self._places.acquire)
+                with self._driver.lock:
+                    self._pending.release_due(clock())
+                    head = self._pending.head()
+                    if head is None:  # cancelled, or only held jobs, while a running place was awaited
+                        self._release_running_place()
+                        continue
+                    cost = head.cost
+                    reservation = self._reservation = self._limiter.reserve(cost=cost)
+                try:
+                    turn: Turn | None = yield Call(reservation.wait)
+                except Exception as exc:  # the state failed: fail the head job, go on
+                    self._release_running_place()
+                    _log.warning(_NO_TURN, self.name, type(exc).__name__, exc, backoff)
+                    self._fail_head(exc)
+                    yield Sleep(backoff)
+                    backoff = min(backoff * 2, _FAILURE_BACKOFF_CAP)
+                    continue
+                finally:
+                    with self._driver.lock:
+                        self._reservation = None
+                backoff = _FAILURE_BACKOFF
+                job = self._next_runnable(cost) if turn is not None else None
+                if job is None:  # the queued jobs were cancelled while we waited, or cost more
+                    self._release_running_place()
+                    if turn is not None:
+                        self._end_lease(turn.ticket)
+                    continue
+                job.ticket = turn.ticket if turn is not None else None
+                self._driver.start(
+                    self._job_flow(job), f"ratequeue-job-{self.name}", locked=False, daemon=False
+                )
+        finally:
+            if not stopped:  # an exception (or a cancelled task) ended the pacer
+                with self._driver.lock:
+                    self._pacing = False
+                    self._idle_changed()
+
+    def _job_flow(self, job: Job[Any]) -> Flow[None]:
+        """Run one started job and settle its future; a coroutine's result is awaited (asyncio).
+
+        A failure its options retry puts it back among the queued jobs,
+        held for its backoff (the future stays pending); one that is not
+        retried any more goes to the dead-letter handler (if it was retried
+        or a handler is set) and fails the future.
+        """
+        future = job.future
+        job.attempts += 1
+        # this attempt's lease: taken off the job now, since a retry queued below may get a
+        # new turn (and set a new ticket) before this attempt's end releases its own
+        ticket, job.ticket = job.ticket, None
+        try:
+            result = yield Call(job.call)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            if not future.done() and not self._retried(job, exc):
+                self._report_failed(job, exc)
+                options = job.options
+                if options.dead_letter is not None:
+                    try:
+                        yield Call(options.dead_letter, (job.dead_letter(exc),))
+                    except Exception:  # the handler's own failure must not lose the job's
+                        _log.exception("the dead-letter handler of queue %r failed", self.name)
+                if not future.done():
+                    future.set_exception(exc)
+        else:
+            if not future.done():
+                future.set_result(result)
+        finally:
+            if ticket is not None:
+                self._end_lease(ticket)
+            self._release_running_place()
+            with self._driver.lock:
+                self._running -= 1
+                self._idle_changed()
+
+    def _end_lease(self, ticket: int) -> None:
+        """The job on ``ticket`` has ended (or none began on it): its lease is released in the background."""
+        runner = self._runner
+        with runner.driver.lock:
+            runner.end(ticket)
+
+    def _release_running_place(self) -> None:
+        """Count one running job less."""
+        if self._places is not None:
+            self._places.release()
+
+    def _retried(self, job: Job[Any], exc: BaseException) -> bool:
+        """Queue ``job`` again after its backoff if its options retry ``exc``; say whether it was."""
+        options = job.options
+        if job.attempts > options.retries or not isinstance(exc, options.retry_on):
+            return False
+        delay = options.backoff.delay(job.attempts)
+        job.not_before = self._clock() + delay
+        error = type(
+            exc
+        ).__name__  # the type only: a job's error text may hold what it called (a URL with its key)
+        if self._runner.reporter.on:
+            self._runner.reporter.emit(
+                Event("retry", self.name, error=error, attempt=job.attempts, wait=delay)
+            )
+        _log.info(_RETRIED, self.name, job.attempts, options.retries + 1, error, delay)
+        with self._driver.lock:
+            self._pending.push(job)  # its own place in the order; not counted against max_waiting
+            self._jobs_added()
+            self._start_pacer()
+        return True
+
+    def _report_failed(self, job: Job[Any], exc: BaseException) -> None:
+        """Report a job that failed for good: its future fails with ``exc``, its dead letter follows."""
+        error = type(exc).__name__  # the type only, as for a retry
+        if self._runner.reporter.on:
+            self._runner.reporter.emit(Event("dead_letter", self.name, error=error, attempt=job.attempts))
+        _log.info("queue %r: a job failed for good on try %d (%s)", self.name, job.attempts, error)
+
+    def _next_runnable(self, cost: int) -> Job[Any] | None:
+        """Pop the next ready job that was not cancelled, counting it as running.
+
+        ``None`` if there is none, or if it costs more than ``cost`` (the
+        turn's): it stays first, and the turn goes unused.
+        """
+        with self._driver.lock:
+            self._pending.release_due(self._clock())
+            while (head := self._pending.head()) is not None:
+                if head.cost > cost:
+                    return None
+                job = self._pending.pop_head()
+                # a retry's future already runs (a thread future cannot be claimed twice)
+                if self._takes(job):
+                    self._running += 1
+                    return job
+            self._idle_changed()
+            return None
+
+    def _takes(self, job: Job[Any]) -> bool:
+        """Claim ``job``'s future for a start or a failure; ``False`` if it was cancelled.
+
+        A retried job's future was claimed at its first start (a thread
+        future cannot be claimed twice): it only must not be done.
+        """
+        return self._driver.claim(job.future) if job.attempts == 0 else not job.future.done()
+
+    def _group_limiter(self, group: str) -> LimiterBase:
+        """The limiter of ``group``'s place: a queue of its own, ``max_running=1``, no rate to speak of."""
+        if self._groups is None:
+            self._groups = self._group_class(
+                self._runner.state,
+                name=f"{self.name}:group",
+                interval=1e-6,
+                max_running=1,
+                lease=self._limiter.lease,
+                keep=DEFAULT_KEEP,
+                # no on_event: a group's place is no start of the queue (its jobs' turns are)
+            )
+        limiter: LimiterBase = self._groups[group]
+        return limiter
+
+    def _start_group_waiter(self, group: str) -> None:
+        """Start the waiter of ``group``'s place (holding the lock)."""
+        self._driver.start(self._group_flow(group), f"ratequeue-group-{self.name}", locked=False)
+
+    def _group_flow(self, group: str) -> Flow[None]:
+        """A group waiter: get ``group``'s place for the first job in its line, make that job ready, stop.
+
+        A job that leaves the line meanwhile (cancelled, dropped) has its
+        request withdrawn, and the waiter asks for the next one. A failure of
+        the state fails the job it asked for, and the waiter goes on.
+        """
+        backoff = _FAILURE_BACKOFF
+        while True:
+            with self._driver.lock:
+                job = self._gate.first(group)
+                if job is None:
+                    return
+                limiter = self._group_limiter(group)
+                place = self._group_places[group] = limiter.reserve()
+            try:
+                turn: Turn | None = yield Call(place.wait)
+            except Exception as exc:
+                with self._driver.lock:
+                    self._group_places.pop(group, None)
+                    self._gate.leave(job)
+                    if self._pending.remove(job) and self._takes(job):
+                        job.future.set_exception(exc)
+                    self._idle_changed()
+                yield Sleep(backoff)
+                backoff = min(backoff * 2, _FAILURE_BACKOFF_CAP)
+                continue
+            with self._driver.lock:
+                self._group_places.pop(group, None)
+                if turn is None or self._gate.first(group) is not job:  # it left the line meanwhile
+                    if turn is not None:
+                        self._end_group_lease(group, turn.ticket)
+                    continue
+                self._gate.granted(job)
+                job.group_ticket = turn.ticket
+                self._pending.ungate(job)
+                self._jobs_added()
+                self._start_pacer()
+                return
+
+    def _end_group_lease(self, group: str, ticket: int) -> None:
+        """Release ``group``'s place (held on ``ticket``) in the background."""
+        runner = runner_of(self._group_limiter(group))
+        with runner.driver.lock:
+            runner.end(ticket)
+
+    def _job_done(self, job: Job[Any]) -> None:
+        """``job``'s future is done (the job ended for good, or left): give its group's place back."""
+        self._forget_if_cancelled(job)
+        group = job.group
+        if group is None:
+            return
+        cancel: PlaceInLine | None = None
+        with self._driver.lock:
+            if job.gated:
+                if self._gate.leave(job):  # the waiter asks for it now: withdraw that request
+                    cancel = self._group_places.get(group)
+                job.gated = False
+            elif job.group_ticket is not None:
+                self._end_group_lease(group, job.group_ticket)
+                job.group_ticket = None
+                if self._gate.ended(group):
+                    self._start_group_waiter(group)
+        if cancel is not None:
+            cancel.cancel()
+
+    def _forget_if_cancelled(self, job: Job[Any]) -> None:
+        """Drop a job whose future was cancelled before it started."""
+        if not job.future.cancelled():
+            return
+        with self._driver.lock:
+            if self._pending.remove(job):
+                self._jobs_added()  # a pacer waiting for a held job looks again (and may stop)
+                self._idle_changed()
+        self._withdraw_if_idle()
+
+    def _withdraw_if_idle(self) -> None:
+        """Cancel the pacer's reservation when no queued job is left to use its turn."""
+        with self._driver.lock:
+            reservation = self._reservation if not self._pending else None
+        if reservation is not None:
+            reservation.cancel()
+
+    def _fail_head(self, exc: Exception) -> None:
+        with self._driver.lock:
+            if self._pending.head() is not None:
+                job = self._pending.pop_head()
+                if self._takes(job):
+                    job.future.set_exception(exc)
+            self._idle_changed()

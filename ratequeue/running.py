@@ -1,0 +1,541 @@
+"""One shard at work: settings, state, decisions, driver, reports and leases; and the limiters' shared API.
+
+A :class:`ShardRunner` carries a caller's :class:`~ratequeue.core.shard.Place`
+through the shard's steps (:meth:`ShardRunner.acquire_flow`), making each
+operation the shard asks for through :meth:`ShardRunner.call_flow` -- the one
+place that times and reports a state call -- and hands the answers back. It
+is the package-internal interface the limiters, queues, groups and
+``all_of`` drive (:func:`runner_of`). :class:`LimiterBase` is what the thread
+and asyncio limiters share beyond it: the settings, pause, status, pickling
+and the decorator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from ._redact import redact
+from .core.clock import OffsetEstimator
+from .core.flow import Call, Flow
+from .core.operation import Operation
+from .core.protocol import MAX_LEAD_US, NEVER, US, Answer, Passed, Started, live_leases, new_record
+from .core.shard import Begin, BeginAt, Expired, Place, Shard, SleepUntil, Turn, WaitForTurn
+from .drivers import Driver
+from .errors import AcquireTimeout
+from .events import EventHook, check_hook
+from .leasing import LeaseKeeper
+from .reporting import Reporter
+from .settings import Seconds, Settings, check_cost, check_timeout, wait
+from .state.base import AsyncState, Snapshot, State
+
+__all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: a state's answer with the local times around its call: (answer, sent, received, the state's
+#: clock read on this host just after, if it can be)
+Timed = tuple[Answer, float, float, "float | None"]
+
+#: the most (s) the two reads of :func:`received_and_state_now` may span before they are read again,
+#: and how many times they are read at most
+_PAIR_SPAN = 50e-6
+_PAIR_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Status:
+    """A queue's shared record and this shard's view of it, as read just now."""
+
+    #: the queue name
+    name: str
+    #: seconds between starts
+    interval: float
+    #: the next ticket the state will hand out
+    next_ticket: int
+    #: the highest ticket that has started (0: none); the record's ``pos``
+    pos: int
+    #: state-clock time (s) of the latest start, or ``None`` if none
+    last_start: float | None
+    #: the state clock's time (s) when this was read
+    now: float
+    #: callers (or a queue's jobs) waiting in this shard
+    waiting: int
+    #: whether this shard is paused
+    paused: bool
+    #: the ticket this shard holds, if any
+    held_ticket: int | None
+    #: how many starts may come at once after an idle spell
+    burst: int = 1
+    #: whether the queue is paused for every shard (its record's flag; ``paused`` is this shard's)
+    paused_everywhere: bool = False
+    #: how many jobs may run at once across every shard; ``None``: no cap
+    max_running: int | None = None
+    #: how many jobs hold a live lease across every shard (0 without a cap)
+    running: int = 0
+
+    @classmethod
+    def of(cls, settings: Settings, snapshot: Snapshot, shard: Shard) -> Status:
+        """The status of ``settings``' queue from a snapshot of its record (or a fresh one) and a shard."""
+        record = snapshot.record or new_record(
+            settings.terms.interval_us, settings.burst, settings.max_running
+        )
+        return cls(
+            name=settings.name,
+            interval=record.interval / US,
+            next_ticket=record.ticket,
+            pos=record.pos,
+            last_start=None if record.at == NEVER else record.at / US,
+            now=snapshot.now / US,
+            waiting=shard.waiting,
+            paused=shard.paused,
+            held_ticket=shard.ticket,
+            burst=record.burst,
+            paused_everywhere=record.paused,
+            max_running=record.max_running,
+            running=len(live_leases(record, snapshot.now)),
+        )
+
+
+#: the turns taken by ``with limiter:`` in this thread or task and not yet left: (limiter id, turn)
+_ENTERED: ContextVar[tuple[tuple[int, Turn], ...]] = ContextVar("ratequeue_entered", default=())
+
+
+def entered(limiter: object, turn: Turn | None = None) -> Turn | None:
+    """Note ``turn``, taken by ``with limiter:``; without a turn, forget and return the latest one noted.
+
+    Kept per thread and per asyncio task, so that the ``__exit__`` of a
+    ``with`` statement finds the turn of its own ``__enter__``.
+    """
+    stack = _ENTERED.get()
+    if turn is not None:
+        _ENTERED.set((*stack, (id(limiter), turn)))
+        return turn
+    for index in range(len(stack) - 1, -1, -1):
+        if stack[index][0] == id(limiter):
+            _ENTERED.set(stack[:index] + stack[index + 1 :])
+            return stack[index][1]
+    return None
+
+
+class ShardRunner:
+    """One shard of a queue at work; every method but the flows is called holding the driver's lock."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        state: State | AsyncState,
+        driver: Driver,
+        *,
+        hook: EventHook | None = None,
+        owner: object = None,
+        estimator: OffsetEstimator | None = None,
+    ) -> None:
+        self.settings, self.name, self.state, self.driver = settings, settings.name, state, driver
+        self.clock = clock = driver.clock
+        max_late = settings.max_late
+        #: the lateness checked: none where the state's clock is coarser than it
+        self.max_late = None if max_late is None or state.clock_resolution > max_late else max_late
+        #: whether the state's clock is this one (a memory state's, read on ``time.monotonic``)
+        self._same_clock = clock is time.monotonic and state.reads_monotonic and state.local_now() is not None
+        if estimator is None:  # a memory state reads this process's own clock: it never steps against it
+            estimator = OffsetEstimator(same_clock=self._same_clock)
+        self.shard = Shard(
+            settings.name, settings.terms, lead=settings.lead, max_late=self.max_late, estimator=estimator
+        )
+        self.reporter = Reporter(
+            settings.name,
+            check_hook(hook),
+            owner,
+            driver,
+            clock,
+            keep=settings.keep,
+            max_late=settings.max_late,
+        )
+        self.leases = LeaseKeeper(self) if settings.max_running else None
+
+    @property
+    def idle(self) -> bool:
+        """Whether nobody waits here and no call, begin or lease is under way (a group may drop it)."""
+        return self.shard.idle and (self.leases is None or not self.leases.busy)
+
+    def place(self, timeout: Seconds | None, cost: int) -> Place:
+        """A new place at the back of the line, its arguments checked."""
+        if timeout is None and cost == 1 and type(cost) is int:  # (the common call, checked at a glance)
+            return self.shard.add()
+        seconds = check_timeout(timeout)
+        cost = check_cost(cost, self.settings.burst)
+        return self.shard.add(None if seconds is None else self.clock() + seconds, seconds, cost)
+
+    def changed(self) -> None:
+        """The shard changed: hand its unused turns' leases to the keeper, wake the waiting flows."""
+        shard = self.shard
+        if shard.unused:
+            if self.leases is not None:
+                for ticket in shard.unused:
+                    self.leases.release_later(ticket)
+            shard.unused.clear()
+        self.driver.changed()
+
+    def end(self, ticket: int) -> None:
+        """The job on ``ticket`` ended (or none began on it): its lease is released in the background."""
+        if self.leases is not None:
+            self.leases.release_later(ticket)
+
+    def call_flow(self, op: Operation, lost: Callable[[Any], None] | None = None) -> Flow[Timed]:
+        """``op`` carried out on the state (holding no lock), timed and reported.
+
+        ``lost``: where an answer goes that comes after its caller was cancelled (asyncio).
+        """
+        clock, reporter = self.clock, self.reporter
+        sent = clock()
+        try:
+            answer = yield Call(self.driver.call, (self.state.execute, op, lost))
+        except Exception as exc:
+            if reporter.calls:
+                reporter.call_failed(op, exc, clock() - sent)
+            raise
+        state_now: float | None
+        if self._same_clock:  # the state's clock is this one: no offset to read
+            received = state_now = clock()
+        else:
+            received, state_now = received_and_state_now(clock, self.state.local_now)
+        if reporter.calls:
+            reporter.call_answered(op, answer, received - sent)
+        return answer, sent, received, state_now
+
+    def acquire_flow(self, place: Place, *, attempt: bool = False) -> Flow[Turn | None]:
+        """Carry ``place`` through the shard's steps until its turn begins; ``None`` if it is withdrawn.
+
+        Runs holding the driver's lock, which its waits and calls release.
+        With ``attempt`` (``try_acquire``), no turn now is not reported as a timeout.
+
+        :raises AcquireTimeout: as soon as the turn cannot come by the place's deadline.
+        """
+        shard, clock, reporter, driver = self.shard, self.clock, self.reporter, self.driver
+        lost = self._lost if self.leases is not None else None
+        now = since = clock()
+        try:
+            while True:
+                if place.withdrawn:
+                    return None
+                started = place.turn
+                if started is None:
+                    step = shard.step(place, now)
+                    woke_late = None
+                else:
+                    given_up, paused_given_up, doubt = place.given_up, place.given_up_paused, place.doubt
+                    step = shard.step(place, now)
+                    # A doubted start checked before it came (a first, slow answer) did not wake late.
+                    woke_late = started if now >= started.local_start else None
+                    if place.given_up != given_up and woke_late is not None:  # out of re-times: given up
+                        lateness = now - woke_late.local_start + doubt
+                        in_a_row = place.given_up - place.given_up_paused
+                        paused = place.given_up_paused != paused_given_up  # (a paused shard cannot move it)
+                        reporter.late(woke_late.ticket, lateness, "given_up", in_a_row, paused=paused)
+                kind = type(step)
+                if kind is Begin:
+                    # From the lateness check (the step) to the return: no hook runs here.
+                    turn = step.turn  # type: ignore[union-attr]
+                    try:
+                        if self.leases is not None:
+                            self.leases.began(turn.ticket, clock())
+                        if shard.unused or driver.waiters:
+                            self.changed()  # the next caller is head now
+                        if reporter.begins:
+                            reporter.start(turn, now, since)
+                    except BaseException:  # interrupted: the job will not run, its place goes back
+                        self.end(turn.ticket)
+                        raise
+                    return turn
+                if kind is Operation:
+                    op: Operation = step  # type: ignore[assignment]
+                    if self.leases is not None and shard.unused:
+                        # a turn given up (G7) holds a place: give it back before asking for another
+                        unused, shard.unused[:] = list(shard.unused), []
+                        yield from self.leases.release_unused_flow(unused)
+                    try:
+                        answer, sent, received, state_now = yield from self.call_flow(op, lost)
+                    except BaseException:
+                        shard.failed(place)
+                        raise
+                    steps = shard.estimator.steps
+                    offset = None if state_now is None else received - state_now
+                    shard.receive(place, answer, sent, received, offset=offset)
+                    if shard.estimator.steps != steps:
+                        reporter.clock_step(shard.estimator.step)
+                    if op.kind == "retime" and woke_late is not None:
+                        done = "begun" if place.begins_late else "moved"  # (a burst begins late)
+                        done = "given_up" if place.given_up != given_up else done
+                        lateness = now - woke_late.local_start + doubt
+                        reporter.late(op.ticket, lateness, done, place.given_up - place.given_up_paused)
+                    elif op.kind == "try_start" and isinstance(answer, Passed):
+                        reporter.passed(answer)
+                    if shard.unused or driver.waiters:
+                        self.changed()
+                elif kind is Expired:
+                    if not attempt:
+                        reporter.timeout(place, now - since)
+                    timeout = None if place.deadline is None else place.timeout
+                    raise AcquireTimeout(
+                        f"no turn in queue {self.name!r} within {timeout} s", name=self.name, timeout=timeout
+                    )
+                elif kind is WaitForTurn:
+                    deadline = step.deadline  # type: ignore[union-attr]
+                    yield Call(driver.wait_for_change, (wait(None if deadline is None else deadline - now),))
+                elif kind is SleepUntil:
+                    yield Call(driver.wait_for_change, (wait(step.until - now),))  # type: ignore[union-attr]
+                else:
+                    at: BeginAt = step  # type: ignore[assignment]
+                    yield Call(driver.wait_until, (at.until, at.spin, self.max_late is not None))
+                now = clock()
+        except BaseException:
+            shard.abandon(place)
+            self.changed()
+            raise
+
+    def attempt_flow(self, cost: int) -> Flow[tuple[Turn | None, float | None]]:
+        """A turn if one is free now, else ``(None, when)``: when the state said it comes, if it said."""
+        place = self.place(0, cost)
+        try:
+            return (yield from self.acquire_flow(place, attempt=True)), None
+        except AcquireTimeout:
+            return None, place.expected
+
+    def retime_flow(self, turn: Turn, lead: float) -> Flow[Turn | None]:
+        """``turn``'s start moved to ``lead`` s from now at the soonest (``None`` once a later one started).
+
+        The state's re-time, converted to local time by the shard (for ``all_of``).
+        """
+        op = Operation(
+            "retime", self.name, self.settings.terms, turn.ticket, round(min(lead, MAX_LEAD_US / US) * US)
+        )
+        answer, sent, received, state_now = yield from self.call_flow(op)
+        if not isinstance(answer, Started):
+            return None
+        offset = None if state_now is None else received - state_now
+        return self.shard.convert(answer, sent, received, offset=offset)
+
+    def _lost(self, answer: Answer) -> None:
+        """A call whose caller was cancelled was answered: a start it made gives its lease back."""
+        if isinstance(answer, Started):
+            self.end(answer.ticket)
+
+
+def runner_of(limiter: LimiterBase) -> ShardRunner:
+    """The runner of ``limiter``: what queues, groups and ``all_of`` drive."""
+    return limiter._runner
+
+
+class LimiterBase:
+    """What the thread and asyncio limiters share: one shard, its settings, pause, status, the decorator."""
+
+    #: the name ``repr`` shows
+    _display_name = "Limiter"
+
+    def __init__(self, runner: ShardRunner, owns_state: bool) -> None:
+        self._runner = runner
+        #: whether this limiter opened the state (and so closes it); a state object passed in stays open
+        self._owns_state = owns_state
+
+    @property
+    def name(self) -> str:
+        """The queue name."""
+        return self._runner.name
+
+    @property
+    def settings(self) -> Settings:
+        """The settings this limiter was made with."""
+        return self._runner.settings
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two starts (of cost 1)."""
+        return self._runner.settings.interval
+
+    @property
+    def burst(self) -> int:
+        """How many starts (of cost 1) may come at once after an idle spell."""
+        return self._runner.settings.burst
+
+    @property
+    def keep(self) -> float | None:
+        """Seconds an idle queue's record is kept once forgetting it changes nothing; ``None``: for ever."""
+        return self._runner.settings.keep
+
+    @property
+    def max_running(self) -> int | None:
+        """How many jobs may run at once across every shard; ``None``: no cap."""
+        return self._runner.settings.max_running
+
+    @property
+    def lease(self) -> float:
+        """Seconds a running job's lease lasts unless renewed (with ``max_running``)."""
+        return self._runner.settings.lease
+
+    @property
+    def paused(self) -> bool:
+        """Whether this shard is paused."""
+        return self._runner.shard.paused
+
+    def pause(self) -> None:
+        """Pause this shard: its callers keep their places, and it stops calling the state.
+
+        :meth:`pause_everywhere` pauses every shard of the queue instead.
+        """
+        self._pause_shard(True)
+
+    def resume(self) -> None:
+        """Resume this shard after :meth:`pause`."""
+        self._pause_shard(False)
+
+    def _pause_shard(self, paused: bool) -> None:
+        runner = self._runner
+        with runner.driver.lock:
+            if paused:
+                runner.shard.pause()
+            else:
+                runner.shard.resume()
+            runner.changed()
+
+    def _set_paused_flow(self, paused: bool) -> Flow[bool]:
+        """Set the queue's shared pause flag (one call to the state): whether that changed it.
+
+        Only the flag changes: this shard keeps running, and its waiting head
+        is told to wait, a second at a time, like every other shard's. On
+        resume this shard's head asks again at once.
+        """
+        runner = self._runner
+        op = Operation("set_paused", self.name, self.settings.terms, paused=paused)
+        changed = yield Call(runner.state.execute, (op,))
+        if not paused:
+            with runner.driver.lock:
+                runner.shard.ask_again()
+                runner.changed()
+        return bool(changed)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # without on_event: a hook (and its metrics) belongs to the process that made it
+        return (_rebuild, (type(self), self._runner.state.url, self.settings))
+
+    def __repr__(self) -> str:
+        settings = self.settings
+        more = f", burst={settings.burst!r}" if settings.burst != 1 else ""
+        more += f", max_running={settings.max_running!r}" if settings.max_running else ""
+        url = redact(self._runner.state.url)
+        return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r}{more})"
+
+    def wrap(self, fn: F, *, cost: int = 1) -> F:
+        """``fn`` changed so that every call first waits for its turn, of ``cost``."""
+        raise NotImplementedError
+
+    def reserve(self, *, cost: int = 1) -> Any:
+        """Take a place in this shard's line now, to wait for its turn later (see the drivers')."""
+        raise NotImplementedError
+
+    def close(self) -> Any:
+        """Close the state if this limiter opened it (see the drivers')."""
+        raise NotImplementedError
+
+    @overload
+    def __call__(self, fn: F, /) -> F: ...
+
+    @overload
+    def __call__(self, fn: None = None, /, *, cost: int = 1) -> Callable[[F], F]: ...
+
+    def __call__(self, fn: F | None = None, /, *, cost: int = 1) -> F | Callable[[F], F]:
+        """Decorate ``fn`` so that every call waits for its turn (see :meth:`wrap`).
+
+        ``@limiter`` costs each call 1; ``@limiter(cost=3)`` costs it 3.
+        """
+        cost = check_cost(cost, self.burst)
+        if fn is None:
+            return lambda function: self.wrap(function, cost=cost)
+        return self.wrap(fn, cost=cost)
+
+
+class ReservationBase:
+    """A place in a limiter's line, taken when made; the drivers add ``wait``.
+
+    Cancel it from any thread (asyncio: from the event loop's thread) to give
+    the place up: a wait in progress then returns ``None``.
+    """
+
+    def __init__(self, limiter: LimiterBase, cost: int = 1) -> None:
+        self._limiter = limiter
+        self._runner = runner = runner_of(limiter)
+        #: the turn :meth:`wait` returned, once it has begun: a second wait returns it again
+        self._begun: Turn | None = None
+        cost = check_cost(cost, runner.settings.burst)
+        with runner.driver.lock:
+            self._place = runner.shard.add(cost=cost)
+
+    @property
+    def turn(self) -> Turn | None:
+        """The turn, once :meth:`wait` has returned it."""
+        place = self._place
+        return place.turn if place.turn is not None and not place.queued and not place.withdrawn else None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` took the place (before its turn began)."""
+        return self._place.withdrawn
+
+    def cancel(self) -> None:
+        """Give the place up, unless its turn has begun; a waiting :meth:`wait` returns ``None``.
+
+        A turn started and not yet begun is dropped: its slot goes unused.
+        """
+        runner = self._runner
+        with runner.driver.lock:
+            runner.shard.withdraw(self._place)
+            runner.changed()
+
+    def _wait_flow(self, timeout: Seconds | None) -> Flow[Turn | None]:
+        """The flow of :meth:`wait`: the place's deadline set from ``timeout`` s from now."""
+        if self._begun is not None:
+            return self._begun
+        seconds = check_timeout(timeout)
+        place = self._place
+        if place.queued and seconds is not None:
+            place.deadline = self._runner.clock() + seconds
+            place.timeout = seconds
+        self._begun = turn = yield from self._runner.acquire_flow(place)
+        return turn
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled else "started" if self.turn else "waiting"
+        return f"<{type(self).__name__} {state} in {self._limiter!r}>"
+
+
+def _rebuild(cls: Any, url: str, settings: Settings) -> LimiterBase:
+    limiter: LimiterBase = cls(url, **settings.arguments())
+    return limiter
+
+
+def received_and_state_now(
+    clock: Callable[[], float], local_now: Callable[[], float | None]
+) -> tuple[float, float | None]:
+    """This host's clock and the state's local clock (``None``: a server's), read as one instant.
+
+    The offset ``received - state_now`` converts a state on this host's clock
+    exactly, unless the process stalls between the two reads: so the state's
+    clock is read between two reads of this host's, read again while they
+    are more than :data:`_PAIR_SPAN` apart, and placed at their midpoint.
+    """
+    before = clock()
+    state_now = local_now()
+    after = clock()
+    if state_now is None:
+        return after, None
+    for _ in range(_PAIR_TRIES - 1):
+        if after - before <= _PAIR_SPAN:
+            break
+        before = clock()
+        state_now = local_now()
+        after = clock()
+    assert state_now is not None
+    return after, state_now + (after - before) / 2

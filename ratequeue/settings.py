@@ -1,0 +1,289 @@
+"""A limiter's settings as one value, checked once at the boundary; and the checks of user input.
+
+:meth:`Settings.checked` turns what a user passes to a limiter, queue or
+group into a :class:`Settings`; the value is then handed on (to each key of a
+group, to a queue's limiter, through pickling), never retyped or checked
+again. Every check raises :class:`~ratequeue.errors.ConfigurationError`
+before any state is touched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, TypedDict, Union
+
+from .core.jobs import Backoff, DeadLetter
+from .core.operation import MAX_NAME_LENGTH, Terms, check_name
+from .core.protocol import MAX_LEAD_US, MAX_RUNNING, MAX_US, US
+from .core.shard import DEFAULT_MAX_LATE
+from .errors import ConfigurationError
+from .events import EventHook, check_hook
+from .rates import RateLike, parse_rate
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "FOREVER",
+    "MAX_NAME_LENGTH",
+    "MAX_WAIT",
+    "Options",
+    "QueueOptions",
+    "Seconds",
+    "Settings",
+    "check_cost",
+    "check_name",
+    "check_prefix",
+    "check_timeout",
+    "positive_int",
+    "seconds",
+    "wait",
+]
+
+#: a duration: seconds, or a ``timedelta``
+Seconds = Union[float, datetime.timedelta]
+
+#: how long (s) a lease lasts by default: a killed holder's place comes back within this
+DEFAULT_LEASE = 10.0
+
+#: timeouts longer than this (s, about 31.7 years) wait for ever, as ``None`` and ``math.inf`` do
+FOREVER = 1e9
+
+#: the longest single wait (s) a driver blocks for before it looks at its deadline again: well
+#: under ``threading.TIMEOUT_MAX`` everywhere, so that any timeout works
+MAX_WAIT = 3600.0
+
+
+class Options(TypedDict, total=False):
+    """The keyword arguments every limiter, queue and group takes beside ``name`` (docs/api.md).
+
+    :param interval: seconds (or a ``timedelta``) between two starts; or give ``rate``.
+    :param rate: the pace as a rate: ``"5000/hour"``, ``(10, timedelta(seconds=1))`` or a
+        :class:`~ratequeue.Rate`; its interval is ``period / count``.
+    :param burst: how many starts may come at once after an idle spell (1: none closer than
+        the interval); any ``k`` consecutive starts span at least ``k - burst`` intervals.
+    :param keep: seconds an idle queue's record is kept once forgetting it changes nothing
+        (then deleted); ``None`` keeps it for ever.
+    :param lead: how early a caller may reserve its slot before sleeping until it; ``None``
+        adapts it to the state's round-trip time.
+    :param max_late: seconds a caller may begin after its start (0.3 ms by default); a later
+        wake-up moves the start, or gives the turn up, so that begins stay
+        ``interval - max_late`` apart where the service feels them (G7). ``None`` turns it off.
+    :param max_running: how many jobs may run at once across every shard (``None``: no cap);
+        each holds a lease, renewed while it runs.
+    :param lease: seconds a running job's lease lasts unless renewed (10): the longest a dead
+        job's place stays taken.
+    :param clock: this process's clock, ``time.monotonic`` by default (tests shift it).
+    :param on_event: called with a :class:`~ratequeue.Event` for each begin, timeout, state call,
+        passed ticket and late wake-up, off the acquire path (docs/api.md, "Event"). Not pickled.
+    """
+
+    interval: Seconds | None
+    rate: RateLike | None
+    burst: int
+    keep: Seconds | None
+    lead: Seconds | None
+    max_late: Seconds | None
+    max_running: int | None
+    lease: Seconds
+    clock: Callable[[], float] | None
+    on_event: EventHook | None
+
+
+class QueueOptions(Options, total=False):
+    """The keyword arguments of a queue beside ``name``: a limiter's (:class:`Options`), and these.
+
+    :param retries: how many times a failed job is tried again (0: never); each try takes a
+        new turn, after its ``backoff``. Jobs may set their own.
+    :param backoff: the wait before each retry (:class:`~ratequeue.Backoff`; by default 1 s
+        doubling up to 60 s, with jitter).
+    :param retry_on: the exceptions that are retried (all by default); others fail the job at once.
+    :param dead_letter: called with a :class:`~ratequeue.DeadLetter` when a job fails for good;
+        its future fails all the same. On asyncio it may be a coroutine function.
+    :param max_waiting: the most jobs one queue object holds waiting (``None``: no limit).
+    :param overflow: when ``max_waiting`` jobs wait: ``"reject"`` the new one
+        (:class:`~ratequeue.QueueFull`) or ``"drop_oldest"`` (its future fails with ``QueueFull``).
+    """
+
+    retries: int
+    backoff: Backoff | None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...]
+    dead_letter: Callable[[DeadLetter], Any] | None
+    max_waiting: int | None
+    overflow: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one limiter (one shard) is: its queue's name and terms, and how it waits.
+
+    Make one with :meth:`checked`. ``None`` means "none" for ``keep`` (keep
+    the record for ever), ``lead`` (adapt it), ``max_late`` (no lateness
+    check) and ``max_running`` (no cap).
+    """
+
+    #: the queue name
+    name: str
+    #: seconds between two starts (of cost 1)
+    interval: float
+    #: how many starts (of cost 1) may come at once after an idle spell
+    burst: int = 1
+    #: seconds an idle queue's record is kept once forgetting it changes nothing
+    keep: float | None = None
+    #: how early (s) a caller may reserve its slot before sleeping until it
+    lead: float | None = None
+    #: how late (s) a caller may begin after its start
+    max_late: float | None = DEFAULT_MAX_LATE
+    #: how many jobs may run at once across every shard
+    max_running: int | None = None
+    #: seconds a running job's lease lasts unless renewed (with ``max_running``)
+    lease: float = DEFAULT_LEASE
+    #: the queue's terms as every operation carries them
+    terms: Terms = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keep_us = 0 if self.keep is None else max(1, round(self.keep * US))
+        lease_us = round(self.lease * US) if self.max_running else 0
+        terms = Terms.checked(_interval_us(self.interval), self.burst, keep_us, self.max_running, lease_us)
+        object.__setattr__(self, "terms", terms)
+
+    @classmethod
+    def checked(
+        cls,
+        name: object,
+        interval: object = None,
+        rate: object = None,
+        burst: object = 1,
+        keep: object = None,
+        lead: object = None,
+        max_late: object = DEFAULT_MAX_LATE,
+        max_running: object = None,
+        lease: object = DEFAULT_LEASE,
+    ) -> Settings:
+        """Settings from what a user passed: ``interval=`` or ``rate=`` (one of them), and the rest."""
+        if rate is None:
+            if interval is None:
+                raise ConfigurationError(
+                    "give interval= (seconds between starts) or rate= (such as '10/second')"
+                )
+            pace = seconds("interval", interval)
+            if not 0.0 < pace < math.inf:
+                raise ConfigurationError(f"interval must be a finite number of seconds > 0, got {interval!r}")
+        elif interval is not None:
+            raise ConfigurationError(
+                f"give interval= or rate=, not both (interval={interval!r}, rate={rate!r})"
+            )
+        else:
+            pace = parse_rate(rate).interval
+        keep = _optional("keep", keep, MAX_US / US, "a number of seconds >= 0 (under 142 years)")
+        lead = _optional("lead", lead, MAX_LEAD_US / US, _LEADS, upper=True)
+        max_late = _optional("max_late", max_late, math.inf, "a finite number of seconds >= 0")
+        if max_running is not None and not (_is_int(max_running) and 1 <= max_running <= MAX_RUNNING):  # type: ignore[operator]
+            raise ConfigurationError(
+                f"max_running must be None (no cap) or a whole number from 1 to {MAX_RUNNING}, "
+                f"got {max_running!r}"
+            )
+        lease = seconds("lease", lease)
+        if not 0.01 <= lease <= 86_400:
+            raise ConfigurationError(
+                f"lease must be a number of seconds from 0.01 to 86400 (a day), got {lease}"
+            )
+        checked_name, checked_burst = check_name(name), positive_int("burst", burst)
+        return cls(checked_name, pace, checked_burst, keep, lead, max_late, max_running, lease)  # type: ignore[arg-type]
+
+    @classmethod
+    def of(
+        cls, name: object, options: Options
+    ) -> tuple[Settings, Callable[[], float] | None, EventHook | None]:
+        """The settings in ``options`` (checked), and the clock and hook beside them."""
+        rest: dict[str, Any] = dict(options)
+        clock = rest.pop("clock", None)
+        hook = check_hook(rest.pop("on_event", None))
+        if clock is not None and not callable(clock):
+            raise ConfigurationError(f"clock must be a function returning seconds, got {clock!r}")
+        return cls.checked(name, **rest), clock, hook
+
+    def arguments(self) -> dict[str, Any]:
+        """These settings as the keyword arguments of a limiter (the pace as ``interval``)."""
+        return {item.name: getattr(self, item.name) for item in fields(self) if item.init}
+
+
+_LEADS = f"a number of seconds from 0 to {MAX_LEAD_US / US:g} (an hour)"
+
+
+def _optional(what: str, value: object, high: float, want: str, *, upper: bool = False) -> float | None:
+    """``value``: ``None``, or seconds from 0 to ``high`` (``high`` itself only with ``upper``)."""
+    if value is None:
+        return None
+    number = seconds(what, value)
+    if not (0.0 <= number <= high if upper else 0.0 <= number < high):
+        raise ConfigurationError(f"{what} must be None or {want}, got {number!r}")
+    return number
+
+
+def _interval_us(interval: float) -> int:
+    micros = round(interval * US)
+    if micros < 1:
+        raise ConfigurationError(f"interval must be at least one microsecond, got {interval!r} s")
+    if micros >= MAX_US:
+        raise ConfigurationError(f"interval must be under about 142 years, got {interval!r} s")
+    return micros
+
+
+def check_cost(value: object, burst: int) -> int:
+    """``value`` as the cost of one acquire: a whole number from 1 to the burst."""
+    if type(value) is int and 1 <= value <= burst:
+        return value
+    if not (_is_int(value) and 1 <= value <= burst):  # type: ignore[operator]
+        more = "; a cost above 1 needs burst= at least as large" if burst == 1 else ""
+        raise ConfigurationError(
+            f"cost must be a whole number from 1 to the burst ({burst}), got {value!r}{more}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def check_timeout(value: object) -> float | None:
+    """``value`` as ``None`` (wait for ever) or seconds >= 0; over :data:`FOREVER` (or ``inf``): ``None``."""
+    if value is None:
+        return None
+    timeout = seconds("timeout", value)
+    if math.isnan(timeout) or timeout < 0:
+        raise ConfigurationError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
+    return None if timeout > FOREVER else timeout
+
+
+def wait(timeout: float | None) -> float | None:
+    """A wait of ``timeout`` s (``None``: until woken) cut to :data:`MAX_WAIT`; the waiter looks again."""
+    return None if timeout is None else min(timeout, MAX_WAIT)
+
+
+def check_prefix(value: object) -> str:
+    """``value`` as the beginning of queue names: a string, possibly empty, of printable characters."""
+    if value == "":
+        return ""
+    if not isinstance(value, str):
+        raise ConfigurationError(f"prefix must be a string, got {type(value).__name__}")
+    return check_name(value)
+
+
+def positive_int(what: str, value: object) -> int:
+    """``value`` as an integer >= 1."""
+    if not _is_int(value) or value < 1:  # type: ignore[operator]
+        raise ConfigurationError(f"{what} must be an integer >= 1, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def seconds(what: str, value: object) -> float:
+    """``value`` (a number or a ``timedelta``) as seconds; :class:`ConfigurationError` for anything else."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(
+            f"{what} must be a number of seconds or a timedelta, got {type(value).__name__}"
+        )
+    return float(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

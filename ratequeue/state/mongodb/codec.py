@@ -1,0 +1,625 @@
+"""What the MongoDB state sends and what it makes of the answers: pure functions, no I/O.
+
+The update pipelines that run the protocol on the server (:func:`pipeline`),
+the documents and filters around them, the parsing of the answer an
+operation leaves in its document (:data:`PARSERS`: anything unexpected
+raises :class:`StateCorrupted` naming where it is), and the URL handling.
+
+A queue's document is ``{_id: name, ticket, pos, at, interval, due, burst,
+paused, max_running, leases, held, answer, expires}``: every field of its
+record (integers, microseconds; ``leases`` an array of ``[ticket, expiry]``
+arrays in start order; no cap is ``max_running`` 0). ``expires`` (a
+``Date``; on a test clock, whole microseconds on it) is there while the
+record is kept for a while only (``Terms.keep_us``): the collection's TTL
+index, and :func:`sweep_filter`, delete the document once it has passed.
+``$$NOW`` has millisecond resolution: every ``now`` is a whole millisecond
+(in microseconds); intervals keep their microseconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeGuard
+from urllib.parse import parse_qsl
+
+from pymongo.errors import ConfigurationError as MongoConfigurationError
+from pymongo.errors import InvalidURI
+
+from ...core import protocol
+from ...core.operation import Operation, Terms
+from ...core.protocol import (
+    FULL_GRACE_US,
+    FULL_RECHECK_US,
+    MAX_LEAD_US,
+    MAX_US,
+    NEVER,
+    PAUSED_RECHECK_US,
+    Answer,
+    Outcome,
+    Passed,
+    Record,
+    Started,
+    Taken,
+    Unwritten,
+    Wait,
+)
+from ...errors import StateCorrupted
+from ..base import split_options
+from ..records import FIELDS, check_record, unwritten
+
+DEFAULT_DATABASE = "ratequeue"
+DEFAULT_COLLECTION = "queues"
+
+#: a document as the server stores and returns it
+Document = Mapping[str, Any]
+
+#: an aggregation or update pipeline
+Pipeline = list[dict[str, Any]]
+
+#: the field holding when a record kept for a while may be deleted, and the TTL index on it
+EXPIRES = "expires"
+TTL_INDEX = "ratequeue_expires"
+
+#: the fields a pipeline works in, gone from the document it leaves
+_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live", "_full"]
+
+_WHOLE = ["int", "long"]
+
+
+def _now_expression(fixed_us: int | None) -> Any:
+    """The server clock in microseconds, or a fixed value (tests only)."""
+    if fixed_us is not None:
+        return {"$literal": fixed_us}
+    return {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
+
+
+def _slot(ticket: Any) -> Any:
+    """:meth:`~ratequeue.core.protocol.Record.slot`: ``due + (ticket - pos) * interval`` in fields."""
+    return {"$add": ["$due", {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
+
+
+def _told(kind: str, value: Any, ticket: Any = "$_t") -> dict[str, Any]:
+    """An answer: ``kind``, for ``ticket``, with ``value``, at ``_now``."""
+    return {"kind": kind, "ticket": ticket, "value": value, "now": "$_now"}
+
+
+def _open_stages(now_us: int | None) -> Pipeline:
+    """Keep the document as read in ``_was``, and read the clock into ``_now``."""
+    return [{"$set": {"_was": "$$ROOT", "_now": _now_expression(now_us)}}]
+
+
+def _check_stages(kind: str, cost: int) -> Pipeline:
+    """Name in ``_bad`` what the protocol refuses (:func:`ratequeue.core.protocol.check`, the last ticket).
+
+    ``_bad`` is ``{kind: "unwritten", field, value, now}`` or ``""``; the
+    document as read (``_was``) is put back after the operation's stages
+    (:func:`_refuse_stages`) if it names something.
+    """
+    cases: list[tuple[Any, str]] = [({"$gt": ["$at", {"$add": ["$_now", {"$literal": MAX_LEAD_US}]}]}, "at")]
+    if kind in ("take", "take_and_try"):
+        cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": cost}]}, MAX_US]}, "ticket"))
+    branches = [
+        {"case": case, "then": {"kind": "unwritten", "field": field, "value": f"${field}", "now": "$_now"}}
+        for case, field in cases
+    ]
+    return [{"$set": {"_bad": {"$switch": {"branches": branches, "default": ""}}}}]
+
+
+def _refuse_stages() -> Pipeline:
+    """If ``_bad`` names a refusal, put the document back as it was read, answering ``_bad``."""
+    refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
+    return [{"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}}]
+
+
+def _take_stages(cost: int) -> Pipeline:
+    """``take`` of ``cost``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``.
+
+    Not while a full queue's grace runs (``held``): the tickets' holders wait for a place.
+    """
+    last = {"$subtract": ["$ticket", 1]}
+    stale = {
+        "$and": [
+            {"$gt": [last, "$pos"]},
+            {"$lte": [{"$add": [_slot(last), "$interval"]}, "$_now"]},
+            {"$lte": [_GRACE_END, "$_now"]},
+        ]
+    }
+    return [
+        {"$set": {"pos": {"$cond": [stale, last, "$pos"]}}},
+        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", {"$literal": cost}]}}},
+    ]
+
+
+def _try_stages(lead_us: int, cost: int, terms: Terms) -> Pipeline:
+    """``try_start`` of ticket ``_t`` (of ``cost``): set ``answer``; if it starts, ``pos``, ``at``, ``due``.
+
+    ``_s`` is the ticket's strict slot and ``_e`` its earliest start
+    (:meth:`~ratequeue.core.protocol.Record.earliest`; not before a full queue's
+    grace ends if it would pass an earlier ticket). The branches are those of
+    :func:`ratequeue.core.protocol.try_start`, in its order. The first,
+    :func:`~ratequeue.core.protocol.repeats_start`, answers a repeated call for
+    the latest start with that start and changes nothing, so a call re-sent
+    after a lost reply keeps its turn. After ``take`` (``take_and_try``)
+    ``_t`` is above ``pos``, and that branch never applies.
+
+    With ``max_running``, ``_live`` holds the leases live at ``_now`` and
+    ``_full`` whether there are ``max_running`` of them: a ticket that could
+    start then waits (the answer's kind is ``full`` until the last stage,
+    which makes it ``wait``), ``held`` becomes ``_now`` and the expired
+    leases go; a start appends its lease to the live ones.
+    """
+    same_start = {
+        "$and": [
+            {"$eq": ["$pos", "$_t"]},
+            {"$lt": ["$_t", "$ticket"]},
+            {"$lt": ["$_now", {"$add": ["$at", "$interval"]}]},
+        ]
+    }
+    passed = {"$or": [{"$gte": ["$pos", "$_t"]}, {"$gte": ["$_t", "$ticket"]}]}
+    paused_wait = {"$max": ["$_e", {"$add": ["$_now", {"$literal": PAUSED_RECHECK_US}]}]}
+    can_start = {"$gte": [{"$add": ["$_now", {"$literal": lead_us}]}, "$_e"]}
+    # a start, but not the same start again
+    started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}]}
+    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": cost}]}, "$interval"]}
+    passing = {"$gt": ["$_t", {"$add": ["$pos", 1]}]}  # it would pass the tickets between
+    earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at"]}
+    capped = bool(terms.max_running)
+    full_branches: list[dict[str, Any]] = []
+    lease_stages: Pipeline = []
+    if capped:
+        lease_stages = [
+            {"$set": {"_live": _LIVE}},
+            {"$set": {"_full": {"$gte": [{"$size": "$_live"}, {"$literal": terms.max_running}]}}},
+        ]
+        first_expiry = {"$min": {"$map": {"input": "$_live", "as": "l", "in": _expiry("$$l")}}}
+        recheck = {"$min": [first_expiry, {"$add": ["$_now", {"$literal": FULL_RECHECK_US}]}]}
+        full_branches = [
+            {"case": {"$and": [can_start, "$_full"]}, "then": _told("full", {"$max": ["$_e", recheck]})}
+        ]
+    return [
+        {"$set": {"_s": _slot("$_t")}},
+        {"$set": {"_e": earliest}},
+        {"$set": {"_e": {"$cond": [passing, {"$max": ["$_e", _GRACE_END]}, "$_e"]}}},
+        *lease_stages,
+        {
+            "$set": {
+                "answer": {
+                    "$switch": {
+                        "branches": [
+                            {"case": same_start, "then": _told("started", "$at")},
+                            {"case": passed, "then": _told("passed", "$pos")},
+                            {"case": "$paused", "then": _told("wait", paused_wait)},
+                            *full_branches,
+                            {"case": can_start, "then": _told("started", {"$max": ["$_e", "$_now"]})},
+                        ],
+                        "default": _told("wait", "$_e"),
+                    }
+                }
+            }
+        },
+        {
+            "$set": {
+                "pos": {"$cond": [started, "$_t", "$pos"]},
+                "at": {"$cond": [started, "$answer.value", "$at"]},
+                "due": {"$cond": [started, {"$max": ["$_s", "$answer.value"]}, "$due"]},
+                **(_lease_fields(started, terms) if capped else {}),
+            }
+        },
+    ]
+
+
+def _lease_fields(started: Any, terms: Terms) -> dict[str, Any]:
+    """The fields a try that started (a new lease) or found the queue full (``held``) changes.
+
+    ``answer.kind`` ``full`` (set by the try's branches) becomes ``wait``.
+    """
+    full = {"$eq": ["$answer.kind", "full"]}
+    expiry = {"$toLong": {"$add": ["$answer.value", {"$literal": terms.lease_us}]}}
+    lease = [{"$toLong": "$_t"}, expiry]
+    return {
+        "answer.kind": {"$cond": [full, "wait", "$answer.kind"]},
+        "leases": {
+            "$switch": {
+                "branches": [
+                    {"case": started, "then": {"$concatArrays": ["$_live", [lease]]}},
+                    {"case": full, "then": "$_live"},
+                ],
+                "default": "$leases",
+            }
+        },
+        "held": {"$cond": [full, {"$toLong": "$_now"}, "$held"]},
+    }
+
+
+def _expiry(lease: str) -> Any:
+    """The expiry of ``lease``, a ``[ticket, expiry]`` array."""
+    return {"$arrayElemAt": [lease, 1]}
+
+
+def _holder(lease: str) -> Any:
+    """The ticket of ``lease``, a ``[ticket, expiry]`` array."""
+    return {"$arrayElemAt": [lease, 0]}
+
+
+def _own(ticket: int) -> Any:
+    """Whether the lease ``$$l`` is ``ticket``'s."""
+    return {"$eq": [_holder("$$l"), {"$literal": ticket}]}
+
+
+def _leases_where(leases: str, cond: Any) -> Any:
+    """The leases (each ``$$l`` in ``cond``) of the array ``leases`` for which ``cond`` holds."""
+    return {"$filter": {"input": leases, "as": "l", "cond": cond}}
+
+
+def _moved(leases: str, ticket: int, expiry: Callable[[Any], Any]) -> Any:
+    """The array ``leases`` with the expiry of ``ticket``'s lease ``e`` made ``expiry(e)``."""
+    own = {"$cond": [_own(ticket), expiry(_expiry("$$l")), _expiry("$$l")]}
+    return {"$map": {"input": leases, "as": "l", "in": [_holder("$$l"), own]}}
+
+
+#: the leases live at ``_now`` (:func:`ratequeue.core.protocol.live_leases`)
+_LIVE = _leases_where("$leases", {"$gt": [_expiry("$$l"), "$_now"]})
+
+
+def _release_stages(ticket: int) -> Pipeline:
+    """``release`` of ``ticket``'s lease: keep the other live ones; ``value`` 1 if its lease was live.
+
+    When nothing is dropped the leases are written back unchanged, as the
+    reference returns the record itself.
+    """
+    released = {"$cond": [{"$lt": [{"$size": "$leases"}, {"$size": "$_live"}]}, 1, 0]}  # leases: kept
+    return [
+        {"$set": {"_live": _LIVE}},
+        {"$set": {"leases": _leases_where("$_live", {"$not": [_own(ticket)]})}},
+        {"$set": {"answer": _told("set", released, {"$literal": ticket})}},
+    ]
+
+
+def _renew_stages(ticket: int, lease_us: int) -> Pipeline:
+    """``renew`` of ``ticket``'s lease, if live, to ``_now + lease_us`` at least; drop expired leases.
+
+    The answer's ``value`` is 1 if the lease was live (and renewed), else 0.
+    """
+    until = {"$toLong": {"$add": ["$_now", {"$literal": lease_us}]}}
+    live = {"$cond": [{"$gt": [{"$size": _leases_where("$_live", _own(ticket))}, 0]}, 1, 0]}
+    renewed = _moved("$_live", ticket, lambda expiry: {"$max": [expiry, until]})
+    return [
+        {"$set": {"_live": _LIVE}},
+        {"$set": {"answer": _told("set", live, {"$literal": ticket}), "leases": renewed}},
+    ]
+
+
+#: when a full queue's grace ends (:data:`~ratequeue.core.protocol.FULL_GRACE_US` after ``held``)
+_GRACE_END = {"$add": ["$held", {"$literal": FULL_GRACE_US}]}
+
+
+def _set_paused_stages(paused: bool) -> Pipeline:
+    """``set_paused``: set the flag; the answer's ``value`` is 1 if that changed it, else 0."""
+    changed = {"$cond": [{"$eq": ["$paused", {"$literal": paused}]}, 0, 1]}
+    return [{"$set": {"answer": _told("set", changed, 0), "paused": {"$literal": paused}}}]
+
+
+def _retime_stages(ticket: int, lead_us: int) -> Pipeline:
+    """``retime`` of ``ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``.
+
+    The ticket's lease, if it holds one, moves on by as much as its start.
+    """
+    latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
+    start = {"$max": ["$at", {"$add": ["$_now", {"$literal": lead_us}]}]}
+    moved = {"$subtract": ["$answer.value", "$at"]}
+    shifted = _moved("$leases", ticket, lambda expiry: {"$toLong": {"$add": [expiry, moved]}})
+    started = {"$eq": ["$answer.kind", "started"]}
+    told = {"$literal": ticket}
+    answer = {"$cond": [latest, _told("started", start, told), _told("passed", "$pos", told)]}
+    return [
+        {"$set": {"answer": answer}},
+        {
+            "$set": {
+                "at": {"$cond": [started, "$answer.value", "$at"]},
+                "leases": {"$cond": [started, shifted, "$leases"]},
+                "due": {"$cond": [started, {"$max": ["$due", "$answer.value"]}, "$due"]},
+            }
+        },
+    ]
+
+
+def _ceil_ms(us: Any) -> Any:
+    """``us`` (whole microseconds, an integer) in whole milliseconds, rounded up, as an integer.
+
+    In integers throughout (``$divide`` of an exact multiple of 1000), so
+    that no double rounds a keep time down.
+    """
+    rest = {"$mod": [us, 1000]}
+    whole = {"$toLong": {"$divide": [{"$subtract": [us, rest]}, 1000]}}
+    return {"$add": [whole, {"$cond": [{"$gt": [rest, 0]}, 1, 0]}]}
+
+
+def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
+    """Set ``expires`` to when the record written may be deleted; remove it when ``keep_us`` is 0.
+
+    That is ``keep_us`` after the later of ``_now`` and
+    :func:`ratequeue.core.protocol.expires` (``slot(ticket) + interval``, the
+    grace after ``held`` and every lease's expiry), as a
+    ``Date`` rounded up to the millisecond. A test clock's (``fixed``) is
+    kept as whole microseconds on that clock instead: an integer, which the
+    server's TTL monitor (reading its real clock) leaves alone, and which
+    only :func:`sweep_filter` of a test clock deletes. A keep time past
+    ``MAX_US`` (about 2112) is none: the record is kept. So is a paused
+    record (:func:`ratequeue.core.protocol.set_paused`), until it is resumed.
+    """
+    if not keep_us:
+        return [{"$unset": EXPIRES}]
+    ends = {"$max": [{"$add": [_slot("$ticket"), "$interval"]}, _GRACE_END]}
+    expires = {
+        "$reduce": {"input": "$leases", "initialValue": ends, "in": {"$max": ["$$value", _expiry("$$this")]}}
+    }
+    until = {"$add": [{"$max": [expires, "$_now"]}, {"$literal": keep_us}]}
+    stored = "$_until" if fixed else {"$toDate": _ceil_ms("$_until")}
+    kept = {"$and": [{"$lt": ["$_until", MAX_US]}, {"$not": ["$paused"]}]}
+    return [
+        {"$set": {"_until": until}},
+        {"$set": {EXPIRES: {"$cond": [kept, stored, "$$REMOVE"]}}},
+    ]
+
+
+def pipeline(op: Operation, now_us: int | None) -> Pipeline:
+    """The update pipeline of ``op``; it leaves its answer in the document's ``answer``.
+
+    :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
+    """
+    kind, terms, ticket, cost = op.kind, op.terms, op.ticket, op.cost
+    if kind == "set_paused":
+        stages = _set_paused_stages(op.paused)
+    elif kind == "release":
+        stages = _release_stages(ticket)
+    elif kind == "renew":
+        stages = _renew_stages(ticket, terms.lease_us)
+    elif kind == "take":
+        stages = [*_take_stages(cost), {"$set": {"answer": _told("taken", "$pos")}}]
+    elif kind == "retime":
+        stages = _retime_stages(ticket, op.lead_us)
+    elif kind == "try_start":
+        stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(op.lead_us, cost, terms)]
+    else:
+        stages = [*_take_stages(cost), *_try_stages(op.lead_us, cost, terms)]
+    return [
+        *_open_stages(now_us),
+        *_check_stages(kind, cost),
+        *stages,
+        *_keep_stages(terms.keep_us, now_us is not None),
+        *_refuse_stages(),
+        {"$unset": _SCRATCH},
+    ]
+
+
+def read_pipeline(name: str, now_us: int | None) -> Pipeline:
+    """An aggregation returning ``name``'s document with the server clock in ``_now``; changes nothing."""
+    return [{"$match": {"_id": name}}, {"$set": {"_now": _now_expression(now_us)}}]
+
+
+def names_pipeline(prefix: str) -> Pipeline:
+    """An aggregation returning every ``_id`` that is a string beginning with ``prefix``."""
+    match: dict[str, Any] = {"$type": "string"}
+    if prefix:
+        match["$regex"] = "^" + re.escape(prefix)
+    return [{"$match": {"_id": match}}, {"$project": {"_id": 1}}]
+
+
+def sweep_filter(now_us: int | None) -> dict[str, Any]:
+    """The documents whose keep time has passed on the server's clock (or on a fixed ``now_us``, tests only).
+
+    The comparison is of whole milliseconds (``$toLong`` of both dates):
+    secantusdb 0.7 compares a stored ``Date`` with ``$$NOW`` wrongly (every
+    one is found equal, and none older or newer), MongoDB either way.
+    """
+    if now_us is not None:  # a test clock keeps integers (see _keep_stages), never Dates
+        return {EXPIRES: {"$type": _WHOLE, "$lte": now_us}}
+    due = {"$lte": [{"$toLong": f"${EXPIRES}"}, {"$toLong": "$$NOW"}]}
+    return {
+        EXPIRES: {"$type": "date"},
+        "$expr": {"$cond": [{"$eq": [{"$type": f"${EXPIRES}"}, "date"]}, due, False]},
+    }
+
+
+def initial_document(name: str, terms: Terms) -> dict[str, Any]:
+    """The record of a queue that has handed out no ticket yet, as :func:`~ratequeue.core.protocol.new_record`
+    makes it (no cap: ``max_running`` 0).
+    """
+    record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
+    fields = {field: getattr(record, field) for field in FIELDS}
+    return {"_id": name, **fields, "max_running": terms.max_running or 0, "leases": []}
+
+
+def update_filter(name: str, terms: Terms) -> dict[str, Any]:
+    """The filter of every update: ``name``'s document, with these terms, well formed.
+
+    A record whose fields are not whole numbers in range matches nothing, so
+    it is reported as corrupted (by the creation path) and never changed.
+    What depends on the server clock (an ``at`` too far ahead of ``$$NOW``)
+    is checked inside the pipeline instead (:func:`_check_stages`), where
+    ``now`` is known and a test clock applies. The ranges are those of
+    :func:`~ratequeue.state.records.check_record`.
+    """
+    late = {"$literal": (terms.burst - 1) * terms.interval_us}
+    holder, expiry = _holder("$$l"), _expiry("$$l")
+    whole = [{"$in": [{"$type": value}, _WHOLE]} for value in (holder, expiry)]
+    pair = {
+        "$and": [
+            {"$isArray": "$$l"},
+            {"$eq": [{"$size": "$$l"}, 2]},
+            *whole,
+            *_within(1, holder, "$ticket"),
+            *_within(NEVER, expiry, MAX_US),
+        ]
+    }
+    return {
+        "_id": name,
+        "interval": terms.interval_us,
+        "burst": {"$eq": terms.burst, "$type": _WHOLE},
+        "max_running": {"$eq": terms.max_running or 0, "$type": _WHOLE},
+        "paused": {"$type": "bool"},
+        "leases": {"$type": "array"},
+        **{field: {"$type": _WHOLE} for field in ("ticket", "pos", "at", "due", "held")},
+        "$expr": {
+            "$and": [
+                *_within(0, "$pos", "$ticket"),
+                {"$lt": ["$ticket", MAX_US]},
+                *_within(NEVER, "$at", MAX_US),
+                {"$lte": ["$at", "$due"]},
+                {"$lte": ["$due", {"$add": ["$at", late]}]},
+                *_within(NEVER, "$held", MAX_US),
+                {"$lte": [{"$size": "$leases"}, {"$literal": terms.max_running or 0}]},
+                {"$allElementsTrue": [{"$map": {"input": "$leases", "as": "l", "in": pair}}]},
+            ]
+        },
+    }
+
+
+def _within(low: Any, value: Any, high: Any) -> list[Any]:
+    """``low <= value < high``, as two conditions."""
+    return [{"$lte": [low, value]}, {"$lt": [value, high]}]
+
+
+def check_document(document: Document, where: str) -> Record:
+    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is.
+
+    A document read with the server's clock (a :func:`read_pipeline` row,
+    ``_now``) is also checked against it (:func:`ratequeue.core.protocol.check`).
+    """
+    record = check_record({key: document[key] for key in FIELDS if key in document}, where=where)
+    now = document.get("_now")
+    if _whole(now):
+        try:
+            protocol.check(record, now)
+        except Unwritten as exc:
+            raise unwritten(exc, f"record at {where}", where) from None
+    return record
+
+
+def check_well_formed(document: Document, where: str) -> None:
+    """Raise :class:`StateCorrupted` if ``document`` would not match :func:`update_filter` (terms aside).
+
+    Its record is one :func:`check_document` takes: only a null time (``NEVER``
+    to a record, not a whole number to the filter) is left to refuse.
+    """
+    for field in ("at", "due", "held"):
+        if not _whole(document[field]):
+            raise StateCorrupted(
+                f"record at {where} has {field}={document[field]!r}; want a whole number", where=where
+            )
+
+
+def parse_taken(document: Document, where: str) -> Taken:
+    """The :class:`Taken` a ``take`` left in ``document``; :class:`StateCorrupted` if it holds none."""
+    record = check_document(document, where)
+    _, ticket, pos, now = _answer(document, where, "taken")
+    return Taken(ticket=ticket, pos=pos, at=record.at, now=now)
+
+
+def parse_changed(document: Document, where: str) -> bool:
+    """The yes or no ``set_paused``, ``release`` or ``renew`` left in ``document``.
+
+    Whether ``set_paused`` changed the flag; whether the lease ``release``
+    gave back, or ``renew`` renewed, was live.
+    """
+    check_document(document, where)
+    _, _, value, _ = _answer(document, where, "set")
+    if value not in (0, 1):
+        raise StateCorrupted(f"record at {where} answered 'set' {value!r}; want 0 or 1", where=where)
+    return value == 1
+
+
+#: the outcomes of try_start, take_and_try and retime, by their answer's kind
+_OUTCOMES: dict[str, Callable[[int, int, int], Outcome]] = {
+    "started": Started,
+    "wait": Wait,
+    "passed": Passed,
+}
+
+
+def parse_outcome(document: Document, where: str) -> Outcome:
+    """The outcome an operation left in ``document``; :class:`StateCorrupted` if it holds none."""
+    check_document(document, where)
+    kind, ticket, value, now = _answer(document, where, *_OUTCOMES)
+    return _OUTCOMES[kind](ticket, value, now)
+
+
+def _answer(document: Document, where: str, *kinds: str) -> tuple[str, int, int, int]:
+    """The ``kind`` (one of ``kinds``), ``ticket``, ``value`` and ``now`` of ``document``'s answer, checked.
+
+    An ``unwritten`` answer (the operation refused the record, changing
+    nothing) raises :class:`StateCorrupted` naming the field and its value.
+    """
+    answer = document.get("answer")
+    if not isinstance(answer, Mapping):
+        raise StateCorrupted(f"record at {where} holds no answer, but answer={answer!r}", where=where)
+    kind, ticket, value, now = (answer.get(key) for key in ("kind", "ticket", "value", "now"))
+    if kind == "unwritten" and isinstance(answer.get("field"), str) and _whole(value) and _whole(now):
+        raise unwritten(Unwritten(answer["field"], value, now), f"record at {where}", where)
+    if not (_whole(ticket) and _whole(value) and _whole(now)):
+        raise StateCorrupted(
+            f"record at {where} has answer={dict(answer)!r}; want whole numbers ticket, value and now",
+            where=where,
+        )
+    if kind not in kinds:
+        want = " or ".join(map(repr, kinds))
+        raise StateCorrupted(f"record at {where} answered with kind {kind!r}; want {want}", where=where)
+    return kind, ticket, value, now
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_now(row: Document, where: str) -> int:
+    """The server clock (us) a :func:`read_pipeline` row carries."""
+    now = row.get("_now")
+    if not _whole(now):
+        raise StateCorrupted(f"the clock read with {where} is {now!r}; want whole microseconds", where=where)
+    return now
+
+
+def datetime_us(moment: datetime.datetime) -> int:
+    """A server ``Date`` (milliseconds) in whole microseconds."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return round(moment.timestamp() * 1000) * 1000
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """``url`` without ratequeue's options, and the database and collection they name."""
+    client_url, ours = split_options(url, "database", "collection")
+    return client_url, ours.get("database", DEFAULT_DATABASE), ours.get("collection", DEFAULT_COLLECTION)
+
+
+#: settings of the clients ratequeue creates, unless the URL sets them
+CLIENT_OPTIONS: dict[str, Any] = {"serverSelectionTimeoutMS": 5000, "connectTimeoutMS": 5000}
+
+
+def client_options(client_url: str) -> dict[str, Any]:
+    """:data:`CLIENT_OPTIONS` less those the URL gives itself (URL options win)."""
+    given = {key.lower() for key, _ in parse_qsl(client_url.partition("?")[2])}
+    return {key: value for key, value in CLIENT_OPTIONS.items() if key.lower() not in given}
+
+
+#: errors in creating a client that mean the URL is wrong
+BAD_URL_ERRORS = (InvalidURI, MongoConfigurationError, ValueError, TypeError)
+
+
+def where_of(client: Any) -> str:
+    """The seed list of a client, ``host:port,...``."""
+    return ",".join(f"{h}:{p}" for h, p in client.topology_description.server_descriptions())
+
+
+#: how each operation's answer is read from the document it leaves
+PARSERS: dict[str, Callable[[Document, str], Answer]] = {
+    "take": parse_taken,
+    "try_start": parse_outcome,
+    "take_and_try": parse_outcome,
+    "retime": parse_outcome,
+    "set_paused": parse_changed,
+    "release": parse_changed,
+    "renew": parse_changed,
+}

@@ -1,0 +1,552 @@
+"""``postgresql://`` and ``postgres://``: the protocol run atomically inside PostgreSQL, on its clock.
+
+Each queue is one row of a table (``ratequeue`` unless ``?table=`` names
+another, in ``?schema=`` or the connection's search path)::
+
+    name text PRIMARY KEY, ticket bigint, pos bigint, at_us bigint, interval_us bigint,
+    burst bigint, due_us bigint, paused boolean, max_running integer,
+    leases bigint[]  -- (ticket, expiry) pairs flattened, in start order
+    held_us bigint, keep_until_us bigint  -- NULL: kept forever
+
+Every operation is **one call** of one server-side PL/pgSQL function
+(``<table>_op_v1``, created beside the table): it locks the row (``SELECT
+... FOR UPDATE``; a missing row is inserted first, ``ON CONFLICT DO
+NOTHING``), reads ``clock_timestamp()`` once the row is locked, applies the
+protocol step for step as :mod:`ratequeue.core.protocol` does, writes the row
+(only if something changed) and returns the answer. Calls run autocommit,
+so each is its own transaction: no transaction is held across round-trips,
+and no client reads then writes. The function and the table (``CREATE TABLE
+IF NOT EXISTS``) are created at a state's first call if missing, under a
+transaction-scoped advisory lock so that racing first users do not collide.
+Their text is ``function.sql`` beside this module.
+
+A write with a keep time (``keep_us``) sets ``keep_until_us`` in the same
+call; :meth:`~ratequeue.state.State.sweep` deletes the rows past it, and a
+state sweeps by itself now and then (:attr:`PostgresBackend.sweep_every_us`)
+when an operation creates a row. A row past its keep time but not yet
+deleted behaves as a fresh one would (:func:`ratequeue.core.protocol.expires`).
+
+A connection error is retried on a new connection (:data:`~ratequeue.state._retries.RETRIES`
+times, with backoff), so an operation may reach the server twice when only its
+reply was lost: a repeated ``try_start`` of the latest start is the same
+start (:func:`ratequeue.core.protocol.repeats_start`), a repeated ``take`` leaks
+one ticket, which costs at most one interval (G4).
+
+How an operation goes, connections included, is written once, in
+:class:`PostgresBackend`, as :mod:`ratequeue.core.flow` generators;
+:class:`PostgresState` carries them out with psycopg's synchronous
+connections, :class:`AsyncPostgresState` with its asyncio ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import re
+import uuid
+import weakref
+from importlib import resources
+from typing import Any, ClassVar, TypeVar, Union
+from urllib.parse import quote, urlencode
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from ..._redact import redact, scrub, secrets_kept_out
+from ...core.flow import Call, Flow
+from ...core.operation import Operation, Terms
+from ...core.protocol import Answer, Passed, Started, Taken, Unwritten, Wait, check
+from ...errors import ConfigurationError, RateQueueError, StateCorrupted, StateUnavailable
+from .._retries import RetryLog
+from ..base import AsyncState, Clock, Snapshot, State, StateBase, split_options
+from ..records import FIELDS, check_record, check_terms, unwritten
+
+__all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"]
+
+#: the table used unless ``?table=`` names another
+DEFAULT_TABLE = "ratequeue"
+#: the version suffix of the function's name: a new one whenever the function changes
+FUNCTION_VERSION = "v1"
+#: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
+_log = logging.getLogger("ratequeue.state.postgresql")
+
+#: seconds to wait for a connection unless the URL says (``connect_timeout``)
+CONNECT_TIMEOUT = 5
+
+#: what a table or schema may be called: letters, digits and underscores, not starting with a
+#: digit; a table name leaves room for the function's suffix within PostgreSQL's 63 bytes
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MAX_TABLE = 63 - len(f"_op_{FUNCTION_VERSION}")
+
+#: the text of the table and of the function (``@TABLE@`` and ``@FUNCTION@`` stand for their names)
+SETUP_SQL: str = resources.files(__name__).joinpath("function.sql").read_text(encoding="utf-8")
+
+#: one answer of the function: kind, a, b, c, now, created, stored
+Row = tuple[str, Any, Any, Any, int, Union[bool, None], Any]
+
+#: a query as psycopg composes it
+Query = Union[sql.SQL, sql.Composed]
+
+
+def split_url(url: str) -> tuple[str, str, str | None]:
+    """``url`` without ratequeue's options, and the table and schema they name (checked).
+
+    :raises ConfigurationError: for a table or schema name ratequeue does not
+        accept, or a URL psycopg cannot read.
+    """
+    client_url, ours = split_options(url, "table", "schema")
+    table, schema = ours.get("table", DEFAULT_TABLE), ours.get("schema")
+    check_identifiers(table, schema)
+    try:
+        conninfo_to_dict(client_url)
+    except psycopg.Error as exc:
+        raise ConfigurationError(f"bad PostgreSQL URL {redact(url)!r}: {scrub(str(exc), url)}") from None
+    return client_url, table, schema
+
+
+def check_identifiers(table: str, schema: str | None) -> None:
+    """Refuse a table or schema name that is not a plain identifier (:class:`ConfigurationError`)."""
+    for what, name, longest in (("table", table, _MAX_TABLE), ("schema", schema, 63)):
+        if name is not None and not (_IDENTIFIER.match(name) and len(name) <= longest):
+            raise ConfigurationError(
+                f"bad PostgreSQL {what} name {name!r}: use letters, digits and underscores, not starting "
+                f"with a digit, at most {longest} characters (?{what}=NAME)"
+            )
+
+
+def where_of(params: dict[str, Any]) -> str:
+    """``host:port/dbname`` of connection parameters (never a password)."""
+    host = str(params.get("host") or params.get("hostaddr") or "localhost")
+    port = str(params.get("port") or 5432)
+    dbname = str(params.get("dbname") or params.get("user") or "")
+    return f"{host}:{port}/{dbname}"
+
+
+def url_from(params: dict[str, Any], table: str, schema: str | None) -> str:
+    """A URL that connects as ``params`` do (less the password) to ``table`` in ``schema``."""
+    user = params.get("user")
+    auth = f"{quote(str(user), safe='')}@" if user else ""
+    host, port = str(params.get("host") or ""), params.get("port")
+    options: dict[str, str] = {}
+    if host.startswith("/"):  # a unix socket directory
+        options["host"] = host
+        host = ""
+    netloc = f"{host}:{port}" if host and port else host
+    options["table"] = table
+    if schema is not None:
+        options["schema"] = schema
+    return (
+        f"postgresql://{auth}{netloc}/{quote(str(params.get('dbname') or ''), safe='')}?{urlencode(options)}"
+    )
+
+
+class PostgresBackend(StateBase):
+    """The PostgreSQL state, for both APIs: every entry point and connection as a flow, errors, setup."""
+
+    #: psycopg's connection class: ``Connection`` or ``AsyncConnection``
+    _connection_class: ClassVar[Any]
+
+    _client_errors = (psycopg.Error,)
+
+    def __init__(
+        self,
+        connection: Any = None,
+        *,
+        conninfo: str | None = None,
+        table: str = DEFAULT_TABLE,
+        schema: str | None = None,
+        url: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        """Use a ready connection (autocommit) or pool, or a ``conninfo``: exactly one of them.
+
+        With ``conninfo`` the state opens its own connections as calls need
+        them (one per concurrent call, kept between calls).
+
+        :param table: the table holding one row per queue (created if missing).
+        :param schema: its schema (default: the connection's search path).
+        :param url: the URL to pickle limiters as (default: built from the connection, no password).
+        :param clock: **for tests only**: a function returning ``now`` in whole
+            microseconds, used in place of the server's ``clock_timestamp()``.
+        """
+        if (connection is None) == (conninfo is None):
+            raise ConfigurationError(
+                f"give {type(self).__name__} a connection, a pool or a conninfo, one of them"
+            )
+        if connection is not None:
+            check_autocommit(connection)
+        params = describe(conninfo if connection is None else connection)
+        #: the connection or pool given, or None (then connections are opened from ``_conninfo``)
+        self._source: Any = connection
+        self._conninfo = conninfo
+        #: the connections this state opened, idle between calls (a list's pop and append are atomic)
+        self._idle: list[Any] = []
+        self._closed = False
+        check_identifiers(table, schema)
+        self._table_name, self._schema = table, schema
+        self._function_name = f"{table}_op_{FUNCTION_VERSION}"
+        names = (schema, table) if schema else (table,)
+        self._table = sql.Identifier(*names)
+        self._function = sql.Identifier(*names[:-1], self._function_name)
+        self._clock = clock
+        self._where = where_of(params)
+        self.url = url or url_from(params, table, schema)
+        #: the queries retried after a connection failure (on a new connection; a cancelled
+        #: statement is not), and their log (never with a password)
+        self._retries = RetryLog(
+            _log,
+            "PostgreSQL",
+            self._where,
+            url=self.url,
+            transient=(psycopg.OperationalError,),
+            lasting=(psycopg.errors.QueryCanceled,),
+        )
+        #: whether the table and the function are known to exist; when this state last swept
+        self._ready = False
+        self._op_query = sql.SQL("SELECT * FROM {}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)").format(
+            self._function
+        )
+        self._names_query = sql.SQL("SELECT name FROM {} WHERE left(name, %s) = %s").format(self._table)
+        self._reset_query = sql.SQL("DELETE FROM {} WHERE name = %s").format(self._table)
+        #: the connections (own, given or pooled) that have run :meth:`_warm_up_script`
+        self._warmed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _warm_up_script(self) -> Query:
+        """Every path of the function, run on a scratch queue in a transaction rolled back: one round-trip.
+
+        PL/pgSQL prepares each expression of a function the first time a
+        session evaluates it (some 100 of them here, tens of milliseconds on
+        a busy host). Run on a new connection before its first operation,
+        this keeps that cost out of the answers that follow: a shard's first
+        wait, or first start, is not late because its path was new. Nothing
+        is kept (the scratch row is rolled back, and no other session sees it).
+        """
+        name, n, far = f"ratequeue warm-up {uuid.uuid4()}", 10**12, 10**13
+
+        def select(op: str, now: int, ticket: int, lead: int, interval: int = 1000) -> Query:
+            # the function's arguments: burst, keep and max_running 1, a lease of 1000 us, a cost of 1
+            values = (op, name, interval, 1, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused")
+            return sql.SQL("SELECT * FROM {}({})").format(
+                self._function, sql.SQL(", ").join(map(sql.Literal, values))
+            )
+
+        selects = [
+            select("take_and_try", n, 0, 0),  # started, with a lease and a keep time
+            select("take_and_try", n, 0, 10**6),  # full
+            select("try_start", n, 2, 0),  # wait
+            select("try_start", n, 1, 0),  # the same start again
+            select("try_start", n, 9, 0),  # passed
+            select("retime", n, 1, 10),
+            select("retime", n, 2, 10),  # passed
+            select("renew", n, 1, 0),
+            select("release", n, 1, 0),
+            select("set_paused", n, 0, 0),
+            select("try_start", n, 2, 0),  # paused
+            select("take", far, 0, 0),  # pos jumps
+            select("take", far, 0, 0, interval=7),  # mismatch
+            select("read", far, 0, 0),
+        ]
+        return sql.SQL("; ").join([sql.SQL("BEGIN"), *selects, sql.SQL("ROLLBACK")])
+
+    # ----------------------------------------------------------------- errors
+
+    def _error_for(self, exc: Exception, name: str) -> RateQueueError:
+        """:class:`StateUnavailable` naming the server (and the queue); never a password."""
+        if isinstance(exc, psycopg.errors.NumericValueOutOfRange):
+            message = f"PostgreSQL at {self._where}: the record of queue {name!r} is out of range: {exc}"
+            return StateCorrupted(scrub(message, self.url), where=self._record_where(name))
+        if isinstance(exc, psycopg.OperationalError):
+            reason = "is unreachable or failed"
+        else:
+            reason = f"failed on queue {name!r}" if name else "failed"
+        return StateUnavailable(
+            scrub(f"PostgreSQL at {self._where} {reason}: {exc}", self.url), where=self._where
+        )
+
+    def _quoted(self, name: str) -> str:
+        """``name`` in the state's schema, quoted (names are checked: no quote to escape)."""
+        return f'"{self._schema}"."{name}"' if self._schema else f'"{name}"'
+
+    def _record_where(self, name: str) -> str:
+        table = f"{self._schema}.{self._table_name}" if self._schema else self._table_name
+        return f"{self._where}/{table}#{name}"
+
+    # ----------------------------------------------------------------- flows
+
+    @classmethod
+    def from_url(cls: type[S], url: str) -> S:
+        """Open ``postgresql://[user[:password]@][host][:port][/dbname][?table=T&schema=S&...]``.
+
+        ``table`` (default ``ratequeue``) and ``schema`` choose where the rows
+        live; other options go to libpq (``sslmode``, ``connect_timeout``...).
+        Nothing is connected before the first operation.
+        """
+        with secrets_kept_out(url):
+            conninfo, table, schema = split_url(url)
+            return cls(conninfo=conninfo, table=table, schema=schema, url=url)
+
+    @property
+    def table(self) -> sql.Composable:
+        """The (quoted) name of the table holding one row per queue."""
+        return self._table
+
+    def _query_flow(self, query: Query, params: tuple[Any, ...]) -> Flow[Any]:
+        """``query`` run, after making sure of the table and function; a connection failure retried."""
+        if not self._ready:
+            yield from self._setup_flow()
+        return (yield from self._retried_flow(query, params))
+
+    def _retried_flow(self, query: Query, params: tuple[Any, ...] | None) -> Flow[tuple[list[Any], int]]:
+        """:meth:`_fetch_flow`, run again on a new connection after a connection failure."""
+        return self._retries.retried(lambda: self._fetch_flow(query, params))
+
+    def _fetch_flow(self, query: Query, params: tuple[Any, ...] | None) -> Flow[tuple[list[Any], int]]:
+        """Run ``query`` (autocommit; without ``params``, maybe several statements): ``(rows, rowcount)``."""
+        connection = yield from self._checkout_flow()
+        try:
+            if self._warms(connection):
+                yield from self._warm_up_flow(connection)
+            cursor = yield Call(connection.execute, (query, params))
+            rows = (yield Call(cursor.fetchall)) if cursor.description is not None else []
+        except BaseException:
+            yield from self._checkin_flow(connection, failed=True)
+            raise
+        yield from self._checkin_flow(connection)
+        return rows, cursor.rowcount
+
+    def _checkout_flow(self) -> Flow[Any]:
+        """A connection for one call: the one given, one from the pool given, or one of this state's own."""
+        if self._source is not None:
+            return (yield Call(self._source.getconn)) if is_pool(self._source) else self._source
+        try:
+            return self._idle.pop()
+        except IndexError:
+            assert self._conninfo is not None
+            connect = functools.partial(self._connection_class.connect, **connect_kwargs(self._conninfo))
+            return (yield Call(connect, (self._conninfo,)))
+
+    def _checkin_flow(self, connection: Any, *, failed: bool = False) -> Flow[None]:
+        """Give ``connection`` back; after a failure, one of this state's own that is not idle is closed.
+
+        (A cancelled call may leave its answer on the way: such a connection is never reused.)
+        A pool checks what it is given back; a connection the caller gave is the caller's.
+        """
+        source, busy = self._source, in_transaction(connection)
+        if is_pool(source):
+            yield Call(source.putconn, (connection,))
+        elif source is not None:
+            if failed and busy and not connection.broken:  # a setup that failed half-way
+                with contextlib.suppress(Exception):
+                    yield Call(connection.rollback)
+        else:
+            if self._closed or (failed and (connection.broken or connection.closed or busy)):
+                with contextlib.suppress(Exception):
+                    yield Call(connection.close)
+            else:
+                self._idle.append(connection)
+
+    def _warm_up_flow(self, connection: Any) -> Flow[None]:
+        """Run :meth:`_warm_up_script` on ``connection``, once; a failure is ignored, unless it broke it.
+
+        Whatever happens, the connection is left outside a transaction.
+        """
+        self._warmed.add(connection)
+        try:
+            yield Call(functools.partial(connection.execute, self._warm_up_script(), prepare=False))
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error:
+            pass
+        finally:
+            if not connection.broken and in_transaction(connection):
+                yield Call(connection.rollback)
+
+    def _warms(self, connection: Any) -> bool:
+        """Whether ``connection`` is to be warmed up: one of the state's own, or a pool's, not yet warm.
+
+        A single connection the caller gave is left alone: it may be in the
+        middle of the caller's own transaction.
+        """
+        single = self._source is not None and not is_pool(self._source)
+        return self._ready and not single and connection not in self._warmed
+
+    def _setup_flow(self) -> Flow[None]:
+        """Create the table and the function unless both exist (once per state)."""
+        types = (
+            "(text, text, bigint, bigint, bigint, integer, bigint, bigint, bigint, bigint, bigint, boolean)"
+        )
+        exists = sql.SQL("SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL")
+        table_text, function_text = self._quoted(self._table_name), self._quoted(self._function_name)
+        rows, _ = yield from self._retried_flow(exists, (table_text, f"{function_text}{types}"))
+        if not rows[0][0]:
+            # racing first users wait for each other: concurrent DDL on one object can fail
+            lock = sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))").format(sql.Literal(table_text))
+            text = SETUP_SQL.replace("@TABLE@", table_text).replace("@FUNCTION@", function_text)
+            statements = [sql.SQL(part.strip()) for part in text.split("-- ;;\n")]
+            script = sql.SQL(";\n").join([sql.SQL("BEGIN"), lock, *statements, sql.SQL("COMMIT")])
+            yield from self._retried_flow(script, None)
+        self._ready = True
+
+    def _op_flow(self, kind: str, name: str, terms: Terms, op: Operation | None = None) -> Flow[Row]:
+        """The function's answer row to ``kind`` (an operation's, ``read`` or ``sweep``) on ``name``."""
+        params = (
+            kind, name, terms.interval_us, terms.burst, terms.keep_us, terms.max_running or 0, terms.lease_us,
+            None if self._clock is None else self._clock(),
+            *((op.ticket, op.lead_us, op.cost, op.paused) if op is not None else (0, 0, 1, False)),
+        )  # fmt: skip
+        rows, _ = yield from self._query_flow(self._op_query, params)
+        row: Row = rows[0]
+        answer = row[0]
+        where = self._record_where(name)
+        if answer == "corrupt":
+            record = check_record(stored_fields(row[6]), where=where)  # raises, naming the field
+            raise StateCorrupted(f"record at {where} is malformed: {record}; reset the queue", where=where)
+        if answer == "mismatch":
+            check_terms(name, check_record(stored_fields(row[6]), where=where), terms)
+            raise StateCorrupted(f"record at {where} does not match {terms}", where=where)  # pragma: no cover
+        if answer in ("unwritten_at", "unwritten_ticket"):
+            exc = Unwritten(answer.removeprefix("unwritten_"), int(row[1]), row[4])
+            raise unwritten(exc, f"record at {redact(self.url)}#{name}", where)
+        if row[5] and self._sweep_due():
+            with contextlib.suppress(psycopg.Error):
+                yield from self._sweep_flow()
+        return row
+
+    def _execute_flow(self, op: Operation) -> Flow[Answer]:
+        row = yield from self._op_flow(op.kind, op.name, op.terms, op)
+        answer, first, second, now = row[0], row[1], row[2], row[4]
+        if answer in _OUTCOMES:
+            return _OUTCOMES[answer](int(first), int(second), now)
+        if answer == "taken":
+            return Taken(int(first), int(second), int(row[3]), now)
+        if answer in ("set", "live"):
+            return bool(first)
+        raise StateCorrupted(f"unexpected answer {row!r} from {self._where}", where=self._where)
+
+    def _read_flow(self, name: str) -> Flow[Snapshot]:
+        row = yield from self._op_flow("read", name, _READ)
+        now: int = row[4]
+        if row[0] == "none":
+            return Snapshot(record=None, now=now)
+        where = self._record_where(name)
+        record = check_record(stored_fields(row[6]), where=where)
+        try:
+            check(record, now)
+        except Unwritten as exc:
+            raise unwritten(exc, f"record at {redact(self.url)}#{name}", where) from None
+        return Snapshot(record=record, now=now)
+
+    def _sweep_flow(self) -> Flow[int]:
+        self._swept = self._sweep_clock()
+        row = yield from self._op_flow("sweep", "", _READ)
+        return int(row[1])
+
+    def _names_flow(self, prefix: str) -> Flow[list[str]]:
+        rows, _ = yield from self._query_flow(self._names_query, (len(prefix), prefix))
+        return [row[0] for row in rows]
+
+    def _reset_flow(self, name: str) -> Flow[bool]:
+        _, count = yield from self._query_flow(self._reset_query, (name,))
+        return bool(count)
+
+
+#: the column of a row holding each field of its record
+_COLUMNS = {field: f"{field}_us" if field in ("at", "interval", "due", "held") else field for field in FIELDS}
+
+
+def stored_fields(stored: Any) -> Any:
+    """A row as the function returned it (jsonb) as the fields :func:`check_record` reads.
+
+    ``leases``, a flat array in the row, is read as ``[ticket, expiry]`` pairs.
+    """
+    if not isinstance(stored, dict):
+        return stored
+    fields = {field: stored[column] for field, column in _COLUMNS.items() if column in stored}
+    leases = fields.get("leases")
+    if isinstance(leases, list) and all(not isinstance(item, list) for item in leases):
+        fields["leases"] = [leases[i : i + 2] for i in range(0, len(leases), 2)]
+    return fields
+
+
+def connect_kwargs(conninfo: str) -> dict[str, Any]:
+    """The keyword arguments ratequeue connects with: autocommit, and a connect timeout unless given."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in conninfo_to_dict(conninfo):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT
+    return kwargs
+
+
+def is_pool(source: object) -> bool:
+    """Whether ``source`` is a connection pool (psycopg_pool's, or one like it), not a connection."""
+    return callable(getattr(source, "connection", None)) and hasattr(source, "getconn")
+
+
+def describe(source: Any) -> dict[str, Any]:
+    """The connection parameters of a conninfo, a ready connection or a pool, without the password."""
+    if isinstance(source, str):
+        params = dict(conninfo_to_dict(source))
+    elif is_pool(source):
+        params = dict(conninfo_to_dict(getattr(source, "conninfo", "") or ""))
+        params.update(getattr(source, "kwargs", None) or {})
+    else:
+        params = dict(source.info.get_parameters())
+    params.pop("password", None)
+    return params
+
+
+def in_transaction(connection: Any) -> bool:
+    """Whether ``connection`` is not idle: in a transaction (maybe a failed one), or a call is on its way."""
+    return bool(connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+
+
+def check_autocommit(source: Any) -> None:
+    """A ready connection must be autocommit: each call its own transaction, no lock held after it."""
+    if not is_pool(source) and not source.autocommit:
+        raise ConfigurationError(
+            "a PostgreSQL connection given to ratequeue must be in autocommit mode "
+            "(psycopg.connect(..., autocommit=True)): each operation is its own transaction"
+        )
+
+
+#: what try_start, take_and_try and retime answer, by the function's first column
+_OUTCOMES: dict[str, type[Started] | type[Wait] | type[Passed]] = {
+    "started": Started,
+    "wait": Wait,
+    "passed": Passed,
+}
+
+#: the terms a read or a sweep sends (the function checks none)
+_READ = Terms(1)
+
+S = TypeVar("S", bound=PostgresBackend)
+
+
+class PostgresState(PostgresBackend, State):
+    """Records kept in a PostgreSQL table, changed only by one server-side function call each.
+
+    Made from a ready ``psycopg.Connection`` (autocommit) or
+    ``psycopg_pool.ConnectionPool``, or from a ``conninfo``.
+    """
+
+    _connection_class = psycopg.Connection
+
+    def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+
+
+class AsyncPostgresState(PostgresBackend, AsyncState):
+    """:class:`PostgresState` from asyncio.
+
+    Made from a ``psycopg.AsyncConnection``, an ``AsyncConnectionPool`` or a conninfo.
+    """
+
+    _connection_class = psycopg.AsyncConnection
+
+    async def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            await self._idle.pop().close()

@@ -1,0 +1,330 @@
+-- ratequeue's PostgreSQL backend: the table of records and the one function every operation calls.
+--
+-- @TABLE@ and @FUNCTION@ are replaced by the (quoted, checked) names of the table and of its
+-- function before this is run; statements are separated by lines holding only "-- ;;".
+-- The function's name carries a version (_v1): a release that changes what it does or its
+-- signature gives it a new name, so that older and newer clients never replace each other's.
+--
+-- One row per queue name; every time and interval is whole microseconds (bigint), as in
+-- ratequeue.core.protocol. leases holds the (ticket, expiry) pairs of running jobs flattened, in start
+-- order: {ticket1, expiry1, ticket2, expiry2, ...}. keep_until_us is the state-clock time from
+-- which the row may be deleted (NULL: kept forever).
+CREATE TABLE IF NOT EXISTS @TABLE@ (
+    name text PRIMARY KEY,
+    ticket bigint NOT NULL,
+    pos bigint NOT NULL,
+    at_us bigint NOT NULL,
+    interval_us bigint NOT NULL,
+    burst bigint NOT NULL DEFAULT 1,
+    due_us bigint NOT NULL,
+    paused boolean NOT NULL DEFAULT false,
+    max_running integer NOT NULL DEFAULT 0,
+    leases bigint[] NOT NULL DEFAULT '{}',
+    held_us bigint NOT NULL DEFAULT -4503599627370496,
+    keep_until_us bigint
+)
+-- ;;
+-- @FUNCTION@(op, name, ...): one operation of ratequeue.core.protocol on queue `name`, atomically, on the
+-- server's clock; called autocommit, each call is its own transaction.
+--
+--   p_op           take, try_start, take_and_try, retime, set_paused, release, renew (they lock the
+--                  row, creating it if missing, and write it back), read (changes nothing, creates
+--                  nothing) or sweep (deletes the rows whose keep time has passed; p_name ignored)
+--   p_interval, p_burst, p_max_running
+--                  the terms the caller expects: a missing row is created with them, a stored row
+--                  with others is answered "mismatch", changing nothing
+--   p_keep         keep the row until p_keep us after the later of now and protocol.expires of
+--                  the record written; 0 (or a paused record): forever
+--   p_lease        the lease (us) a start or a renewal takes, with max_running
+--   p_now          NULL for the server's clock_timestamp(), or a fixed now (us) set by a test
+--   p_ticket, p_lead, p_cost, p_paused
+--                  the operation's own arguments (unused ones are ignored)
+--
+-- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
+--   take                               ("taken", TICKET, POS, AT)
+--   try_start, take_and_try, retime    ("started", TICKET, START), ("wait", TICKET, SLOT)
+--                                      or ("passed", TICKET, POS)
+--   set_paused                         ("set", 1 if the flag changed else 0)
+--   release, renew                     ("live", 1 if the ticket's lease was live else 0)
+--   read                               ("record", stored = the row as jsonb) or ("none")
+--   sweep                              ("swept", how many rows were deleted)
+-- and, changing nothing (the client words the error):
+--   a stored row the protocol could not have written          ("corrupt", stored = the row)
+--   a stored row with another interval, burst or max_running  ("mismatch", stored = the row)
+--   `at` more than MAX_LEAD past now (protocol.check)         ("unwritten_at", AT)
+--   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
+-- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
+-- can overflow them; every value stored stays below 2^54.
+CREATE OR REPLACE FUNCTION @FUNCTION@(
+    p_op text, p_name text, p_interval bigint, p_burst bigint, p_keep bigint, p_max_running integer,
+    p_lease bigint, p_now bigint, p_ticket bigint, p_lead bigint, p_cost bigint, p_paused boolean
+) RETURNS TABLE (
+    o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean, o_stored jsonb
+)
+LANGUAGE plpgsql VOLATILE
+AS $ratequeue$
+DECLARE
+    -- ratequeue.core.protocol.NEVER, state.base.MAX_US, protocol.MAX_LEAD_US, state.base.MAX_BURST,
+    -- protocol.PAUSED_RECHECK_US, FULL_RECHECK_US, FULL_GRACE_US and MAX_RUNNING
+    c_never CONSTANT bigint := -4503599627370496;
+    c_limit CONSTANT bigint := 4503599627370496;
+    c_max_lead CONSTANT bigint := 3600000000;
+    c_max_burst CONSTANT bigint := 2147483648;
+    c_paused_recheck CONSTANT bigint := 1000000;
+    c_full_recheck CONSTANT bigint := 100000;
+    c_full_grace CONSTANT bigint := 300000;
+    c_max_running CONSTANT integer := 1000;
+    -- keep times past this (about 146,000 years) are as good as forever
+    c_keep_cap CONSTANT numeric := 4611686018427387904;
+    r @TABLE@%ROWTYPE;
+    v_ts timestamptz;
+    v_now bigint;
+    v_created boolean := false;
+    v_tries integer := 0;
+    v_ticket bigint;
+    v_pos bigint;
+    v_at bigint;
+    v_due bigint;
+    v_held bigint;
+    v_paused boolean;
+    v_leases bigint[];
+    v_live bigint[];
+    v_kept bigint[];
+    v_n integer;
+    v_i integer;
+    v_t bigint;
+    v_lead bigint;
+    v_cost bigint;
+    v_strict numeric;
+    v_earliest numeric;
+    v_recheck numeric;
+    v_start bigint;
+    v_found boolean;
+    v_expires numeric;
+    v_keep_until bigint;
+    v_deleted bigint;
+BEGIN
+    IF p_op = 'read' OR p_op = 'sweep' THEN
+        v_ts := clock_timestamp();
+        -- whole microseconds since the epoch, exact (extract returns a double before PostgreSQL 14)
+        v_now := coalesce(p_now, extract(epoch FROM date_trunc('second', v_ts))::bigint * 1000000
+                                 + extract(microseconds FROM v_ts)::bigint % 1000000);
+        IF p_op = 'sweep' THEN
+            DELETE FROM @TABLE@ WHERE keep_until_us <= v_now;
+            GET DIAGNOSTICS v_deleted = ROW_COUNT;
+            o_kind := 'swept'; o_a := v_deleted; o_now := v_now;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        SELECT * INTO r FROM @TABLE@ WHERE name = p_name;
+        o_now := v_now;
+        IF FOUND THEN
+            o_kind := 'record'; o_stored := to_jsonb(r);
+        ELSE
+            o_kind := 'none';
+        END IF;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- lock the row, creating it first if it is missing (a reset may delete it in between: again)
+    LOOP
+        SELECT * INTO r FROM @TABLE@ WHERE name = p_name FOR UPDATE;
+        EXIT WHEN FOUND;
+        v_tries := v_tries + 1;
+        IF v_tries > 3 THEN
+            RAISE EXCEPTION 'ratequeue: queue % disappeared while being created', p_name;
+        END IF;
+        INSERT INTO @TABLE@ (name, ticket, pos, at_us, interval_us, burst, due_us, paused, max_running,
+                             leases, held_us, keep_until_us)
+        VALUES (p_name, 1, 0, c_never, p_interval, p_burst, c_never, false, p_max_running, '{}', c_never,
+                NULL)
+        ON CONFLICT (name) DO NOTHING;
+        v_created := v_created OR FOUND;
+    END LOOP;
+    -- the clock is read once the row is locked: calls on one queue read it in the order they apply
+    v_ts := clock_timestamp();
+    v_now := coalesce(p_now, extract(epoch FROM date_trunc('second', v_ts))::bigint * 1000000
+                             + extract(microseconds FROM v_ts)::bigint % 1000000);
+    o_now := v_now;
+    o_created := v_created;
+
+    -- state.base.check_record: a row the protocol could not have written is refused
+    v_n := coalesce(cardinality(r.leases), 0);
+    IF NOT (0 <= r.pos AND r.pos < r.ticket AND r.ticket < c_limit
+            AND c_never <= r.at_us AND r.at_us < c_limit
+            AND 0 < r.interval_us AND r.interval_us < c_limit
+            AND 1 <= r.burst AND r.burst <= c_max_burst
+            AND r.burst::numeric * r.interval_us < c_limit
+            AND r.at_us <= r.due_us
+            AND r.due_us::numeric <= r.at_us::numeric + (r.burst - 1)::numeric * r.interval_us
+            AND 0 <= r.max_running AND r.max_running <= c_max_running
+            AND c_never <= r.held_us AND r.held_us < c_limit
+            AND (v_n = 0 OR (array_ndims(r.leases) = 1 AND array_lower(r.leases, 1) = 1))
+            AND v_n % 2 = 0 AND v_n / 2 <= r.max_running) THEN
+        o_kind := 'corrupt'; o_stored := to_jsonb(r);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    FOR v_i IN 1 .. v_n / 2 LOOP
+        IF r.leases[2 * v_i - 1] IS NULL OR r.leases[2 * v_i] IS NULL
+           OR NOT (1 <= r.leases[2 * v_i - 1] AND r.leases[2 * v_i - 1] < r.ticket
+                   AND c_never <= r.leases[2 * v_i] AND r.leases[2 * v_i] < c_limit) THEN
+            o_kind := 'corrupt'; o_stored := to_jsonb(r);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END LOOP;
+    IF r.interval_us <> p_interval OR r.burst <> p_burst OR r.max_running <> p_max_running THEN
+        o_kind := 'mismatch'; o_stored := to_jsonb(r);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- protocol.check
+    IF r.at_us > v_now + c_max_lead THEN
+        o_kind := 'unwritten_at'; o_a := r.at_us;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    v_ticket := r.ticket; v_pos := r.pos; v_at := r.at_us; v_due := r.due_us; v_held := r.held_us;
+    v_paused := r.paused;
+    v_leases := CASE WHEN v_n = 0 THEN '{}'::bigint[] ELSE r.leases END;
+    -- protocol.live_leases, for release, renew and a start on a queue with max_running
+    v_live := '{}';
+    FOR v_i IN 1 .. v_n / 2 LOOP
+        IF v_leases[2 * v_i] > v_now THEN
+            v_live := v_live || ARRAY[v_leases[2 * v_i - 1], v_leases[2 * v_i]];
+        END IF;
+    END LOOP;
+
+    IF p_op = 'take' OR p_op = 'take_and_try' THEN
+        -- protocol.take: pos jumps to the last ticket handed out when every ticket since pos is at
+        -- least one interval past its slot (and no earlier one waits for a place)
+        IF v_ticket + p_cost >= c_limit THEN
+            o_kind := 'unwritten_ticket'; o_a := v_ticket;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        IF v_ticket - 1 > v_pos
+           AND v_due::numeric + (v_ticket - 1 - v_pos)::numeric * r.interval_us + r.interval_us <= v_now
+           AND v_held + c_full_grace <= v_now THEN
+            v_pos := v_ticket - 1;
+        END IF;
+        v_t := v_ticket;
+        v_ticket := v_ticket + p_cost;
+        IF p_op = 'take' THEN
+            o_kind := 'taken'; o_a := v_t; o_b := v_pos; o_c := v_at;
+        END IF;
+    END IF;
+
+    IF p_op = 'try_start' OR p_op = 'take_and_try' THEN
+        IF p_op = 'try_start' THEN
+            v_t := p_ticket;
+        END IF;
+        v_lead := p_lead; v_cost := p_cost;
+        -- protocol.try_start
+        IF v_pos = v_t AND v_t < v_ticket AND v_now < v_at + r.interval_us THEN
+            o_kind := 'started'; o_a := v_t; o_b := v_at; -- the latest start asked for again
+        ELSIF v_pos >= v_t OR v_t >= v_ticket THEN
+            o_kind := 'passed'; o_a := v_t; o_b := v_pos;
+        ELSE
+            v_strict := v_due::numeric + (v_t - v_pos)::numeric * r.interval_us;
+            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * r.interval_us, v_at);
+            IF v_t > v_pos + 1 THEN -- it would pass the tickets between: not while they wait for a place
+                v_earliest := greatest(v_earliest, v_held + c_full_grace);
+            END IF;
+            IF v_paused THEN
+                o_kind := 'wait'; o_a := v_t; o_b := greatest(v_earliest, v_now + c_paused_recheck);
+            ELSIF v_now + v_lead < v_earliest THEN
+                o_kind := 'wait'; o_a := v_t; o_b := v_earliest;
+            ELSE
+                IF r.max_running > 0 THEN
+                    v_leases := v_live;
+                END IF;
+                IF r.max_running > 0 AND cardinality(v_leases) / 2 >= r.max_running THEN
+                    -- full: wait for the first lease's expiry, or recheck; note when it was found full
+                    v_recheck := v_now + c_full_recheck;
+                    FOR v_i IN 1 .. cardinality(v_leases) / 2 LOOP
+                        v_recheck := least(v_recheck, v_leases[2 * v_i]);
+                    END LOOP;
+                    v_held := v_now;
+                    o_kind := 'wait'; o_a := v_t; o_b := greatest(v_earliest, v_recheck);
+                ELSE
+                    v_start := greatest(v_earliest, v_now);
+                    IF r.max_running > 0 THEN
+                        v_leases := v_leases || ARRAY[v_t, v_start + p_lease];
+                    END IF;
+                    v_pos := v_t; v_at := v_start; v_due := greatest(v_strict, v_start);
+                    o_kind := 'started'; o_a := v_t; o_b := v_start;
+                END IF;
+            END IF;
+        END IF;
+    ELSIF p_op = 'retime' THEN
+        -- protocol.retime: the latest start moves to now + lead at the earliest, its lease with it
+        IF v_pos <> p_ticket OR p_ticket >= v_ticket THEN
+            o_kind := 'passed'; o_a := p_ticket; o_b := v_pos;
+        ELSE
+            v_start := greatest(v_at, v_now + p_lead);
+            FOR v_i IN 1 .. v_n / 2 LOOP
+                IF v_leases[2 * v_i - 1] = p_ticket THEN
+                    v_leases[2 * v_i] := v_leases[2 * v_i] + (v_start - v_at);
+                END IF;
+            END LOOP;
+            v_at := v_start; v_due := greatest(v_due, v_start);
+            o_kind := 'started'; o_a := p_ticket; o_b := v_start;
+        END IF;
+    ELSIF p_op = 'set_paused' THEN
+        -- protocol.set_paused: only the flag changes
+        o_kind := 'set'; o_a := CASE WHEN v_paused <> p_paused THEN 1 ELSE 0 END;
+        v_paused := p_paused;
+    ELSIF p_op = 'release' THEN
+        -- protocol.release: drop the ticket's lease and the expired ones; whether its lease was live
+        v_kept := '{}';
+        FOR v_i IN 1 .. cardinality(v_live) / 2 LOOP
+            IF v_live[2 * v_i - 1] <> p_ticket THEN
+                v_kept := v_kept || ARRAY[v_live[2 * v_i - 1], v_live[2 * v_i]];
+            END IF;
+        END LOOP;
+        o_kind := 'live'; o_a := CASE WHEN cardinality(v_kept) < cardinality(v_live) THEN 1 ELSE 0 END;
+        v_leases := v_kept;
+    ELSIF p_op = 'renew' THEN
+        -- protocol.renew: the ticket's live lease lasts until now + lease at least; expired ones go
+        v_found := false;
+        FOR v_i IN 1 .. cardinality(v_live) / 2 LOOP
+            IF v_live[2 * v_i - 1] = p_ticket THEN
+                v_live[2 * v_i] := greatest(v_live[2 * v_i], v_now + p_lease);
+                v_found := true;
+            END IF;
+        END LOOP;
+        v_leases := v_live;
+        o_kind := 'live'; o_a := CASE WHEN v_found THEN 1 ELSE 0 END;
+    ELSIF p_op <> 'take' AND p_op <> 'take_and_try' THEN
+        RAISE EXCEPTION 'ratequeue: unknown operation %', p_op;
+    END IF;
+
+    -- the keep time (see ratequeue.state._local.keep_until): p_keep after the later of now and
+    -- protocol.expires, the slot of the next ticket plus an interval, the end of the grace after
+    -- the queue was last found full, and every lease's expiry; none while paused
+    IF p_keep > 0 AND NOT v_paused THEN
+        v_expires := greatest(v_due::numeric + (v_ticket - v_pos)::numeric * r.interval_us + r.interval_us,
+                              v_held::numeric + c_full_grace);
+        FOR v_i IN 1 .. coalesce(cardinality(v_leases), 0) / 2 LOOP
+            v_expires := greatest(v_expires, v_leases[2 * v_i]);
+        END LOOP;
+        v_keep_until := least(greatest(v_expires, v_now) + p_keep, c_keep_cap);
+    ELSE
+        v_keep_until := NULL;
+    END IF;
+    -- an answer that changes nothing (a wait, a repeated start) writes nothing
+    IF v_ticket <> r.ticket OR v_pos <> r.pos OR v_at <> r.at_us OR v_due <> r.due_us
+       OR v_paused <> r.paused OR v_leases <> r.leases OR v_held <> r.held_us
+       OR v_keep_until IS DISTINCT FROM r.keep_until_us THEN
+        UPDATE @TABLE@
+        SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
+            leases = v_leases, held_us = v_held, keep_until_us = v_keep_until
+        WHERE name = p_name;
+    END IF;
+    RETURN NEXT;
+END;
+$ratequeue$

@@ -1,0 +1,126 @@
+"""What a stored record may hold, and the errors for one that does not fit what is asked of it.
+
+Every state stores the fields of :class:`~ratequeue.core.protocol.Record`
+(numbers in whole microseconds; ``NEVER`` may be stored as null; "no cap"
+as ``max_running`` 0). :func:`check_record` turns stored fields into a
+record or raises :class:`~ratequeue.errors.StateCorrupted`: a record is
+never silently reset. :func:`check_terms` raises
+:class:`~ratequeue.errors.TermsMismatch` for a record created with other terms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.operation import Terms
+from ..core.protocol import MAX_BURST, MAX_LEAD_US, MAX_RUNNING, MAX_US, NEVER, US, Record, Unwritten
+from ..errors import StateCorrupted, TermsMismatch
+
+__all__ = ["FIELDS", "check_record", "check_terms", "mismatch", "unwritten"]
+
+#: the fields every stored record has
+FIELDS = ("ticket", "pos", "at", "interval", "due", "burst", "paused", "max_running", "leases", "held")
+
+
+def check_terms(name: str, record: Record, wanted: Terms) -> None:
+    """Raise :class:`TermsMismatch` unless ``record``'s interval, burst and max_running are ``wanted``'s."""
+    for field, stored, asked in (
+        ("interval", record.interval, wanted.interval_us),
+        ("burst", record.burst, wanted.burst),
+        ("max_running", record.max_running, wanted.max_running),
+    ):
+        if stored != asked:
+            raise mismatch(name, field, stored, asked)
+
+
+def mismatch(name: str, field: str, stored: int | None, wanted: int | None) -> TermsMismatch:
+    """The :class:`TermsMismatch` for queue ``name`` whose stored ``field`` is not ``wanted`` (in us)."""
+
+    def said(value: int | None) -> str:
+        if field == "interval":
+            return f"{(value or 0) / US:g} s"
+        return "no cap" if value is None else str(value)
+
+    scale = US if field == "interval" else 1
+    return TermsMismatch(
+        f"queue {name!r} has {field} {said(stored)} in this state, not {said(wanted)}; "
+        f"use the stored {field} or another name",
+        name=name,
+        field=field,
+        stored=stored if stored is None or scale == 1 else stored / scale,
+        wanted=wanted if wanted is None or scale == 1 else wanted / scale,
+    )
+
+
+def check_record(fields: Any, *, where: str) -> Record:
+    """Turn stored fields into a :class:`Record`, or raise :class:`StateCorrupted` naming the bad one."""
+    if not isinstance(fields, dict):
+        raise StateCorrupted(f"record at {where} is {type(fields).__name__}, not an object", where=where)
+    missing = set(FIELDS) - fields.keys()
+    if missing:
+        raise StateCorrupted(f"record at {where} lacks {', '.join(sorted(missing))}", where=where)
+    ticket, pos, interval, burst = fields["ticket"], fields["pos"], fields["interval"], fields["burst"]
+    at, due, held = (NEVER if fields[key] is None else fields[key] for key in ("at", "due", "held"))
+
+    def refuse(field: str, want: str) -> StateCorrupted:
+        return StateCorrupted(f"record at {where} has {field}={fields[field]!r}; want {want}", where=where)
+
+    if not (_is_int(ticket) and _is_int(pos) and 0 <= pos < ticket < MAX_US):
+        raise StateCorrupted(
+            f"record at {where} has ticket={ticket!r}, pos={pos!r}; want integers 0 <= pos < ticket < 2**52",
+            where=where,
+        )
+    if not (_is_int(at) and NEVER <= at < MAX_US):
+        raise refuse("at", "whole microseconds or null")
+    if not (_is_int(interval) and 0 < interval < MAX_US):
+        raise refuse("interval", "whole microseconds > 0")
+    if not (_is_int(burst) and 1 <= burst <= MAX_BURST and burst * interval < MAX_US):
+        raise refuse("burst", "a whole number >= 1, burst * interval < 2**52")
+    if not (_is_int(due) and at <= due <= at + (burst - 1) * interval):
+        raise refuse("due", "whole microseconds, at to at + (burst - 1) * interval")
+    if not isinstance(fields["paused"], bool):
+        raise refuse("paused", "true or false")
+    max_running = fields["max_running"]
+    if not (_is_int(max_running) and 0 <= max_running <= MAX_RUNNING):
+        raise refuse("max_running", f"a whole number from 0 (no cap) to {MAX_RUNNING}")
+    leases = _leases(fields["leases"], max_running, ticket)
+    if leases is None:
+        raise refuse("leases", "at most max_running [ticket, expiry] pairs")
+    if not (_is_int(held) and NEVER <= held < MAX_US):
+        raise refuse("held", "whole microseconds or null")
+    return Record(ticket, pos, at, interval, due, burst, fields["paused"], max_running or None, leases, held)
+
+
+def _leases(value: object, max_running: int, ticket: int) -> tuple[tuple[int, int], ...] | None:
+    if not isinstance(value, (list, tuple)) or len(value) > max_running:
+        return None
+    pairs = []
+    for lease in value:
+        if not (isinstance(lease, (list, tuple)) and len(lease) == 2):
+            return None
+        held, expiry = lease
+        if not (_is_int(held) and 1 <= held < ticket and _is_int(expiry) and NEVER <= expiry < MAX_US):
+            return None
+        pairs.append((held, expiry))
+    return tuple(pairs)
+
+
+def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:
+    """The :class:`StateCorrupted` for :class:`~ratequeue.core.protocol.Unwritten` ``exc``.
+
+    ``place`` names the record in the message, ``where`` is the error's
+    ``where``; the message names the field, its value, the clock's ``now``
+    and the way out (a reset).
+    """
+    if exc.field == "at":
+        why = (
+            f"more than {MAX_LEAD_US // US} s ahead of the state clock (now={exc.now}): "
+            f"not a record ratequeue wrote"
+        )
+    else:
+        why = "the last ticket a record can hold: taking another would overflow it"
+    return StateCorrupted(f"{place} has {exc.field}={exc.value}, {why}; reset the queue", where=where)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

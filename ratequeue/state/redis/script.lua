@@ -1,0 +1,345 @@
+--[[
+ratequeue's operations on one queue's record, each run atomically on the Redis server's clock.
+
+The steps translate ratequeue/core/protocol.py, the reference every state is held to
+(docs/design.md). The Python side, codec.py beside this file, packs the arguments and parses
+the reply. One script serves every operation, chosen by ARGV[1]: the record's reading and checks
+are written once, and there is one SHA to send and one SCRIPT LOAD after a NOSCRIPT.
+
+KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole number in decimal:
+          ticket, pos, at, interval, due, burst, paused ("1" or "0"), max_running ("0": no cap),
+          held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY" pairs
+          joined by commas ("" for none)
+ARGV[1]   the operation (core/operation.py's Kind), or read
+ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
+ARGV[3]   the burst the caller expects; likewise
+ARGV[4]   the keep time (us): a write with keep > 0 keeps the key until keep after the later of
+          now and the record's expiry (protocol.expires), by a PEXPIRE relative to now; a write
+          with keep 0, or leaving the record paused, PERSISTs the key
+ARGV[5]   the max_running the caller expects (0: no cap); a record created now gets it
+ARGV[6]   the lease (us) a start or a renewal takes, used with max_running only
+ARGV[7]   "" to read the server's TIME, or a fixed now (us) set by a test
+ARGV[8]   the ticket (try_start, retime, release, renew)
+ARGV[9]   the lead (us) (try_start, take_and_try, retime)
+ARGV[10]  the cost (take, try_start, take_and_try)
+ARGV[11]  set_paused: 1 to pause, 0 to resume
+
+The reply is one string of words separated by single spaces (a client parses one bulk string in
+a fraction of the CPU an array costs it); numbers are whole, in decimal:
+  take                               "taken TICKET POS AT NOW"
+  try_start, take_and_try, retime    "started TICKET START NOW", "wait TICKET SLOT NOW"
+                                     or "passed TICKET POS NOW"
+  set_paused                         "set CHANGED NOW", CHANGED 1 if the flag changed, else 0
+  release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
+  read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
+                                     MAX_RUNNING HELD" then each lease as "TICKET EXPIRY",
+                                     or "none NOW"
+and, changing nothing:
+  any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
+                                                                     (interval, burst, max_running)
+  any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
+  any operation, when `at` lies more than MAX_LEAD past now (no start the protocol makes
+  does; see protocol.check):                                         "unwritten at AT NOW"
+  take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
+
+Every operation but read creates a missing record (protocol.new_record) and writes the whole
+record back; read never writes. Numbers stay below 2^53, so every one is exact in a double.
+]]
+
+-- the constants of core/protocol.py (tests/test_constants.py holds them equal)
+local NEVER = -4503599627370496   -- NEVER, -2^52: the `at` of a record that has never started
+local LIMIT = 4503599627370496    -- MAX_US, 2^52: times, intervals and tickets stay below it
+local MAX_LEAD = 3600000000       -- MAX_LEAD_US: no start lies further past the now it was made at
+local MAX_BURST = 2147483648      -- MAX_BURST, 2^31
+local PAUSED_RECHECK = 1000000    -- PAUSED_RECHECK_US: a paused record answers wait this far ahead
+local FULL_RECHECK = 100000       -- FULL_RECHECK_US: a full record answers wait at most this far ahead
+local FULL_GRACE = 300000         -- FULL_GRACE_US: after a record was full, no ticket passes another
+local MAX_RUNNING = 1000          -- MAX_RUNNING: the largest max_running
+
+local op = ARGV[1]
+
+local now
+if ARGV[7] == "" then
+  local time = redis.call("TIME")
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+else
+  now = tonumber(ARGV[7])
+end
+
+-- a whole number as the decimal text it is stored and answered as
+local function decimal(value)
+  return string.format("%.0f", value)
+end
+
+local FIELDS = {"ticket", "pos", "at", "interval", "due", "burst", "max_running", "held", "paused",
+  "leases"}
+local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS))
+local ticket, pos, at, interval, due, burst, max_running, held
+-- whether the queue is paused for every shard
+local paused = false
+-- the leases of running jobs as {ticket, expiry} pairs in start order
+local leases = {}
+if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
+        or stored[8] or stored[9] or stored[10]) then
+  if op == "read" then
+    return "none " .. decimal(now)
+  end
+  ticket, pos, at, interval, due, burst = 1, 0, NEVER, tonumber(ARGV[2]), NEVER, tonumber(ARGV[3])
+  max_running, held = tonumber(ARGV[5]), NEVER
+else
+  local values = {}
+  for i = 1, 8 do
+    local text = stored[i]
+    if not text then
+      return "corrupt " .. FIELDS[i] .. " (missing)"
+    end
+    if not string.find(text, "^%-?%d+$") then
+      return "corrupt " .. FIELDS[i] .. " " .. text
+    end
+    values[i] = tonumber(text)
+  end
+  ticket, pos, at, interval, due, burst, max_running, held = unpack(values)
+  if not (0 <= pos and pos < ticket and ticket < LIMIT and 0 < interval and interval < LIMIT
+          and NEVER <= at and at < LIMIT) then
+    return "corrupt ticket/pos/at/interval " .. table.concat(stored, "/", 1, 4)
+  end
+  if not (1 <= burst and burst <= MAX_BURST and burst * interval < LIMIT) then
+    return "corrupt burst " .. stored[6]
+  end
+  if not (at <= due and due <= at + (burst - 1) * interval) then
+    return "corrupt due " .. stored[5]
+  end
+  if not (0 <= max_running and max_running <= MAX_RUNNING) then
+    return "corrupt max_running " .. stored[7]
+  end
+  if not (NEVER <= held and held < LIMIT) then
+    return "corrupt held " .. stored[8]
+  end
+  if stored[9] ~= "1" and stored[9] ~= "0" then
+    return "corrupt paused " .. tostring(stored[9] or "(missing)")
+  end
+  paused = stored[9] == "1"
+  if not stored[10] then
+    return "corrupt leases (missing)"
+  end
+  if stored[10] ~= "" then
+    -- "TICKET:EXPIRY" pairs joined by commas: each item up to a comma (one is added at the end)
+    for item in string.gmatch(stored[10] .. ",", "([^,]*),") do
+      local t, expiry = string.match(item, "^(%d+):(%-?%d+)$")
+      t, expiry = tonumber(t), tonumber(expiry)
+      if not (t and expiry and 1 <= t and t < ticket and NEVER <= expiry and expiry < LIMIT
+              and #leases < max_running) then
+        return "corrupt leases " .. stored[10]
+      end
+      leases[#leases + 1] = {t, expiry}
+    end
+  end
+  if op ~= "read" then
+    if interval ~= tonumber(ARGV[2]) then
+      return "mismatch interval " .. stored[4]
+    end
+    if burst ~= tonumber(ARGV[3]) then
+      return "mismatch burst " .. decimal(burst)
+    end
+    if max_running ~= tonumber(ARGV[5]) then
+      return "mismatch max_running " .. decimal(max_running)
+    end
+  end
+  if at > now + MAX_LEAD then
+    return "unwritten at " .. stored[3] .. " " .. decimal(now)
+  end
+  if op == "read" then
+    local words = {"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
+      decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held)}
+    for _, lease in ipairs(leases) do
+      words[#words + 1] = decimal(lease[1])
+      words[#words + 1] = decimal(lease[2])
+    end
+    return table.concat(words, " ")
+  end
+end
+
+-- the lease a start or a renewal takes (us), used only with max_running
+local lease_us = tonumber(ARGV[6])
+
+-- protocol.live_leases: the leases that have not expired at now, in start order
+local function live_leases()
+  local live = {}
+  for _, lease in ipairs(leases) do
+    if lease[2] > now then
+      live[#live + 1] = lease
+    end
+  end
+  return live
+end
+
+-- protocol.Record.slot: the strict slot of ticket t (> pos)
+local function slot(t)
+  return due + (t - pos) * interval
+end
+
+-- protocol.take: hand out the next ticket, holding `cost` numbers; first jump pos to the last one
+-- handed out if every ticket since pos is at least one interval past its slot
+local function take(cost)
+  if ticket + cost >= LIMIT then
+    return nil
+  end
+  local last = ticket - 1
+  if last > pos and slot(last) + interval <= now and held + FULL_GRACE <= now then
+    pos = last
+  end
+  ticket = ticket + cost
+  return last + 1
+end
+
+-- protocol.try_start: start ticket t, of `cost`, if its earliest start is at most `lead` us away
+local function try_start(t, lead, cost)
+  if pos == t and t < ticket and now < at + interval then
+    return "started", t, at -- the latest start asked for again (a lost reply): the same start
+  end
+  if pos >= t or t >= ticket then
+    return "passed", t, pos
+  end
+  local strict = slot(t)
+  local earliest = math.max(strict - (burst - cost) * interval, at)
+  if t > pos + 1 then -- it would pass the tickets between: not while they wait for a place
+    earliest = math.max(earliest, held + FULL_GRACE)
+  end
+  if paused then
+    return "wait", t, math.max(earliest, now + PAUSED_RECHECK) -- no start while paused
+  end
+  if now + lead < earliest then
+    return "wait", t, earliest
+  end
+  if max_running > 0 then
+    leases = live_leases()
+    if #leases >= max_running then -- full: wait for the first lease's expiry, or recheck
+      local recheck = now + FULL_RECHECK
+      for _, lease in ipairs(leases) do
+        recheck = math.min(recheck, lease[2])
+      end
+      held = now
+      return "wait", t, math.max(earliest, recheck)
+    end
+  end
+  local start = math.max(earliest, now)
+  if max_running > 0 then
+    leases[#leases + 1] = {t, start + lease_us}
+  end
+  pos, at, due = t, start, math.max(strict, start)
+  return "started", t, start
+end
+
+-- protocol.retime: move the latest start to now + lead at the earliest, and due with it
+local function retime(t, lead)
+  if pos ~= t or t >= ticket then
+    return "passed", t, pos
+  end
+  local start = math.max(at, now + lead)
+  for _, lease in ipairs(leases) do -- the ticket's lease moves on by as much as its start
+    if lease[1] == t then
+      lease[2] = lease[2] + (start - at)
+    end
+  end
+  at = start
+  due = math.max(due, at)
+  return "started", t, at
+end
+
+-- protocol.release: drop ticket t's lease and the expired ones; whether t's lease was live
+local function release(t)
+  local live = live_leases()
+  local kept = {}
+  for _, lease in ipairs(live) do
+    if lease[1] ~= t then
+      kept[#kept + 1] = lease
+    end
+  end
+  leases = kept
+  return #kept < #live
+end
+
+-- protocol.renew: make ticket t's lease last until now + lease_us at least, dropping the expired
+-- ones; whether t's lease was live
+local function renew(t)
+  leases = live_leases()
+  local found = false
+  for _, lease in ipairs(leases) do
+    if lease[1] == t then
+      lease[2] = math.max(lease[2], now + lease_us)
+      found = true
+    end
+  end
+  return found
+end
+
+local reply
+if op == "set_paused" then
+  -- protocol.set_paused: only the flag changes
+  local wanted = ARGV[11] == "1"
+  reply = {"set", wanted ~= paused and "1" or "0", decimal(now)}
+  paused = wanted
+elseif op == "release" or op == "renew" then
+  local live
+  if op == "release" then
+    live = release(tonumber(ARGV[8]))
+  else
+    live = renew(tonumber(ARGV[8]))
+  end
+  reply = {"live", live and "1" or "0", decimal(now)}
+elseif op == "take" then
+  local t = take(tonumber(ARGV[10]))
+  if not t then
+    return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+  end
+  reply = {"taken", decimal(t), decimal(pos), decimal(at), decimal(now)}
+else
+  local kind, t, value
+  if op == "try_start" then
+    kind, t, value = try_start(tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]))
+  elseif op == "take_and_try" then
+    local cost = tonumber(ARGV[10])
+    t = take(cost)
+    if not t then
+      return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+    end
+    kind, t, value = try_start(t, tonumber(ARGV[9]), cost)
+  elseif op == "retime" then
+    kind, t, value = retime(tonumber(ARGV[8]), tonumber(ARGV[9]))
+  else
+    return redis.error_reply("ratequeue: unknown operation " .. tostring(op))
+  end
+  reply = {kind, decimal(t), decimal(value), decimal(now)}
+end
+
+-- the latest of protocol.expires: the slot of the next ticket plus an interval, the end of the
+-- grace after the queue was last found full, and every lease's expiry
+local expires = math.max(slot(ticket) + interval, held + FULL_GRACE)
+local pairs_text = {}
+for i, lease in ipairs(leases) do
+  pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2])
+  expires = math.max(expires, lease[2])
+end
+redis.call("HSET", KEYS[1], "ticket", decimal(ticket), "pos", decimal(pos), "at", decimal(at),
+  "interval", decimal(interval), "due", decimal(due), "burst", decimal(burst),
+  "max_running", decimal(max_running), "held", decimal(held), "paused", paused and "1" or "0",
+  "leases", table.concat(pairs_text, ","))
+
+-- the keep time: until keep after the later of now and protocol.expires (see expires above), in
+-- whole milliseconds, rounded up, relative to now
+local keep = tonumber(ARGV[4])
+if keep > 0 and not paused then -- a paused record is kept until resumed (protocol.set_paused)
+  -- (at most LIMIT us, some 142 years: a longer span is as good as forever, and stays exact)
+  local span = math.min(math.max(expires, now) + keep - now, LIMIT)
+  local ms = math.floor(span / 1000)
+  while ms * 1000 < span do
+    ms = ms + 1
+  end
+  while ms > 1 and (ms - 1) * 1000 >= span do
+    ms = ms - 1
+  end
+  redis.call("PEXPIRE", KEYS[1], decimal(ms))
+else
+  redis.call("PERSIST", KEYS[1])
+end
+return table.concat(reply, " ")
