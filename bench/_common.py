@@ -36,16 +36,16 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from ratequeue.state import Snapshot, State
 
 if TYPE_CHECKING:  # only named in annotations: an older checkout (begin_gaps.py --rq-path) may lack them
-    from ratequeue.protocol import Outcome, Taken
-    from ratequeue.state.base import Terms
+    from ratequeue.core.operation import Operation
+    from ratequeue.core.protocol import Answer
 
 # --------------------------------------------------------------------------- servers
 
@@ -117,7 +117,8 @@ def postgresql_server() -> Iterator[str]:
     flush: the figures are the server's work and the round-trip alone).
     """
     workdir = Path(tempfile.mkdtemp(prefix="ratequeue-bench-postgresql-"))
-    started = servers.postgresql_server(workdir)
+    # a generator, annotated an Iterator in tests/servers.py: closing it stops the server
+    started = cast("Generator[servers.Server, None, None]", servers.postgresql_server(workdir))
     try:
         server = next(started)
         yield f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
@@ -354,13 +355,23 @@ class CallLog:
 class CountingState(State):
     """A real ratequeue state, with every operation counted and timed where the limiter calls it.
 
-    A proxy, not a mock: each call goes to the wrapped state unchanged. Pass
-    it to ``ratequeue.Limiter`` in place of a URL.
+    A proxy, not a mock: each operation goes to the wrapped state's
+    ``execute`` unchanged, and is counted under its kind (``take_and_try``,
+    ``try_start``, ``retime``, ...). Pass it to ``ratequeue.Limiter`` in
+    place of a URL. Under a checkout from before ``State.execute``
+    (``fleet_start.py --compare``) it is a :class:`_OldCountingState`.
     """
+
+    def __new__(cls, inner: State) -> CountingState:
+        if cls is CountingState and not hasattr(State, "execute"):
+            return super().__new__(_OldCountingState)
+        return super().__new__(cls)
 
     def __init__(self, inner: State) -> None:
         self.inner = inner
         self.url = inner.url
+        self.clock_resolution = inner.clock_resolution
+        self.reads_monotonic = getattr(inner, "reads_monotonic", False)  # (older checkouts' states lack it)
         self.log = CallLog()
 
     def _count(self, op: str, started: float, answer: Any) -> None:
@@ -369,40 +380,10 @@ class CountingState(State):
         kind = type(answer).__name__.lower()
         self.log.answers[kind] = self.log.answers.get(kind, 0) + 1
 
-    def take(self, name: str, interval_us: int, **terms: int) -> Taken:
+    def execute(self, op: Operation) -> Answer:
         started = time.perf_counter()
-        answer = self.inner.take(name, interval_us, **terms)
-        self._count("take", started, answer)
-        return answer
-
-    def try_start(self, name: str, interval_us: int, ticket: int, lead_us: int, **terms: int) -> Outcome:
-        started = time.perf_counter()
-        answer = self.inner.try_start(name, interval_us, ticket, lead_us, **terms)
-        self._count("try_start", started, answer)
-        return answer
-
-    def take_and_try(self, name: str, interval_us: int, lead_us: int, **terms: int) -> Outcome:
-        started = time.perf_counter()
-        answer = self.inner.take_and_try(name, interval_us, lead_us, **terms)
-        self._count("take_and_try", started, answer)
-        return answer
-
-    def retime(self, name: str, interval_us: int, ticket: int, lead_us: int, **terms: int) -> Outcome:
-        started = time.perf_counter()
-        answer = self.inner.retime(name, interval_us, ticket, lead_us, **terms)
-        self._count("retime", started, answer)
-        return answer
-
-    def release(self, name: str, interval_us: int, ticket: int, **terms: int) -> bool:
-        started = time.perf_counter()
-        answer = self.inner.release(name, interval_us, ticket, **terms)
-        self._count("release", started, answer)
-        return answer
-
-    def renew(self, name: str, interval_us: int, ticket: int, **terms: int) -> bool:
-        started = time.perf_counter()
-        answer = self.inner.renew(name, interval_us, ticket, **terms)
-        self._count("renew", started, answer)
+        answer = self.inner.execute(op)
+        self._count(op.kind, started, answer)
         return answer
 
     def local_now(self) -> float | None:
@@ -414,30 +395,57 @@ class CountingState(State):
     def reset(self, name: str) -> bool:
         return self.inner.reset(name)
 
+    def names(self, prefix: str = "") -> list[str]:
+        return self.inner.names(prefix)
+
+    def sweep(self) -> int:
+        return self.inner.sweep()
+
     def close(self) -> None:
         self.inner.close()
 
-    # The abstract operations are never reached: the public ones above forward.
-    def _take(self, name: str, terms: Terms, cost: int) -> Taken:
-        return self.inner._take(name, terms, cost)
 
-    def _try_start(self, name: str, terms: Terms, ticket: int, lead_us: int, cost: int) -> Outcome:
-        return self.inner._try_start(name, terms, ticket, lead_us, cost)
+class _OldCountingState(CountingState):
+    """A :class:`CountingState` under a checkout from before ``State.execute`` (``fleet_start.py --compare``).
 
-    def _take_and_try(self, name: str, terms: Terms, lead_us: int, cost: int) -> Outcome:
-        return self.inner._take_and_try(name, terms, lead_us, cost)
+    That checkout's limiters call one method per operation (``take_and_try``,
+    ``try_start``, ...): each is forwarded to the same method of the wrapped
+    state and counted under its name, as ``execute`` counts the kinds. Its
+    ``State`` is abstract in the ``_``-prefixed forms of the operations,
+    which the public ones never reach here.
+    """
 
-    def _retime(self, name: str, terms: Terms, ticket: int, lead_us: int) -> Outcome:
-        return self.inner._retime(name, terms, ticket, lead_us)
+    def _forward(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        started = time.perf_counter()
+        answer = getattr(self.inner, kind)(*args, **kwargs)
+        self._count(kind, started, answer)
+        return answer
 
-    def _set_paused(self, name: str, terms: Terms, paused: bool) -> bool:
-        return self.inner._set_paused(name, terms, paused)
+    def take(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("take", args, kwargs)
 
-    def _release(self, name: str, terms: Terms, ticket: int) -> bool:
-        return self.inner._release(name, terms, ticket)
+    def try_start(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("try_start", args, kwargs)
 
-    def _renew(self, name: str, terms: Terms, ticket: int) -> bool:
-        return self.inner._renew(name, terms, ticket)
+    def take_and_try(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("take_and_try", args, kwargs)
+
+    def retime(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("retime", args, kwargs)
+
+    def set_paused(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("set_paused", args, kwargs)
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("release", args, kwargs)
+
+    def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward("renew", args, kwargs)
+
+    def _unreached(self, *args: Any) -> Any:
+        raise AssertionError("the public operations forward to the wrapped state")
+
+    _take = _try_start = _take_and_try = _retime = _set_paused = _release = _renew = _unreached
 
     def _read(self, name: str) -> Snapshot:
         return self.read(name)
@@ -446,10 +454,10 @@ class CountingState(State):
         return self.reset(name)
 
     def _names(self, prefix: str) -> list[str]:
-        return self.inner.names(prefix)
+        return self.names(prefix)
 
     def _sweep(self) -> int:
-        return self.inner.sweep()
+        return self.sweep()
 
 
 class MongoCommands:
@@ -472,7 +480,10 @@ class MongoCommands:
 
 def open_state(url: str, *, mongo_listener: MongoCommands | None = None) -> State:
     """The ratequeue state at ``url``; a MongoDB client gets ``mongo_listener`` to count its commands."""
-    from ratequeue.state import from_url
+    try:
+        from ratequeue.state import open_state as opened
+    except ImportError:  # a checkout from before open_state (fleet_start.py --compare)
+        from ratequeue.state import from_url as opened  # type: ignore[attr-defined,no-redef]
 
     if url.startswith("mongodb") and mongo_listener is not None:
         from pymongo import MongoClient, monitoring
@@ -494,7 +505,7 @@ def open_state(url: str, *, mongo_listener: MongoCommands | None = None) -> Stat
         client_url, database, collection = split_url(url)
         client: Any = MongoClient(client_url, event_listeners=[_Listener()], serverSelectionTimeoutMS=5000)
         return MongoState(client, database=database, collection=collection, url=url)
-    return from_url(url)
+    return opened(url)
 
 
 def prepare_queue(url: str, name: str, interval: float) -> None:

@@ -85,8 +85,8 @@ from _common import (
     unique_name,
 )
 
+from ratequeue.core.shard import DEFAULT_MAX_LATE
 from ratequeue.rates import parse_rate
-from ratequeue.shard import DEFAULT_MAX_LATE
 
 STATES = ["file", "redis", "mongodb"]
 BURSTS = [1, 10]

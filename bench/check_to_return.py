@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.procs < 2 or args.turns < 2 or not args.interval > 0:
         parser.error("--procs and --turns must be at least 2, --interval > 0")
 
-    from ratequeue.shard import DEFAULT_MAX_LATE
+    from ratequeue.core.shard import DEFAULT_MAX_LATE
 
     print_machine()
     print(f"Load: {args.hog} busy-loop processes (`--hog`); {args.procs} worker processes per row.\n")

@@ -307,7 +307,7 @@ def main() -> None:
         state: statistics.median(r["wall"] for r in idle["this checkout", f"{state}/none"])
         for state in ("memory", "file")
     }
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for (version, key), rounds in idle.items():
         state, variant = key.split("/")
         cpu = statistics.median(r["cpu"] for r in rounds)

@@ -179,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--compare {args.compare}: no ratequeue/__init__.py there")
 
     import ratequeue
-    from ratequeue.shard import DEFAULT_MAX_LATE
+    from ratequeue.core.shard import DEFAULT_MAX_LATE
 
     here = str(Path(ratequeue.__file__).resolve().parent.parent)
-    versions = {"this checkout": None}
+    versions: dict[str, str | None] = {"this checkout": None}
     if args.compare:
         versions["--compare"] = str(Path(args.compare).resolve())
     print_machine()

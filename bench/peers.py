@@ -66,6 +66,7 @@ from _common import (
     new_parser,
     num,
     numbers,
+    open_state,
     percentile,
     prepare_queue,
     print_machine,
@@ -122,9 +123,8 @@ class Job:
 
 def _ratequeue(job: Job) -> Callable[[float], Turn | None]:
     import ratequeue
-    from ratequeue.state import from_url
 
-    limiter = ratequeue.Limiter(CountingState(from_url(job.url)), name=job.key, interval=1 / job.rate)
+    limiter = ratequeue.Limiter(CountingState(open_state(job.url)), name=job.key, interval=1 / job.rate)
     limiter.status()  # connect
 
     def acquire(end: float) -> Turn | None:
