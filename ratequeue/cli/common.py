@@ -140,13 +140,11 @@ def stopped_by_signals() -> AbstractContextManager[None]:
     default would end this process at once; the later signals are ignored so
     that they cannot cut that short. The handlers are restored afterwards.
     """
-    fired = False
 
     def stop(signum: int, frame: object) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            raise Stopped(signum)
+        for later in STOP_SIGNALS:
+            signal.signal(later, signal.SIG_IGN)
+        raise Stopped(signum)
 
     return handling(STOP_SIGNALS, stop)
 

@@ -81,21 +81,19 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         if state.url.startswith("memory:"):
             need = "the demo needs a state its processes share"
             raise ConfigurationError(f"memory:// lives inside one process; {need}")
-        url = state.url
         if state.read(name).record is not None:
             if not args.reset:
                 raise ConfigurationError(
-                    f"queue {name!r} already has a record in {redact(url)}: the demo would reset it, "
+                    f"queue {name!r} already has a record in {redact(state.url)}: the demo would reset it, "
                     f"and shards using it with other terms would then fail; leave out --name (the demo "
                     f"then uses a fresh name), or give --reset to reset queue {name!r} anyway"
                 )
             state.reset(name)  # on purpose (--reset): a fresh record, with this demo's interval
         starts = f"{plural(processes, 'process')} x {plural(jobs, 'start')}"
         kept = f"(queue {name!r}, {'kept' if given else 'deleted'} at the end)"
-        say(out, f"{starts}, one start every {interval * 1000:g} ms, through {redact(url)} {kept}")
-        seen = Seen()
+        say(out, f"{starts}, one start every {interval * 1000:g} ms, through {redact(state.url)} {kept}")
         try:
-            _run_workers(url, settings, processes, jobs, args.quiet, seen, out)
+            seen = _run_workers(state.url, settings, processes, jobs, args.quiet, out)
         finally:
             if not given:
                 state.reset(name)  # the demo's own fresh queue: leave nothing behind
@@ -109,15 +107,17 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return status
 
 
-def _run_workers(
-    url: str, settings: Settings, processes: int, jobs: int, quiet: bool, seen: Seen, out: TextIO
-) -> None:
-    """Start the workers and show each start as its report arrives, until every worker is done."""
+def _run_workers(url: str, settings: Settings, processes: int, jobs: int, quiet: bool, out: TextIO) -> Seen:
+    """Start the workers and show each start as its report arrives, until every worker is done.
+
+    Returns what was heard from them.
+    """
     name, interval, interval_us = settings.name, settings.interval, settings.terms.interval_us
     total = processes * jobs
     context = multiprocessing.get_context("spawn")
     reports: Any = context.Queue()
     parent = os.getpid()
+    seen = Seen()
     workers = [
         context.Process(target=_worker, args=(url, name, interval, jobs, index, reports, parent), daemon=True)
         for index in range(1, processes + 1)
@@ -156,6 +156,7 @@ def _run_workers(
         for worker in workers:
             if worker.pid is not None:
                 worker.join(timeout=5)
+    return seen
 
 
 def _insert(values: list[Any], value: Any) -> tuple[bool, Any]:
@@ -261,10 +262,17 @@ def _worker(url: str, name: str, interval: float, jobs: int, index: int, reports
     """One demo process: ``jobs`` acquires; each reported with its state-clock start and its begin.
 
     It stops early once ``parent`` (the demo's process, which ends it when
-    interrupted) is gone without ending it: killed, say, with SIGKILL.
+    interrupted) is gone without ending it: killed, say, with SIGKILL. On
+    Linux the kernel sends it SIGTERM then (``PR_SET_PDEATHSIG``); elsewhere,
+    or if that fails, its check of ``os.getppid()`` between acquires does it,
+    later.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends this process
-    _end_with_parent()
+    if sys.platform.startswith("linux"):
+        with suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     error = ""
     try:
         with closing(Limiter(url, name=name, interval=interval)) as limiter:
@@ -278,16 +286,3 @@ def _worker(url: str, name: str, interval: float, jobs: int, index: int, reports
     except Exception as exc:  # reported to the parent, which fails the demo
         error = f"{type(exc).__name__}: {exc}"
     reports.put((index, None, None, None, error))
-
-
-def _end_with_parent() -> None:
-    """On Linux, have the kernel send this process SIGTERM when its parent ends (``PR_SET_PDEATHSIG``).
-
-    Elsewhere, or if that fails, the worker's check of ``os.getppid()``
-    between acquires does it, later.
-    """
-    if sys.platform.startswith("linux"):
-        with suppress(OSError, AttributeError):
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG

@@ -82,8 +82,9 @@ class _Pause:
 
     def __init__(self, state: State, name: str, where: str, record: Record) -> None:
         self.state, self.name, self.where, self.record = state, name, where, record
-        #: whether this command set the flag (a queue paused already stays so)
-        self.ours = False
+        #: whether this command sets the flag (a queue paused already stays so); set before it asks the
+        #: state, since an interruption may come after the state applied it: lift_unless_ended looks
+        self.ours = not record.paused
         #: the record just after the pause (what the reset may delete), once set
         self.since: Record = record
         #: whether the reset ended the pause (with the record holding it)
@@ -91,10 +92,8 @@ class _Pause:
 
     def set(self) -> None:
         """Pause the queue everywhere (if it is not already) and read the record the pause holds."""
-        if not self.record.paused:
+        if self.ours:
             try:
-                # an interruption may come after the state applied it: lift_unless_ended looks
-                self.ours = True
                 self.ours = set_paused(self.state, self.name, self.record, True)
             except TermsMismatch as exc:
                 self.ours = False
@@ -115,7 +114,7 @@ class _Pause:
         """Lift the pause this command set, unless the reset ended it; say so if it cannot."""
         if self.ended or not self.ours:
             return
-        for _ in range(_LIFT_TRIES):
+        for _ in range(3):  # tries before saying the pause is left on
             with suppress(RateQueueError, KeyboardInterrupt):  # then try again
                 current = self.state.read(self.name).record
                 if current is not None and current.paused:  # else gone or resumed meanwhile: nothing to lift
@@ -150,10 +149,6 @@ class _Pause:
             longer = f"the longer interval ({spacing / US:g} s) on the state clock, its last start included"
             say(said, f"waiting {remaining / US:.3f} s until queue {name!r} is whole again under {longer}")
             time.sleep(remaining / US)
-
-
-#: how many times the pause is tried to be lifted before the command says it is left on
-_LIFT_TRIES = 3
 
 
 def _waiting_tickets(record: Record, now: int) -> int:

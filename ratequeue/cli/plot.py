@@ -7,7 +7,6 @@ without pyplot: a figure drawn by the Agg canvas touches no global backend.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.protocol import US
@@ -41,8 +40,9 @@ def draw_demo(path: str, timeline: list[tuple[int, float]], starts: list[int], i
     ``timeline`` holds ``(process, begin)`` pairs, begins in
     ``time.monotonic()`` seconds of this host; ``starts`` the state-clock
     starts (us). The histogram shows the begin gaps and the state-clock gaps
-    in milliseconds, with the interval marked.
+    in milliseconds, in forty bins they share, with the interval marked.
     """
+    import numpy
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -63,19 +63,10 @@ def draw_demo(path: str, timeline: list[tuple[int, float]], starts: list[int], i
     begin_gaps = [(later - earlier) * 1000 for earlier, later in itertools.pairwise(begins)]
     state_gaps = [(later - earlier) * 1000 / US for earlier, later in itertools.pairwise(sorted(starts))]
     if begin_gaps:
-        bins = _bins(begin_gaps + state_gaps)
+        bins = numpy.histogram_bin_edges(begin_gaps + state_gaps, bins=40)
         gaps.hist(state_gaps, bins=bins, alpha=0.5, label="state-clock gaps")
         gaps.hist(begin_gaps, bins=bins, alpha=0.5, label="begin gaps")
     gaps.axvline(interval * 1000, color="red", linestyle="--", label=f"interval ({interval * 1000:g} ms)")
     gaps.set(xlabel="gap between consecutive starts (ms)", ylabel="count")
     gaps.legend()
     figure.savefig(path)
-
-
-def _bins(values: Sequence[float]) -> list[float]:
-    """Forty equal bins over ``values`` (one of width 1 if they are all equal)."""
-    low, high = min(values), max(values)
-    if high <= low:
-        return [low - 0.5, low + 0.5]
-    step = (high - low) / 40
-    return [low + step * index for index in range(41)]
