@@ -71,8 +71,8 @@ from .codec import (
     initial_document,
     names_pipeline,
     pipeline,
-    read_now,
     read_pipeline,
+    read_snapshot,
     split_url,
     sweep_filter,
     update_filter,
@@ -122,7 +122,13 @@ class MongoBackend(StateBase, Generic[ClientT]):
             microseconds, used in place of the server's ``$$NOW``.
         """
         self._client: ClientT = client
-        self._collection = collection_of(client, database, collection)
+        try:
+            self._collection: Any = client[database][collection]
+        except (InvalidName, TypeError) as exc:
+            raise ConfigurationError(
+                f"bad MongoDB database or collection name (database={database!r}, "
+                f"collection={collection!r}): {exc}; choose them with ?database=D&collection=C"
+            ) from exc
         self._clock = clock
         self._where = where_of(client)
         self.url = url or f"mongodb://{self._where}/?database={database}&collection={collection}"
@@ -195,11 +201,7 @@ class MongoBackend(StateBase, Generic[ClientT]):
         return f"{self._collection.full_name}/{name}"
 
     def _execute_flow(self, op: Operation) -> Flow[Answer]:
-        document = yield from self._update_flow(op)
-        return PARSERS[op.kind](document, self._record_where(op.name))
-
-    def _update_flow(self, op: Operation) -> Flow[Document]:
-        """Run ``op`` on its queue's document and return the document after it (with the answer).
+        """Run ``op`` on its queue's document; its answer is read from the document after it.
 
         When the update matches nothing, the record is missing (it is then
         inserted), or has another interval, burst or max_running or is malformed
@@ -213,7 +215,7 @@ class MongoBackend(StateBase, Generic[ClientT]):
         for _ in range(CREATE_ATTEMPTS):
             document: Document | None = yield from self._retried(update, update_filter(name, terms), steps)
             if document is not None:
-                return document
+                return PARSERS[op.kind](document, self._record_where(name))
             yield from self._create_flow(name, terms)
         raise StateUnavailable(  # pragma: no cover - only if the document vanishes again and again
             f"MongoDB at {self._where}: queue {name!r} disappeared while being created", where=self._where
@@ -270,8 +272,7 @@ class MongoBackend(StateBase, Generic[ClientT]):
         fixed_us = self._fixed_now()
         rows = yield from self._aggregate_flow(read_pipeline(name, fixed_us))
         if rows:
-            where = self._record_where(name)
-            return Snapshot(record=check_document(rows[0], where), now=read_now(rows[0], where))
+            return read_snapshot(rows[0], self._record_where(name))
         if fixed_us is not None:
             return Snapshot(record=None, now=fixed_us)
         hello: Document = yield from self._retried(self._client.admin.command, "hello")
@@ -280,17 +281,6 @@ class MongoBackend(StateBase, Generic[ClientT]):
     def _reset_flow(self, name: str) -> Flow[bool]:
         result = yield from self._retried(self._collection.delete_one, {"_id": name})
         return bool(result.deleted_count)
-
-
-def collection_of(client: ClientT, database: str, collection: str) -> Any:
-    """``client[database][collection]``; :class:`ConfigurationError` for a name MongoDB does not allow."""
-    try:
-        return client[database][collection]
-    except (InvalidName, TypeError) as exc:
-        raise ConfigurationError(
-            f"bad MongoDB database or collection name (database={database!r}, collection={collection!r}): "
-            f"{exc}; choose them with ?database=D&collection=C"
-        ) from exc
 
 
 class MongoState(MongoBackend[MongoClient[Any]], State):

@@ -46,7 +46,7 @@ from ...core.protocol import (
     Wait,
 )
 from ...errors import StateCorrupted
-from ..base import split_options
+from ..base import Snapshot, split_options
 from ..records import FIELDS, check_record, unwritten
 
 DEFAULT_DATABASE = "ratequeue"
@@ -63,7 +63,7 @@ EXPIRES = "expires"
 TTL_INDEX = "ratequeue_expires"
 
 #: the fields a pipeline works in, gone from the document it leaves
-_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live", "_full"]
+_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live"]
 
 _WHOLE = ["int", "long"]
 
@@ -85,21 +85,21 @@ def _told(kind: str, value: Any, ticket: Any = "$_t") -> dict[str, Any]:
     return {"kind": kind, "ticket": ticket, "value": value, "now": "$_now"}
 
 
-def _open_stages(now_us: int | None) -> Pipeline:
-    """Keep the document as read in ``_was``, and read the clock into ``_now``."""
-    return [{"$set": {"_was": "$$ROOT", "_now": _now_expression(now_us)}}]
+def _where(cond: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Fields of a ``$set``: each of ``values`` where ``cond`` holds, and the field as it was elsewhere."""
+    return {field: {"$cond": [cond, value, f"${field}"]} for field, value in values.items()}
 
 
-def _check_stages(kind: str, cost: int) -> Pipeline:
+def _check_stages(op: Operation) -> Pipeline:
     """Name in ``_bad`` what the protocol refuses (:func:`ratequeue.core.protocol.check`, the last ticket).
 
     ``_bad`` is ``{kind: "unwritten", field, value, now}`` or ``""``; the
     document as read (``_was``) is put back after the operation's stages
-    (:func:`_refuse_stages`) if it names something.
+    (in :func:`pipeline`) if it names something.
     """
     cases: list[tuple[Any, str]] = [({"$gt": ["$at", {"$add": ["$_now", {"$literal": MAX_LEAD_US}]}]}, "at")]
-    if kind in ("take", "take_and_try"):
-        cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": cost}]}, MAX_US]}, "ticket"))
+    if op.kind in ("take", "take_and_try"):
+        cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": op.cost}]}, MAX_US]}, "ticket"))
     branches = [
         {"case": case, "then": {"kind": "unwritten", "field": field, "value": f"${field}", "now": "$_now"}}
         for case, field in cases
@@ -107,14 +107,8 @@ def _check_stages(kind: str, cost: int) -> Pipeline:
     return [{"$set": {"_bad": {"$switch": {"branches": branches, "default": ""}}}}]
 
 
-def _refuse_stages() -> Pipeline:
-    """If ``_bad`` names a refusal, put the document back as it was read, answering ``_bad``."""
-    refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
-    return [{"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}}]
-
-
-def _take_stages(cost: int) -> Pipeline:
-    """``take`` of ``cost``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``.
+def _take_stages(op: Operation) -> Pipeline:
+    """``take`` of ``op.cost``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``.
 
     Not while a full queue's grace runs (``held``): the tickets' holders wait for a place.
     """
@@ -127,13 +121,13 @@ def _take_stages(cost: int) -> Pipeline:
         ]
     }
     return [
-        {"$set": {"pos": {"$cond": [stale, last, "$pos"]}}},
-        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", {"$literal": cost}]}}},
+        {"$set": _where(stale, {"pos": last})},
+        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", {"$literal": op.cost}]}}},
     ]
 
 
-def _try_stages(lead_us: int, cost: int, terms: Terms) -> Pipeline:
-    """``try_start`` of ticket ``_t`` (of ``cost``): set ``answer``; if it starts, ``pos``, ``at``, ``due``.
+def _try_stages(op: Operation) -> Pipeline:
+    """``try_start`` of ticket ``_t``, of ``op.cost``: set ``answer``; if it starts, ``pos``, ``at``, ``due``.
 
     ``_s`` is the ticket's strict slot and ``_e`` its earliest start
     (:meth:`~ratequeue.core.protocol.Record.earliest`; not before a full queue's
@@ -144,11 +138,11 @@ def _try_stages(lead_us: int, cost: int, terms: Terms) -> Pipeline:
     after a lost reply keeps its turn. After ``take`` (``take_and_try``)
     ``_t`` is above ``pos``, and that branch never applies.
 
-    With ``max_running``, ``_live`` holds the leases live at ``_now`` and
-    ``_full`` whether there are ``max_running`` of them: a ticket that could
-    start then waits (the answer's kind is ``full`` until the last stage,
-    which makes it ``wait``), ``held`` becomes ``_now`` and the expired
-    leases go; a start appends its lease to the live ones.
+    With ``max_running``, ``_live`` holds the leases live at ``_now``: a
+    ticket that could start while ``max_running`` of them are live waits
+    (the answer's kind is ``full`` until the last stage, which makes it
+    ``wait``, sets ``held`` to ``_now`` and lets the expired leases go); a
+    start appends its lease to the live ones.
     """
     same_start = {
         "$and": [
@@ -159,78 +153,37 @@ def _try_stages(lead_us: int, cost: int, terms: Terms) -> Pipeline:
     }
     passed = {"$or": [{"$gte": ["$pos", "$_t"]}, {"$gte": ["$_t", "$ticket"]}]}
     paused_wait = {"$max": ["$_e", {"$add": ["$_now", {"$literal": PAUSED_RECHECK_US}]}]}
-    can_start = {"$gte": [{"$add": ["$_now", {"$literal": lead_us}]}, "$_e"]}
+    can_start = {"$gte": [{"$add": ["$_now", {"$literal": op.lead_us}]}, "$_e"]}
     # a start, but not the same start again
     started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}]}
-    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": cost}]}, "$interval"]}
+    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$interval"]}
     passing = {"$gt": ["$_t", {"$add": ["$pos", 1]}]}  # it would pass the tickets between
-    earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at"]}
-    capped = bool(terms.max_running)
+    earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", {"$cond": [passing, _GRACE_END, "$at"]}]}
+    stages: Pipeline = [{"$set": {"_s": _slot("$_t")}}, {"$set": {"_e": earliest}}]
+    start = {"pos": "$_t", "at": "$answer.value", "due": {"$max": ["$_s", "$answer.value"]}}
     full_branches: list[dict[str, Any]] = []
-    lease_stages: Pipeline = []
-    if capped:
-        lease_stages = [
-            {"$set": {"_live": _LIVE}},
-            {"$set": {"_full": {"$gte": [{"$size": "$_live"}, {"$literal": terms.max_running}]}}},
-        ]
+    after: Pipeline = []
+    if op.terms.max_running:
+        stages.append({"$set": {"_live": _LIVE}})
+        full = {"$gte": [{"$size": "$_live"}, {"$literal": op.terms.max_running}]}
         first_expiry = {"$min": {"$map": {"input": "$_live", "as": "l", "in": _expiry("$$l")}}}
         recheck = {"$min": [first_expiry, {"$add": ["$_now", {"$literal": FULL_RECHECK_US}]}]}
         full_branches = [
-            {"case": {"$and": [can_start, "$_full"]}, "then": _told("full", {"$max": ["$_e", recheck]})}
+            {"case": {"$and": [can_start, full]}, "then": _told("full", {"$max": ["$_e", recheck]})}
         ]
-    return [
-        {"$set": {"_s": _slot("$_t")}},
-        {"$set": {"_e": earliest}},
-        {"$set": {"_e": {"$cond": [passing, {"$max": ["$_e", _GRACE_END]}, "$_e"]}}},
-        *lease_stages,
-        {
-            "$set": {
-                "answer": {
-                    "$switch": {
-                        "branches": [
-                            {"case": same_start, "then": _told("started", "$at")},
-                            {"case": passed, "then": _told("passed", "$pos")},
-                            {"case": "$paused", "then": _told("wait", paused_wait)},
-                            *full_branches,
-                            {"case": can_start, "then": _told("started", {"$max": ["$_e", "$_now"]})},
-                        ],
-                        "default": _told("wait", "$_e"),
-                    }
-                }
-            }
-        },
-        {
-            "$set": {
-                "pos": {"$cond": [started, "$_t", "$pos"]},
-                "at": {"$cond": [started, "$answer.value", "$at"]},
-                "due": {"$cond": [started, {"$max": ["$_s", "$answer.value"]}, "$due"]},
-                **(_lease_fields(started, terms) if capped else {}),
-            }
-        },
+        expiry = {"$toLong": {"$add": ["$answer.value", {"$literal": op.terms.lease_us}]}}
+        start["leases"] = {"$concatArrays": ["$_live", [[{"$toLong": "$_t"}, expiry]]]}
+        when_full = {"answer.kind": "wait", "leases": "$_live", "held": {"$toLong": "$_now"}}
+        after = [{"$set": _where({"$eq": ["$answer.kind", "full"]}, when_full)}]
+    branches = [
+        {"case": same_start, "then": _told("started", "$at")},
+        {"case": passed, "then": _told("passed", "$pos")},
+        {"case": "$paused", "then": _told("wait", paused_wait)},
+        *full_branches,
+        {"case": can_start, "then": _told("started", {"$max": ["$_e", "$_now"]})},
     ]
-
-
-def _lease_fields(started: Any, terms: Terms) -> dict[str, Any]:
-    """The fields a try that started (a new lease) or found the queue full (``held``) changes.
-
-    ``answer.kind`` ``full`` (set by the try's branches) becomes ``wait``.
-    """
-    full = {"$eq": ["$answer.kind", "full"]}
-    expiry = {"$toLong": {"$add": ["$answer.value", {"$literal": terms.lease_us}]}}
-    lease = [{"$toLong": "$_t"}, expiry]
-    return {
-        "answer.kind": {"$cond": [full, "wait", "$answer.kind"]},
-        "leases": {
-            "$switch": {
-                "branches": [
-                    {"case": started, "then": {"$concatArrays": ["$_live", [lease]]}},
-                    {"case": full, "then": "$_live"},
-                ],
-                "default": "$leases",
-            }
-        },
-        "held": {"$cond": [full, {"$toLong": "$_now"}, "$held"]},
-    }
+    answer = {"$switch": {"branches": branches, "default": _told("wait", "$_e")}}
+    return [*stages, {"$set": {"answer": answer}}, {"$set": _where(started, start)}, *after]
 
 
 def _expiry(lease: str) -> Any:
@@ -263,8 +216,8 @@ def _moved(leases: str, ticket: int, expiry: Callable[[Any], Any]) -> Any:
 _LIVE = _leases_where("$leases", {"$gt": [_expiry("$$l"), "$_now"]})
 
 
-def _release_stages(ticket: int) -> Pipeline:
-    """``release`` of ``ticket``'s lease: keep the other live ones; ``value`` 1 if its lease was live.
+def _release_stages(op: Operation) -> Pipeline:
+    """``release`` of ``op.ticket``'s lease: keep the other live ones; ``value`` 1 if its lease was live.
 
     When nothing is dropped the leases are written back unchanged, as the
     reference returns the record itself.
@@ -272,22 +225,22 @@ def _release_stages(ticket: int) -> Pipeline:
     released = {"$cond": [{"$lt": [{"$size": "$leases"}, {"$size": "$_live"}]}, 1, 0]}  # leases: kept
     return [
         {"$set": {"_live": _LIVE}},
-        {"$set": {"leases": _leases_where("$_live", {"$not": [_own(ticket)]})}},
-        {"$set": {"answer": _told("set", released, {"$literal": ticket})}},
+        {"$set": {"leases": _leases_where("$_live", {"$not": [_own(op.ticket)]})}},
+        {"$set": {"answer": _told("set", released, {"$literal": op.ticket})}},
     ]
 
 
-def _renew_stages(ticket: int, lease_us: int) -> Pipeline:
-    """``renew`` of ``ticket``'s lease, if live, to ``_now + lease_us`` at least; drop expired leases.
+def _renew_stages(op: Operation) -> Pipeline:
+    """``renew`` of ``op.ticket``'s lease, if live, to ``_now + lease_us`` at least; drop expired leases.
 
     The answer's ``value`` is 1 if the lease was live (and renewed), else 0.
     """
-    until = {"$toLong": {"$add": ["$_now", {"$literal": lease_us}]}}
-    live = {"$cond": [{"$gt": [{"$size": _leases_where("$_live", _own(ticket))}, 0]}, 1, 0]}
-    renewed = _moved("$_live", ticket, lambda expiry: {"$max": [expiry, until]})
+    until = {"$toLong": {"$add": ["$_now", {"$literal": op.terms.lease_us}]}}
+    live = {"$cond": [{"$gt": [{"$size": _leases_where("$_live", _own(op.ticket))}, 0]}, 1, 0]}
+    renewed = _moved("$_live", op.ticket, lambda expiry: {"$max": [expiry, until]})
     return [
         {"$set": {"_live": _LIVE}},
-        {"$set": {"answer": _told("set", live, {"$literal": ticket}), "leases": renewed}},
+        {"$set": {"answer": _told("set", live, {"$literal": op.ticket}), "leases": renewed}},
     ]
 
 
@@ -295,34 +248,26 @@ def _renew_stages(ticket: int, lease_us: int) -> Pipeline:
 _GRACE_END = {"$add": ["$held", {"$literal": FULL_GRACE_US}]}
 
 
-def _set_paused_stages(paused: bool) -> Pipeline:
+def _set_paused_stages(op: Operation) -> Pipeline:
     """``set_paused``: set the flag; the answer's ``value`` is 1 if that changed it, else 0."""
-    changed = {"$cond": [{"$eq": ["$paused", {"$literal": paused}]}, 0, 1]}
-    return [{"$set": {"answer": _told("set", changed, 0), "paused": {"$literal": paused}}}]
+    changed = {"$cond": [{"$eq": ["$paused", {"$literal": op.paused}]}, 0, 1]}
+    return [{"$set": {"answer": _told("set", changed, 0), "paused": {"$literal": op.paused}}}]
 
 
-def _retime_stages(ticket: int, lead_us: int) -> Pipeline:
-    """``retime`` of ``ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``.
+def _retime_stages(op: Operation) -> Pipeline:
+    """``retime`` of ``op.ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``.
 
     The ticket's lease, if it holds one, moves on by as much as its start.
     """
+    ticket = op.ticket
     latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
-    start = {"$max": ["$at", {"$add": ["$_now", {"$literal": lead_us}]}]}
-    moved = {"$subtract": ["$answer.value", "$at"]}
+    start = {"$max": ["$at", {"$add": ["$_now", {"$literal": op.lead_us}]}]}
+    moved = {"$subtract": [start, "$at"]}
     shifted = _moved("$leases", ticket, lambda expiry: {"$toLong": {"$add": [expiry, moved]}})
-    started = {"$eq": ["$answer.kind", "started"]}
     told = {"$literal": ticket}
     answer = {"$cond": [latest, _told("started", start, told), _told("passed", "$pos", told)]}
-    return [
-        {"$set": {"answer": answer}},
-        {
-            "$set": {
-                "at": {"$cond": [started, "$answer.value", "$at"]},
-                "leases": {"$cond": [started, shifted, "$leases"]},
-                "due": {"$cond": [started, {"$max": ["$due", "$answer.value"]}, "$due"]},
-            }
-        },
-    ]
+    retimed = {"at": start, "due": {"$max": ["$due", start]}, "leases": shifted}
+    return [{"$set": {"answer": answer, **_where(latest, retimed)}}]
 
 
 def _ceil_ms(us: Any) -> Any:
@@ -364,32 +309,31 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
     ]
 
 
+#: the stages of each kind of operation, between the checks and the keep time
+_STAGES: dict[str, Callable[[Operation], Pipeline]] = {
+    "take": lambda op: [*_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
+    "try_start": lambda op: [{"$set": {"_t": {"$literal": op.ticket}}}, *_try_stages(op)],
+    "take_and_try": lambda op: [*_take_stages(op), *_try_stages(op)],
+    "retime": _retime_stages,
+    "set_paused": _set_paused_stages,
+    "release": _release_stages,
+    "renew": _renew_stages,
+}
+
+
 def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     """The update pipeline of ``op``; it leaves its answer in the document's ``answer``.
 
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     """
-    kind, terms, ticket, cost = op.kind, op.terms, op.ticket, op.cost
-    if kind == "set_paused":
-        stages = _set_paused_stages(op.paused)
-    elif kind == "release":
-        stages = _release_stages(ticket)
-    elif kind == "renew":
-        stages = _renew_stages(ticket, terms.lease_us)
-    elif kind == "take":
-        stages = [*_take_stages(cost), {"$set": {"answer": _told("taken", "$pos")}}]
-    elif kind == "retime":
-        stages = _retime_stages(ticket, op.lead_us)
-    elif kind == "try_start":
-        stages = [{"$set": {"_t": {"$literal": ticket}}}, *_try_stages(op.lead_us, cost, terms)]
-    else:
-        stages = [*_take_stages(cost), *_try_stages(op.lead_us, cost, terms)]
+    refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
     return [
-        *_open_stages(now_us),
-        *_check_stages(kind, cost),
-        *stages,
-        *_keep_stages(terms.keep_us, now_us is not None),
-        *_refuse_stages(),
+        {"$set": {"_was": "$$ROOT", "_now": _now_expression(now_us)}},  # the document as read, the clock
+        *_check_stages(op),
+        *_STAGES[op.kind](op),
+        *_keep_stages(op.terms.keep_us, now_us is not None),
+        # a refusal named in ``_bad`` puts the document back as it was read, answering ``_bad``
+        {"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}},
         {"$unset": _SCRATCH},
     ]
 
@@ -428,8 +372,7 @@ def initial_document(name: str, terms: Terms) -> dict[str, Any]:
     makes it (no cap: ``max_running`` 0).
     """
     record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
-    fields = {field: getattr(record, field) for field in FIELDS}
-    return {"_id": name, **fields, "max_running": terms.max_running or 0, "leases": []}
+    return {"_id": name, **record._asdict(), "max_running": terms.max_running or 0, "leases": []}
 
 
 def update_filter(name: str, terms: Terms) -> dict[str, Any]:
@@ -483,19 +426,24 @@ def _within(low: Any, value: Any, high: Any) -> list[Any]:
 
 
 def check_document(document: Document, where: str) -> Record:
-    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is.
+    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is."""
+    return check_record({key: document[key] for key in FIELDS if key in document}, where=where)
 
-    A document read with the server's clock (a :func:`read_pipeline` row,
-    ``_now``) is also checked against it (:func:`ratequeue.core.protocol.check`).
+
+def read_snapshot(row: Document, where: str) -> Snapshot:
+    """The record of a :func:`read_pipeline` row and the server clock it carries, both checked.
+
+    The record is checked against that clock too (:func:`ratequeue.core.protocol.check`).
     """
-    record = check_record({key: document[key] for key in FIELDS if key in document}, where=where)
-    now = document.get("_now")
-    if _whole(now):
-        try:
-            protocol.check(record, now)
-        except Unwritten as exc:
-            raise unwritten(exc, f"record at {where}", where) from None
-    return record
+    record = check_document(row, where)
+    now = row.get("_now")
+    if not _whole(now):
+        raise StateCorrupted(f"the clock read with {where} is {now!r}; want whole microseconds", where=where)
+    try:
+        protocol.check(record, now)
+    except Unwritten as exc:
+        raise unwritten(exc, f"record at {where}", where) from None
+    return Snapshot(record=record, now=now)
 
 
 def check_well_formed(document: Document, where: str) -> None:
@@ -513,8 +461,7 @@ def check_well_formed(document: Document, where: str) -> None:
 
 def parse_taken(document: Document, where: str) -> Taken:
     """The :class:`Taken` a ``take`` left in ``document``; :class:`StateCorrupted` if it holds none."""
-    record = check_document(document, where)
-    _, ticket, pos, now = _answer(document, where, "taken")
+    record, _, ticket, pos, now = _answer(document, where, "taken")
     return Taken(ticket=ticket, pos=pos, at=record.at, now=now)
 
 
@@ -524,8 +471,7 @@ def parse_changed(document: Document, where: str) -> bool:
     Whether ``set_paused`` changed the flag; whether the lease ``release``
     gave back, or ``renew`` renewed, was live.
     """
-    check_document(document, where)
-    _, _, value, _ = _answer(document, where, "set")
+    _, _, _, value, _ = _answer(document, where, "set")
     if value not in (0, 1):
         raise StateCorrupted(f"record at {where} answered 'set' {value!r}; want 0 or 1", where=where)
     return value == 1
@@ -541,17 +487,18 @@ _OUTCOMES: dict[str, Callable[[int, int, int], Outcome]] = {
 
 def parse_outcome(document: Document, where: str) -> Outcome:
     """The outcome an operation left in ``document``; :class:`StateCorrupted` if it holds none."""
-    check_document(document, where)
-    kind, ticket, value, now = _answer(document, where, *_OUTCOMES)
+    _, kind, ticket, value, now = _answer(document, where, *_OUTCOMES)
     return _OUTCOMES[kind](ticket, value, now)
 
 
-def _answer(document: Document, where: str, *kinds: str) -> tuple[str, int, int, int]:
-    """The ``kind`` (one of ``kinds``), ``ticket``, ``value`` and ``now`` of ``document``'s answer, checked.
+def _answer(document: Document, where: str, *kinds: str) -> tuple[Record, str, int, int, int]:
+    """``document``'s record, and its answer's ``kind`` (one of ``kinds``), ``ticket``, ``value``, ``now``.
 
-    An ``unwritten`` answer (the operation refused the record, changing
-    nothing) raises :class:`StateCorrupted` naming the field and its value.
+    Both are checked (the record by :func:`check_document`). An ``unwritten``
+    answer (the operation refused the record, changing nothing) raises
+    :class:`StateCorrupted` naming the field and its value.
     """
+    record = check_document(document, where)
     answer = document.get("answer")
     if not isinstance(answer, Mapping):
         raise StateCorrupted(f"record at {where} holds no answer, but answer={answer!r}", where=where)
@@ -566,19 +513,11 @@ def _answer(document: Document, where: str, *kinds: str) -> tuple[str, int, int,
     if kind not in kinds:
         want = " or ".join(map(repr, kinds))
         raise StateCorrupted(f"record at {where} answered with kind {kind!r}; want {want}", where=where)
-    return kind, ticket, value, now
+    return record, kind, ticket, value, now
 
 
 def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def read_now(row: Document, where: str) -> int:
-    """The server clock (us) a :func:`read_pipeline` row carries."""
-    now = row.get("_now")
-    if not _whole(now):
-        raise StateCorrupted(f"the clock read with {where} is {now!r}; want whole microseconds", where=where)
-    return now
 
 
 def datetime_us(moment: datetime.datetime) -> int:

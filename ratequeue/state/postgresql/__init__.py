@@ -175,12 +175,19 @@ class PostgresBackend(StateBase):
             raise ConfigurationError(
                 f"give {type(self).__name__} a connection, a pool or a conninfo, one of them"
             )
-        if connection is not None:
-            check_autocommit(connection)
+        if connection is not None and not is_pool(connection) and not connection.autocommit:
+            raise ConfigurationError(
+                "a PostgreSQL connection given to ratequeue must be in autocommit mode "
+                "(psycopg.connect(..., autocommit=True)): each operation is its own transaction"
+            )
         params = describe(conninfo if connection is None else connection)
-        #: the connection or pool given, or None (then connections are opened from ``_conninfo``)
+        #: the connection or pool given, or None (then the state opens its own with ``_connect``)
         self._source: Any = connection
-        self._conninfo = conninfo
+        #: opens a connection of the state's own: autocommit, a connect timeout unless the URL sets one
+        timeout = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT}
+        self._connect = functools.partial(
+            self._connection_class.connect, conninfo, autocommit=True, **timeout
+        )
         #: the connections this state opened, idle between calls (a list's pop and append are atomic)
         self._idle: list[Any] = []
         self._closed = False
@@ -228,9 +235,8 @@ class PostgresBackend(StateBase):
         def select(op: str, now: int, ticket: int, lead: int, interval: int = 1000) -> Query:
             # the function's arguments: burst, keep and max_running 1, a lease of 1000 us, a cost of 1
             values = (op, name, interval, 1, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused")
-            return sql.SQL("SELECT * FROM {}({})").format(
-                self._function, sql.SQL(", ").join(map(sql.Literal, values))
-            )
+            arguments = sql.SQL(", ").join(map(sql.Literal, values))
+            return sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
 
         selects = [
             select("take_and_try", n, 0, 0),  # started, with a lease and a keep time
@@ -323,9 +329,7 @@ class PostgresBackend(StateBase):
         try:
             return self._idle.pop()
         except IndexError:
-            assert self._conninfo is not None
-            connect = functools.partial(self._connection_class.connect, **connect_kwargs(self._conninfo))
-            return (yield Call(connect, (self._conninfo,)))
+            return (yield Call(self._connect))
 
     def _checkin_flow(self, connection: Any, *, failed: bool = False) -> Flow[None]:
         """Give ``connection`` back; after a failure, one of this state's own that is not idle is closed.
@@ -340,12 +344,11 @@ class PostgresBackend(StateBase):
             if failed and busy and not connection.broken:  # a setup that failed half-way
                 with contextlib.suppress(Exception):
                     yield Call(connection.rollback)
+        elif self._closed or (failed and (connection.broken or connection.closed or busy)):
+            with contextlib.suppress(Exception):
+                yield Call(connection.close)
         else:
-            if self._closed or (failed and (connection.broken or connection.closed or busy)):
-                with contextlib.suppress(Exception):
-                    yield Call(connection.close)
-            else:
-                self._idle.append(connection)
+            self._idle.append(connection)
 
     def _warm_up_flow(self, connection: Any) -> Flow[None]:
         """Run :meth:`_warm_up_script` on ``connection``, once; a failure is ignored, unless it broke it.
@@ -400,12 +403,11 @@ class PostgresBackend(StateBase):
         row: Row = rows[0]
         answer = row[0]
         where = self._record_where(name)
-        if answer == "corrupt":
+        if answer in ("corrupt", "mismatch"):  # the stored row is malformed, or has other terms
             record = check_record(stored_fields(row[6]), where=where)  # raises, naming the field
+            if answer == "mismatch":
+                check_terms(name, record, terms)  # raises, naming the term
             raise StateCorrupted(f"record at {where} is malformed: {record}; reset the queue", where=where)
-        if answer == "mismatch":
-            check_terms(name, check_record(stored_fields(row[6]), where=where), terms)
-            raise StateCorrupted(f"record at {where} does not match {terms}", where=where)  # pragma: no cover
         if answer in ("unwritten_at", "unwritten_ticket"):
             exc = Unwritten(answer.removeprefix("unwritten_"), int(row[1]), row[4])
             raise unwritten(exc, f"record at {redact(self.url)}#{name}", where)
@@ -456,26 +458,16 @@ class PostgresBackend(StateBase):
 _COLUMNS = {field: f"{field}_us" if field in ("at", "interval", "due", "held") else field for field in FIELDS}
 
 
-def stored_fields(stored: Any) -> Any:
+def stored_fields(stored: dict[str, Any]) -> dict[str, Any]:
     """A row as the function returned it (jsonb) as the fields :func:`check_record` reads.
 
     ``leases``, a flat array in the row, is read as ``[ticket, expiry]`` pairs.
     """
-    if not isinstance(stored, dict):
-        return stored
     fields = {field: stored[column] for field, column in _COLUMNS.items() if column in stored}
     leases = fields.get("leases")
     if isinstance(leases, list) and all(not isinstance(item, list) for item in leases):
         fields["leases"] = [leases[i : i + 2] for i in range(0, len(leases), 2)]
     return fields
-
-
-def connect_kwargs(conninfo: str) -> dict[str, Any]:
-    """The keyword arguments ratequeue connects with: autocommit, and a connect timeout unless given."""
-    kwargs: dict[str, Any] = {"autocommit": True}
-    if "connect_timeout" not in conninfo_to_dict(conninfo):
-        kwargs["connect_timeout"] = CONNECT_TIMEOUT
-    return kwargs
 
 
 def is_pool(source: object) -> bool:
@@ -499,15 +491,6 @@ def describe(source: Any) -> dict[str, Any]:
 def in_transaction(connection: Any) -> bool:
     """Whether ``connection`` is not idle: in a transaction (maybe a failed one), or a call is on its way."""
     return bool(connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
-
-
-def check_autocommit(source: Any) -> None:
-    """A ready connection must be autocommit: each call its own transaction, no lock held after it."""
-    if not is_pool(source) and not source.autocommit:
-        raise ConfigurationError(
-            "a PostgreSQL connection given to ratequeue must be in autocommit mode "
-            "(psycopg.connect(..., autocommit=True)): each operation is its own transaction"
-        )
 
 
 #: what try_start, take_and_try and retime answer, by the function's first column

@@ -23,7 +23,6 @@ the user's own) go through redis-py's own ``Script`` calls.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from typing import Any, ClassVar, Generic, TypeVar, Union
@@ -83,9 +82,6 @@ _TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT, "socket_
 
 #: a redis-py client of either kind
 Client = Union[redis.Redis, redis.asyncio.Redis]
-
-#: a redis-py cluster client of either kind
-ClusterClient = Union[redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster]
 
 #: the URL scheme of a Redis Cluster state (the client reaches it by ``redis://`` or ``rediss://``)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -278,8 +274,8 @@ class RedisBackend(StateBase, Generic[C]):
         """The Redis key holding queue ``name``."""
         return self._prefix + name
 
-    def _cluster_keys(self, pattern: str) -> Any:
-        """The keys matching ``pattern`` on every master of a cluster (a coroutine on asyncio)."""
+    def _keys(self, pattern: str) -> Any:
+        """The keys matching ``pattern``, by ``SCAN`` (on every master of a cluster); asyncio: a coroutine."""
         raise NotImplementedError
 
     def _error_for(self, exc: Exception, name: str) -> RateQueueError:
@@ -406,15 +402,9 @@ class RedisBackend(StateBase, Generic[C]):
         keyspace was rehashed meanwhile) is listed once.
         """
         pattern = glob_escape(self._prefix + prefix) + "*"
-        kwargs: dict[str, Any] = {}  # (a cluster's keys are decoded as UTF-8)
-        if is_cluster(self._client):  # every master's keys
-            keys = yield Call(self._cluster_keys, (pattern,))
-        else:
-            kwargs, keys, cursor = self._client.connection_pool.connection_kwargs, [], None
-            scan = functools.partial(self._client.scan, match=pattern, count=1000)
-            while cursor is None or int(cursor) != 0:
-                cursor, found = yield Call(scan, (cursor or 0,))
-                keys += found
+        keys = yield Call(self._keys, (pattern,))
+        # decoded as the client decodes (a cluster's keys as UTF-8)
+        kwargs = {} if is_cluster(self._client) else self._client.connection_pool.connection_kwargs
         encoding, errors = kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
         texts = (key.decode(encoding, errors) if isinstance(key, bytes) else str(key) for key in keys)
         return list({text[len(self._prefix) :] for text in texts})
@@ -439,9 +429,9 @@ class RedisState(RedisBackend[redis.Redis], State):
             node.close()
         self._client.close()
 
-    def _cluster_keys(self, pattern: str) -> list[Any]:
-        cluster: Any = self._client
-        return list(cluster.scan_iter(match=pattern, count=1000))
+    def _keys(self, pattern: str) -> list[Any]:
+        client: Any = self._client
+        return list(client.scan_iter(match=pattern, count=1000))
 
 
 class AsyncRedisState(RedisBackend[redis.asyncio.Redis], AsyncState):
@@ -463,6 +453,6 @@ class AsyncRedisState(RedisBackend[redis.asyncio.Redis], AsyncState):
             await node.aclose()
         await self._client.aclose()
 
-    async def _cluster_keys(self, pattern: str) -> list[Any]:
-        cluster: Any = self._client
-        return [key async for key in cluster.scan_iter(match=pattern, count=1000)]
+    async def _keys(self, pattern: str) -> list[Any]:
+        client: Any = self._client
+        return [key async for key in client.scan_iter(match=pattern, count=1000)]

@@ -191,9 +191,11 @@ def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
     if words[0] == "mismatch" and len(words) == 3 and words[1] in _TERMS and words[2].isdigit():
         field, stored = words[1], int(words[2])
         stored_term = stored or None if field == "max_running" else stored  # (no cap: 0 in the hash)
-        if stored_term != _TERMS[field](terms):  # (else: nonsense, below)
-            raise mismatch(name, field, stored_term, _TERMS[field](terms))
-    if words[0] == "unwritten" and len(words) == 4 and all(_is_decimal(word) for word in words[2:]):
+        wanted = getattr(terms, _TERMS[field])
+        if stored_term != wanted:  # (else: nonsense, below)
+            raise mismatch(name, field, stored_term, wanted)
+    # (``unwritten FIELD VALUE NOW``, the numbers in decimal as the script writes them)
+    if words[0] == "unwritten" and len(words) == 4 and all(w.removeprefix("-").isdigit() for w in words[2:]):
         exc = Unwritten(words[1], int(words[2]), int(words[3]))
         raise unwritten(exc, f"Redis hash {key}", key)
     if words[0] == "corrupt" and len(words) >= 3:
@@ -204,17 +206,8 @@ def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
     raise StateCorrupted(f"the ratequeue script on Redis hash {key} answered {reply!r}", where=key)
 
 
-#: the terms a mismatch names, as the caller asked for them
-_TERMS: dict[str, Callable[[Terms], int | None]] = {
-    "interval": lambda terms: terms.interval_us,
-    "burst": lambda terms: terms.burst,
-    "max_running": lambda terms: terms.max_running,
-}
-
-
-def _is_decimal(word: str) -> bool:
-    """Whether ``word`` is a whole number in decimal, as the script writes them."""
-    return word.removeprefix("-").isdigit()
+#: the field of :class:`Terms` holding each term a mismatch names, as the caller asked for it
+_TERMS = {"interval": "interval_us", "burst": "burst", "max_running": "max_running"}
 
 
 #: how each operation's reply is read

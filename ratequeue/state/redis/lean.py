@@ -98,10 +98,7 @@ class Pool(Protocol):
 
 def get_connection_args(pool: Pool) -> tuple[str, ...]:
     """What ``pool.get_connection`` needs: nothing, or a command name before redis-py 5.3."""
-    try:
-        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-    except (TypeError, ValueError):  # pragma: no cover - a signature Python cannot read
-        return ()
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
     return ("EVALSHA",) if parameter is not None and parameter.default is inspect.Parameter.empty else ()
 
 
@@ -160,23 +157,20 @@ class LeanCalls(ABC, Generic[K]):
         """Lean calls on ``client``'s pool, keeping its connections between calls if they may.
 
         ``None`` when they must go through redis-py's own calls: a client bound
-        to one connection, a pool or connection class other than redis-py's
-        plain ones (Sentinel, a user's subclass), client-side caching. The
-        connections may be kept between calls unless the pool must see each
-        release: a streaming credential provider re-authenticates connections
-        as they are released.
+        to one connection (an asyncio one binds it at its first command), a
+        pool or connection class other than redis-py's plain ones (Sentinel, a
+        user's subclass), client-side caching. The connections may be kept
+        between calls unless the pool must see each release: a streaming
+        credential provider re-authenticates connections as they are released.
         """
-        if getattr(client, "connection", None) is not None or getattr(
-            client, "single_connection_client", False
-        ):
-            return None  # bound to one connection (asyncio clients bind it on their first command)
         pool: Any = getattr(client, "connection_pool", None)
         if (
-            type(pool) not in cls.pool_types
+            getattr(client, "connection", None) is not None
+            or getattr(client, "single_connection_client", False)
+            or type(pool) not in cls.pool_types
             or getattr(pool, "connection_class", None) not in cls.connection_types
+            or getattr(pool, "cache", None) is not None
         ):
-            return None
-        if getattr(pool, "cache", None) is not None:
             return None
         provider = pool.connection_kwargs.get("credential_provider")
         return cls(pool, keep=not isinstance(provider, _STREAMING))
