@@ -11,7 +11,7 @@ from ..core.protocol import Answer, Record, Unwritten
 from .base import Clock, Snapshot, State
 from .records import check_terms, unwritten
 
-__all__ = ["Clock", "LocalState", "keep_until", "opened"]
+__all__ = ["Clock", "LocalState", "keep_until"]
 
 
 class LocalState(State):
@@ -32,11 +32,7 @@ class LocalState(State):
         terms = op.terms
         if record is None:
             record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
-        elif (
-            record.interval != terms.interval_us
-            or record.burst != terms.burst
-            or record.max_running != terms.max_running
-        ):
+        else:
             check_terms(op.name, record, terms)
         try:
             return apply(record, op, now)
@@ -55,19 +51,6 @@ class LocalState(State):
             except Unwritten as exc:
                 raise self._unwritten(exc, name) from None
         return Snapshot(record, now)
-
-
-def opened(name: str, record: Record | None, terms: Terms) -> Record:
-    """``record``, or a new one if it is missing; its interval, burst and max_running must be ``terms``'s."""
-    if record is None:
-        return protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
-    if (
-        record.interval != terms.interval_us
-        or record.burst != terms.burst
-        or record.max_running != terms.max_running
-    ):
-        check_terms(name, record, terms)
-    return record
 
 
 def keep_until(record: Record, terms: Terms, now: int) -> int | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +33,6 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,9 +64,6 @@ VERSION = 2
 #: a millisecond, so the first tries come soon and the cap keeps a long wait cheap
 POLL_FIRST = 0.00005
 POLL_CAP = 0.002
-
-#: seconds a lock's helper thread waits for the next request before it ends
-HELPER_IDLE = 10.0
 
 #: how many queue names' lock files a process keeps open after their
 #: operations (the most recently used), so that a busy name is not reopened
@@ -142,8 +139,6 @@ class FileState(LocalState):
         self._lock = LockFile.of(f"{self.path}.lock")
         #: (device, inode, size, mtime) of the header last found to be of this layout
         self._header: tuple[int, int, int, int] | None = None
-        #: when (state clock, us) this object last swept the record files
-        self._swept = -(2**62)
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
@@ -175,22 +170,17 @@ class FileState(LocalState):
         self._ready(create=True)
         file, lock = self.record_files(name)
         for _ in range(OPTIMISTIC_TRIES):
-            done = self._write_optimistically(op, file, lock)
-            if done is not None:
-                record, now, answer = done
+            seen = self._record_bytes(name, file)
+            record, now, answer, content = self._decided(op, file, seen)
+            if content is None or self._write_if_unchanged(name, file, lock, seen, content):
                 break
         else:  # the record kept changing under us: decide and write holding the lock
             with self._locked(self._name_lock(lock)):
-                raw, kept = self._parse_record(name, file, self._record_bytes(name, file))
-                now = self._now()
-                record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
-                updated, answer = self._applied(op, record, now)
-                until = keep_until(updated, op.terms, now)
-                if updated != record or until != kept:
-                    content = _record_bytes(name, _encode(updated), until)
-                    self._replace(file, content, sync=True, what=f"queue {name!r}")
+                record, now, answer, content = self._decided(op, file, self._record_bytes(name, file))
+                if content is not None:
+                    self._replace(file, content, what=f"queue {name!r}")
         if record is None and self._sweep_due(now):
-            self._sweep_at(now)
+            self._sweep()
         return answer
 
     def _read(self, name: str) -> Snapshot:
@@ -201,10 +191,27 @@ class FileState(LocalState):
         record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
         return self._checked(name, record, self._now())
 
-    def _write_optimistically(
-        self, op: Operation, file: Path, lock: Path
-    ) -> tuple[Record | None, int, Answer] | None:
-        """One operation, decided from the record read without the lock; ``None`` if it changed meanwhile.
+    def _decided(
+        self, op: Operation, file: Path, seen: bytes | None
+    ) -> tuple[Record | None, int, Answer, bytes | None]:
+        """``op`` decided from ``seen``, the bytes of its record file (``None``: no file).
+
+        The record found, the time, the answer, and the record file's new
+        content (``None`` if the answer changes nothing, and so writes nothing).
+        """
+        raw, kept = self._parse_record(op.name, file, seen)
+        now = self._now()
+        record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{op.name}")
+        updated, answer = self._applied(op, record, now)
+        until = keep_until(updated, op.terms, now)
+        if updated == record and until == kept:
+            return record, now, answer, None
+        return record, now, answer, _record_bytes(op.name, _encode(updated), until)
+
+    def _write_if_unchanged(
+        self, name: str, file: Path, lock: Path, seen: bytes | None, content: bytes
+    ) -> bool:
+        """Replace queue ``name``'s record file with ``content`` if it still holds ``seen``; whether it did.
 
         The new record is written whole to a temporary file and synced to
         disk *before* the lock is taken; holding the lock, the record file
@@ -212,57 +219,40 @@ class FileState(LocalState):
         temporary file is renamed over it. So the lock is held for a small
         read and a rename (microseconds), never for a disk sync, and a
         process stopped while it holds the lock stalls that name for no
-        longer than that. An answer that changes nothing (a wait, a passed
-        ticket, a repeated start) takes no lock at all.
+        longer than that.
         """
-        name = op.name
-        seen = self._record_bytes(name, file)
-        raw, kept = self._parse_record(name, file, seen)
-        now = self._now()
-        record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
-        updated, answer = self._applied(op, record, now)
-        until = keep_until(updated, op.terms, now)
-        if updated == record and until == kept:
-            return record, now, answer
-        content = _record_bytes(name, _encode(updated), until)
-        written = self._write_synced(file, content, what=f"queue {name!r}")
-        tmp: Path | None = written
+        tmp = self._write_synced(file, content, what=f"queue {name!r}")
+        renamed = False
         try:
             with self._locked(self._name_lock(lock)):
                 if self._record_bytes(name, file) != seen:
-                    return None  # another process wrote it meanwhile: decide again
-                os.replace(written, file)
-                tmp = None
+                    return False  # another process wrote it meanwhile: decide again
+                os.replace(tmp, file)
+                renamed = True
         except OSError as exc:
-            raise self._unavailable(
-                f"cannot write queue {name!r} of state {self.path} to {file} (left as it was): {exc}"
-            ) from exc
+            raise self._cannot_write(f"queue {name!r}", file, exc) from exc
         finally:
-            if tmp is not None:
+            if not renamed:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
         _sync_directory(file.parent)
-        return record, now, answer
+        return True
 
     def _names(self, prefix: str) -> list[str]:
         return [name for name, _ in self._record_names() if name.startswith(prefix)]
 
     def _sweep(self) -> int:
-        return self._sweep_at(self._now())
-
-    def _sweep_at(self, now: int) -> int:
-        """Delete the record files kept until ``now`` or earlier; say how many.
+        """Delete the record files kept until now or earlier; say how many.
 
         Each is read again under its name's lock before it goes, since an
         operation may have kept it longer meanwhile.
         """
-        self._swept = now
+        now = self._swept = self._now()
         gone = 0
         for name, file in self._record_names(expired_by=now):
-            _, lock = self.record_files(name)
-            with self._locked(self._name_lock(lock)):
-                raw, kept = self._read_record(name, file)
-                if raw is _MISSING or kept is None or kept > self._now():
+            with self._locked(self._name_lock(self.record_files(name)[1])):
+                _, kept = self._read_record(name, file)
+                if kept is None or kept > self._now():
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(file)
@@ -277,27 +267,25 @@ class FileState(LocalState):
         A file that cannot be read or is not a record is left out: the
         operations on its name report it.
         """
-        found: list[tuple[str, Path]] = []
         try:
             entries = list(os.scandir(self.records))
         except FileNotFoundError:
-            return found
+            return []
         except OSError as exc:
             raise self._unavailable(f"cannot list {self.records}: {exc}") from exc
+        found: list[tuple[str, Path]] = []
         for entry in entries:
             if entry.name.startswith(".") or not entry.name.endswith(".json"):
                 continue
             try:
-                with open(entry.path, "rb") as opened:
-                    data = json.loads(opened.read())
+                data = json.loads(Path(entry.path).read_bytes())
             except (OSError, ValueError, RecursionError):
                 continue
             if not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 continue
             kept = data.get("expires")
-            if expired_by is not None and not (isinstance(kept, int) and kept <= expired_by):
-                continue
-            found.append((data["name"], Path(entry.path)))
+            if expired_by is None or (isinstance(kept, int) and kept <= expired_by):
+                found.append((data["name"], Path(entry.path)))
         return found
 
     def _reset(self, name: str) -> bool:
@@ -318,38 +306,43 @@ class FileState(LocalState):
         """The error for a file operation that failed: the state is unavailable, as it was left."""
         return StateUnavailable(message, where=str(self.path))
 
+    def _cannot_write(self, what: str, target: Path, exc: OSError) -> StateUnavailable:
+        """The error for a write of ``what`` to ``target`` that failed and left it as it was."""
+        return self._unavailable(
+            f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
+        )
+
     def _now(self) -> int:
-        return self._clock() if self._clock else _host_clock()
+        # The host's wall clock in whole microseconds, read through time.time (rounded, so exact to
+        # the microsecond) rather than time.time_ns, so that tests can drive it with freezegun.
+        return self._clock() if self._clock else round(time.time() * 1_000_000)
 
     # --- the header ---
 
     def _ready(self, *, create: bool) -> bool:
         """Whether the state exists (its header, of this layout); with ``create``, make it if missing."""
         try:
-            seen = os.lstat(self.path)
+            if _identity(os.lstat(self.path)) == self._header:
+                return True
         except FileNotFoundError:
-            seen = None
+            pass
         except OSError as exc:
             raise self._unavailable(f"cannot read state file {self.path}: {exc}") from exc
-        if seen is not None and _identity(seen) == self._header:
-            return True
         identity = self._load()
         if identity is None and create:
             with self._locked(self._lock):
                 identity = self._load()  # again: another process may have made it meanwhile
                 if identity is None:
                     self._make_records_directory()
-                    self._replace(self.path, self._header_bytes(), sync=True, what="the state header")
+                    header = {"format": FORMAT, "version": VERSION, "records": self.records.name}
+                    content = (json.dumps(header, indent=1, sort_keys=True) + "\n").encode()
+                    self._replace(self.path, content, what="the state header")
                     identity = self._load()
         if identity is None:
             return False
         self._make_records_directory()
         self._header = identity
         return True
-
-    def _header_bytes(self) -> bytes:
-        header = {"format": FORMAT, "version": VERSION, "records": self.records.name}
-        return (json.dumps(header, indent=1, sort_keys=True) + "\n").encode()
 
     def _load(self) -> tuple[int, int, int, int] | None:
         """The identity of the state file, checked to be a header of this layout; ``None`` if none."""
@@ -364,8 +357,7 @@ class FileState(LocalState):
             seen = os.fstat(fd)
             if not stat.S_ISREG(seen.st_mode):
                 raise ConfigurationError(f"state file {str(self.path)!r} is not a regular file")
-            raw = file.read()
-        _check_header(raw, where=str(self.path))
+            _check_header(file.read(), where=str(self.path))
         return _identity(seen)
 
     def _make_records_directory(self) -> None:
@@ -374,8 +366,7 @@ class FileState(LocalState):
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
-            mode = os.lstat(directory).st_mode
-            if not stat.S_ISDIR(mode):
+            if not stat.S_ISDIR(os.lstat(directory).st_mode):
                 raise ConfigurationError(
                     f"{str(directory)!r}, where the state's records go, is not a directory"
                 ) from None
@@ -437,8 +428,8 @@ class FileState(LocalState):
             )
         return data["record"], kept
 
-    def _write_synced(self, target: Path, content: bytes, *, what: str, sync: bool = True) -> Path:
-        """A new temporary file beside ``target`` holding ``content``, written whole (and synced to disk).
+    def _write_synced(self, target: Path, content: bytes, *, what: str) -> Path:
+        """A new temporary file beside ``target`` holding ``content``, written whole and synced to disk.
 
         Its name is new (``mkstemp``: created exclusively, mode 0600), since a
         record is written without the lock: two processes never share one,
@@ -449,62 +440,45 @@ class FileState(LocalState):
             try:
                 fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
                 break
-            except FileNotFoundError as exc:
-                if not again or target.parent != self.records:
-                    raise self._unavailable(
-                        f"cannot write {what} of state {self.path} to {target}: {exc}"
-                    ) from exc
+            except OSError as exc:
+                if not (again and isinstance(exc, FileNotFoundError) and target.parent == self.records):
+                    raise self._cannot_write(what, target, exc) from exc
                 self._header = None
                 self._make_records_directory()
-            except OSError as exc:
-                raise self._unavailable(
-                    f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
-                ) from exc
-        tmp = Path(name)
         try:
-            try:
-                _write_all(fd, content)
-                if sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            # a buffered file writes all of it, looping on short writes
+            with os.fdopen(fd, "wb") as written:
+                written.write(content)
+                written.flush()
+                os.fsync(fd)
         except OSError as exc:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise self._unavailable(
-                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
-            ) from exc
-        return tmp
+                os.unlink(name)
+            raise self._cannot_write(what, target, exc) from exc
+        return Path(name)
 
-    def _replace(self, target: Path, content: bytes, *, sync: bool, what: str) -> None:
-        """Replace ``target`` with ``content``: written whole (and synced if ``sync``), or not at all.
+    def _replace(self, target: Path, content: bytes, *, what: str) -> None:
+        """Replace ``target`` with ``content``: written whole and synced, or not at all.
 
         The content goes to a temporary file, which is synced and then
         renamed over the old file; the directory is synced after the rename
         where the platform allows. A failed or short write leaves the old file
         as it was and removes the temporary file.
         """
-        tmp = self._write_synced(target, content, what=what, sync=sync)
+        tmp = self._write_synced(target, content, what=what)
         try:
             os.replace(tmp, target)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise self._unavailable(
-                f"cannot write {what} of state {self.path} to {target} (left as it was): {exc}"
-            ) from exc
-        if sync:
-            _sync_directory(target.parent)
+            raise self._cannot_write(what, target, exc) from exc
+        _sync_directory(target.parent)
 
-    def _name_lock(self, path: Path) -> LockFile:
-        """The lock of one queue name's record, kept open while it is among the most recently used."""
-        lock = LockFile.of(str(path))
-        with _locks_guard[0]:
-            _kept[lock.path] = lock
-            _kept.move_to_end(lock.path)
-            while len(_kept) > KEPT_LOCKS:
-                _kept.popitem(last=False)
-        return lock
+    @staticmethod
+    @functools.lru_cache(maxsize=KEPT_LOCKS)
+    def _name_lock(path: Path) -> LockFile:
+        """The lock of one queue name's record, kept open while among the :data:`KEPT_LOCKS` used last."""
+        return LockFile.of(str(path))
 
     @contextlib.contextmanager
     def _locked(self, lock: LockFile) -> Iterator[None]:
@@ -514,14 +488,11 @@ class FileState(LocalState):
                 break
             except LockTimeout as exc:
                 raise self._unavailable(f"could not lock {lock.path} within {self._lock_timeout} s") from exc
-            except FileNotFoundError as exc:
-                if again and lock is not self._lock:  # PATH.d was deleted meanwhile
-                    self._header = None
-                    self._make_records_directory()
-                    continue
-                raise self._unavailable(f"cannot lock {lock.path}: {exc}") from exc
             except OSError as exc:
-                raise self._unavailable(f"cannot lock {lock.path}: {exc}") from exc
+                if not (again and isinstance(exc, FileNotFoundError) and lock is not self._lock):
+                    raise self._unavailable(f"cannot lock {lock.path}: {exc}") from exc
+                self._header = None  # PATH.d was deleted meanwhile: make it again
+                self._make_records_directory()
         try:
             yield
         finally:
@@ -556,7 +527,7 @@ class LockFile(ABC):
     @staticmethod
     def of(path: str) -> LockFile:
         """This process's lock on ``path``: the same object while any user keeps it."""
-        with _locks_guard[0]:
+        with _locks_guard:
             lock = _locks.get(path)
             if lock is None:
                 lock = _locks[path] = (_FlockFile if _HAS_FLOCK else _PolledLockFile)(path)
@@ -568,7 +539,7 @@ class LockFile(ABC):
         self._reset()
 
     def _reset(self) -> None:
-        """Start afresh: nothing opened, held or waited for."""
+        """Start afresh: nothing opened, held or waited for (in a forked child too)."""
         #: held by the thread that holds or waits for the file lock
         self._turn = threading.Lock()
 
@@ -602,50 +573,33 @@ class LockFile(ABC):
     def _unlock_file(self) -> None:
         """Release the file lock, holding ``_turn``."""
 
-    def _forget_parent(self) -> None:
-        """In a forked child: drop what belongs to the parent process."""
-        self._reset()
-
 
 class _FlockFile(LockFile):
     """:class:`LockFile` by ``flock``, waited for by a helper thread."""
 
+    #: the open lock file; ``None`` until first used
+    _fd: int | None = None
+
     def _reset(self) -> None:
+        # In a forked child, closing the child's copy leaves the parent's lock, if any, as it is.
+        with contextlib.suppress(OSError):
+            self._close()
         super()._reset()
-        #: the open lock file; ``None`` until first used
-        self._fd: int | None = None
-        # The hand-over between the thread holding _turn and the helper
-        # thread: the fields below change only under _mutex.
+        #: guards ``_pending``, which the helper thread changes too
         self._mutex = threading.Lock()
-        self._request = threading.Condition(self._mutex)
-        self._answer = threading.Condition(self._mutex)
-        #: a helper thread runs (it ends when it has had no request for HELPER_IDLE s)
-        self._helper = False
-        #: the helper is asked to lock _fd, or blocks in flock(LOCK_EX) on it
-        self._busy = False
-        #: the thread holding _turn waits for the helper
-        self._wanted = False
-        #: the helper got the lock for the waiting thread ...
-        self._granted = False
-        #: ... or failed to
-        self._failure: OSError | None = None
+        #: the helper thread's ``flock(LOCK_EX)`` on ``_fd``, while it blocks in it
+        self._pending: _Pending | None = None
 
     def _lock_file(self, deadline: float) -> None:
         while True:
             fd = self._open()
-            with self._mutex:
-                # While the helper waits on _fd, a lock taken here would be
-                # taken by the helper too, and released by it if no one wanted it.
-                busy = self._busy
-            if busy or not _try_flock(fd):
-                self._wait_for_helper(deadline)
+            self._flock(fd, deadline)
             try:
-                linked = os.fstat(fd).st_nlink > 0
+                if os.fstat(fd).st_nlink > 0:
+                    return
             except BaseException:
                 self._unlock_file()
                 raise
-            if linked:
-                return
             # PATH.lock was deleted or replaced since it was opened: other
             # processes lock another file now, so holding this one excludes no one.
             self._unlock_file()
@@ -659,59 +613,48 @@ class _FlockFile(LockFile):
         except OSError:
             self._close()  # closing the last copy releases it too
 
-    def _wait_for_helper(self, deadline: float) -> None:
+    def _flock(self, fd: int, deadline: float) -> None:
+        """Take the lock of ``fd`` by ``deadline``: at once if it is free, else from a helper thread."""
         with self._mutex:
-            if not self._busy:
+            pending = self._pending
+            # While the helper waits on fd, a lock taken here would be taken by
+            # the helper too, and released by it if no one wanted it: join its wait.
+            if pending is None:
+                if _try_flock(fd):
+                    return
                 if deadline <= time.monotonic():
                     raise LockTimeout(self.path)
-                if self._helper:
-                    self._request.notify()
-                else:
-                    threading.Thread(
-                        target=self._help, name=f"ratequeue lock {self.path}", daemon=True
-                    ).start()
-                    self._helper = True
-                self._busy = True
-            self._wanted = True
-            try:
-                # Waits on the real clock (not on a clock that tests may freeze).
-                self._answer.wait_for(
-                    lambda: self._granted or self._failure is not None,
-                    _wait_arg(deadline - time.monotonic()),
-                )
-                failure, self._failure = self._failure, None
-                if failure is not None:
-                    raise failure
-                if not self._granted:
+                pending = _Pending()
+                threading.Thread(
+                    target=self._help, args=(fd, pending), name=f"ratequeue lock {self.path}", daemon=True
+                ).start()
+                self._pending = pending
+            pending.wanted = True
+        # Waits on the real clock (not on a clock that tests may freeze).
+        if not pending.done.wait(_wait_arg(deadline - time.monotonic())):
+            with self._mutex:
+                if not pending.done.is_set():
+                    pending.wanted = False  # the helper releases the lock when it gets it
                     raise LockTimeout(self.path)
-                self._granted = False
-            finally:
-                self._wanted = False
+        if pending.failure is not None:
+            raise pending.failure
 
-    def _help(self) -> None:
-        """The helper thread: block in the kernel until the lock is free, for each request."""
+    def _help(self, fd: int, pending: _Pending) -> None:
+        """The helper thread: block in the kernel until the lock is free, then hand it over or release it."""
+        failure: OSError | None = None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            failure = exc
         with self._mutex:
-            while self._request.wait_for(lambda: self._busy, HELPER_IDLE):
-                fd = self._fd
-                assert fd is not None
-                failure: OSError | None = None
-                self._mutex.release()
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except OSError as exc:
-                    failure = exc
-                finally:
-                    self._mutex.acquire()
-                self._busy = False
-                if self._wanted:
-                    self._granted = failure is None
-                    self._failure = failure
-                    self._answer.notify()
-                elif failure is None:
-                    # the caller gave up meanwhile; unlocking a lock held cannot fail
-                    with contextlib.suppress(OSError):
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-            self._helper = False
+            self._pending = None
+            if pending.wanted:
+                pending.failure = failure
+                pending.done.set()
+            elif failure is None:
+                # the caller gave up meanwhile; unlocking a lock held cannot fail
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _open(self) -> int:
         if self._fd is None:
@@ -723,15 +666,19 @@ class _FlockFile(LockFile):
         if fd is not None:
             os.close(fd)
 
-    def _forget_parent(self) -> None:
-        # Closing the child's copy leaves the parent's lock, if any, as it is.
-        with contextlib.suppress(OSError):
-            self._close()
-        super()._forget_parent()
-
     def __del__(self) -> None:
         with contextlib.suppress(OSError):
             self._close()
+
+
+class _Pending:
+    """A helper thread's wait for a lock: whether a caller still wants it, and how it ended."""
+
+    def __init__(self) -> None:
+        #: set when the helper got the lock for the caller, or failed to
+        self.done = threading.Event()
+        self.wanted = False
+        self.failure: OSError | None = None
 
 
 class _PolledLockFile(LockFile):
@@ -748,11 +695,9 @@ class _PolledLockFile(LockFile):
 
         delay = POLL_FIRST
         while True:
-            try:
+            with contextlib.suppress(Timeout):
                 self._filelock.acquire(timeout=0)
                 return
-            except Timeout:
-                pass
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LockTimeout(self.path)
@@ -763,21 +708,19 @@ class _PolledLockFile(LockFile):
         self._filelock.release()
 
 
-#: this process's lock files by path, and the lock that guards the mapping
-#: (in a list, so that a forked child can replace it)
+#: this process's lock files by path, and the lock that guards the mapping (replaced in a forked child)
 _locks: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()
-_locks_guard = [threading.Lock()]
-#: the queue names' locks used last, kept open (see :data:`KEPT_LOCKS`); guarded by ``_locks_guard``
-_kept: OrderedDict[str, LockFile] = OrderedDict()
+_locks_guard = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
     # Only the forking thread lives on in the child: a lock another thread
     # held would stay held for ever, and an open lock file shares its flock
     # with the parent.
-    _locks_guard[0] = threading.Lock()
+    global _locks_guard
+    _locks_guard = threading.Lock()
     for lock in list(_locks.values()):
-        lock._forget_parent()
+        lock._reset()
 
 
 if hasattr(os, "register_at_fork"):
@@ -793,43 +736,28 @@ def _try_flock(fd: int) -> bool:
     """Take the ``flock`` of ``fd`` if it is free; whether it was."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
     except OSError as exc:
         # EACCES is how some file systems say "held"
         if isinstance(exc, BlockingIOError) or exc.errno == errno.EACCES:
             return False
         raise
-    return True
 
 
 def _open_lock_file(path: str) -> int:
     """Open ``path`` for locking: created with mode 0600 if missing, never through a symbolic link."""
     flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
     while True:
-        try:
+        with contextlib.suppress(FileNotFoundError):
+            return os.open(path, flags)
+        with contextlib.suppress(FileExistsError):  # else made meanwhile: open it
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
             try:
                 os.fchmod(fd, 0o600)  # whatever the umask
             except BaseException:
                 os.close(fd)
                 raise
             return fd
-        try:
-            return os.open(path, flags)
-        except FileNotFoundError:
-            continue  # deleted since: create it
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to ``fd``, looping on short writes; a write that makes no progress raises."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, f"write made no progress with {len(view)} bytes left")
-        view = view[written:]
 
 
 def _sync_directory(directory: Path) -> None:
@@ -844,15 +772,6 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _host_clock() -> int:
-    """The host's wall clock in whole microseconds.
-
-    Read through ``time.time`` (rounded, so exact to the microsecond) rather
-    than ``time.time_ns``, so that tests can drive it with freezegun.
-    """
-    return round(time.time() * 1_000_000)
 
 
 def _identity(seen: os.stat_result) -> tuple[int, int, int, int]:
@@ -908,20 +827,16 @@ def _record_bytes(name: str, fields: Any, kept: int | None = None) -> bytes:
 
 def _make_directories(directory: Path) -> None:
     """Create ``directory`` and its missing parents with mode 0700; existing ones are left as they are."""
-    missing: list[Path] = []
-    while not os.path.lexists(directory):
-        missing.append(directory)
-        if directory.parent == directory:
-            break
-        directory = directory.parent
-    for made in reversed(missing):
-        try:
-            os.mkdir(made, 0o700)
-        except FileExistsError:
-            continue  # made meanwhile by someone else: theirs
-        except OSError as exc:
-            raise ConfigurationError(f"cannot create directory {str(made)!r}: {exc}") from exc
-        os.chmod(made, 0o700)  # whatever the umask
+    if os.path.lexists(directory):
+        return  # the root always exists
+    _make_directories(directory.parent)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        return  # made meanwhile by someone else: theirs
+    except OSError as exc:
+        raise ConfigurationError(f"cannot create directory {str(directory)!r}: {exc}") from exc
+    os.chmod(directory, 0o700)  # whatever the umask
 
 
 def _refuse_link_or_directory(path: Path) -> None:
