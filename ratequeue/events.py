@@ -218,7 +218,6 @@ class Outlet:
 _pending: SimpleQueue[Callable[[], object]] = SimpleQueue()
 _reporter: threading.Thread | None = None
 _starting = threading.Lock()
-_exit_flush_registered = False
 
 #: how long (s) the interpreter's exit waits for the events still to be delivered
 EXIT_FLUSH = 1.0
@@ -237,7 +236,7 @@ def report(outlet: Outlet, event: Event) -> None:
 
 def _start() -> None:
     """Start the reporter thread unless one runs; at the interpreter's shutdown, give up quietly."""
-    global _reporter, _exit_flush_registered
+    global _reporter
     # at the interpreter's shutdown, "can't create new thread" (RuntimeError): the events are dropped
     with suppress(RuntimeError), _starting:
         if _reporter is not None:
@@ -245,9 +244,6 @@ def _start() -> None:
         thread = threading.Thread(target=_run, name=REPORTER_THREAD, daemon=True)
         thread.start()
         _reporter = thread
-        if not _exit_flush_registered:
-            _exit_flush_registered = True
-            atexit.register(flush, EXIT_FLUSH)
 
 
 def _run() -> None:
@@ -286,6 +282,9 @@ def flush(timeout: float | None = None) -> bool:
     if _reporter is None:
         _start()
     return done.wait(timeout)
+
+
+atexit.register(flush, EXIT_FLUSH)  # returns at once in a process that reported nothing
 
 
 def _after_fork() -> None:

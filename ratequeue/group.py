@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .events import flush
 from .grouping import SEPARATOR, GroupBase
 from .limiter import Limiter
 from .state import State
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["LimiterGroup"]
 

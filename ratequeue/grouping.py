@@ -101,11 +101,6 @@ class GroupBase(Generic[L]):
         """The keys' limiters this process keeps now."""
         return iter(list(self._limiters.values()))
 
-    @property
-    def state(self) -> Any:
-        """The state every key's limiter uses."""
-        return self._state
-
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({redact(self._state.url)!r}, name={self.name!r}, "

@@ -11,7 +11,7 @@ pacer and the run of a job are written once for both queues
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from .drivers import ThreadDriver
 from .group import LimiterGroup
@@ -19,9 +19,6 @@ from .limiter import Limiter, Status
 from .queueing import QueueBase
 from .settings import Seconds, check_timeout
 from .state import State
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Queue"]
 

@@ -108,25 +108,18 @@ class QueueBase(Generic[L, FutureT]):
             dead letters, the bound on waiting jobs). ``on_event`` also gets each job retried
             (``"retry"``) and failed for good (``"dead_letter"``).
         """
-        queue_options: dict[str, Any] = {key: options.pop(key) for key in _QUEUE_ONLY if key in options}  # type: ignore[misc]
-        retries, backoff = queue_options.get("retries", 0), queue_options.get("backoff")
-        retry_on, dead_letter = queue_options.get("retry_on", (Exception,)), queue_options.get("dead_letter")
-        max_waiting, overflow = queue_options.get("max_waiting"), queue_options.get("overflow", "reject")
+        own: dict[str, Any] = {key: options.pop(key) for key in _QUEUE_ONLY if key in options}  # type: ignore[misc]
+        max_waiting, overflow = own.pop("max_waiting", None), own.pop("overflow", "reject")
         # every setting is checked before the limiter opens its state
         #: the retry settings of a job added without its own
-        self._options = JobOptions.checked(retries, backoff, retry_on, dead_letter)
+        self._options = JobOptions(**own)
         self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
-        limiter: L = self._limiter_class(url, name=name, **options)
-        self._limiter = limiter
-        runner = runner_of(limiter)
-        self._runner = runner
-        self.name = limiter.name
-        self.interval = limiter.interval
-        self._clock = runner.clock
-        self._driver = self._driver_class(runner.clock)
+        self._limiter: L = self._limiter_class(url, name=name, **options)
+        self._runner = runner_of(self._limiter)
+        self.name, self.interval = self._limiter.name, self._limiter.interval
+        self._clock = self._runner.clock
+        self._driver = self._driver_class(self._clock)
         self._pending: PendingJobs[Any] = PendingJobs()
-        #: counts the jobs added (and retried): a pacer waiting for held jobs wakes when it moves
-        self._generation = 0
         #: jobs started and not finished; whether a pacer runs
         self._running = 0
         self._pacing = False
@@ -134,11 +127,11 @@ class QueueBase(Generic[L, FutureT]):
         self._reservation: PlaceInLine | None = None
         #: the jobs waiting for their group's place, and the groups' limiters (made at the first group)
         self._gate: GroupGate[Any] = GroupGate()
-        self._groups: GroupBase[Any] | None = None
+        self._groups: GroupBase[LimiterBase] | None = None
         #: each group waiter's place in its group limiter's line, while it waits
         self._group_places: dict[str, PlaceInLine] = {}
         #: counts the running jobs when their number is bounded
-        max_running = limiter.max_running
+        max_running = self._limiter.max_running
         self._places: Any = self._driver.semaphore(max_running) if max_running else None
         self._closed = False
         #: the closing of the state (once the queue is closed and idle): ``None`` until it begins
@@ -184,12 +177,9 @@ class QueueBase(Generic[L, FutureT]):
         """
         if not callable(fn):
             raise TypeError(f"add() needs a callable, got {type(fn).__name__}")
-        base = self._options  # an option left None is the queue's; every one is checked first
-        options = JobOptions.checked(
-            base.retries if retries is None else retries,
-            base.backoff if backoff is None else backoff,
-            base.retry_on if retry_on is None else retry_on,
-            base.dead_letter if dead_letter is None else dead_letter,
+        # an option left None is the queue's; every one is checked first
+        options = self._options.overridden(
+            retries=retries, backoff=backoff, retry_on=retry_on, dead_letter=dead_letter
         )
         future = cast(FutureT, self._driver.future())
         job: Job[Any] = Job(
@@ -210,22 +200,15 @@ class QueueBase(Generic[L, FutureT]):
             if self._max_waiting is not None and self._pending.first_tries() >= self._max_waiting:
                 if self._overflow == "reject":
                     raise QueueFull(f"queue {self.name!r} holds max_waiting={self._max_waiting} jobs")
-                dropped = self._pending.oldest()
-                if dropped is not None:
-                    self._pending.remove(dropped)
+                dropped = self._pending.drop_oldest()
             job.seq = self._pending.number()
             if job.group is not None and self._gate.enter(job):
                 self._start_group_waiter(job.group)
             self._pending.push(job)
-            self._jobs_added()
-            self._start_pacer()
+            self._wake_pacer()
         if dropped is not None and self._takes(dropped):
-            dropped.future.set_exception(
-                QueueFull(
-                    f"dropped from queue {self.name!r}: it held max_waiting={self._max_waiting} jobs "
-                    f"and a newer one came"
-                )
-            )
+            why = f"it held max_waiting={self._max_waiting} jobs and a newer one came"
+            dropped.future.set_exception(QueueFull(f"dropped from queue {self.name!r}: {why}"))
         future.add_done_callback(lambda _: self._job_done(job))
         return future
 
@@ -252,13 +235,9 @@ class QueueBase(Generic[L, FutureT]):
         url = redact(self._runner.state.url)
         return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r})"
 
-    def _jobs_added(self) -> None:
-        """A job was added or queued again (holding the lock): a waiting pacer looks again."""
-        self._generation += 1
+    def _wake_pacer(self) -> None:
+        """A job was queued, or made ready (holding the lock): wake the pacer, or start one if none runs."""
         self._driver.changed()
-
-    def _start_pacer(self) -> None:
-        """Start the pacer unless one runs (holding the lock)."""
         if not self._pacing:
             self._pacing = True
             self._driver.start(self._pace_flow(), f"ratequeue-pacer-{self.name}", locked=False, daemon=False)
@@ -291,9 +270,7 @@ class QueueBase(Generic[L, FutureT]):
                 # a retried job's thread future runs already and cannot be cancelled: fail it
                 if not job.future.cancel() and not job.future.done():
                     job.future.set_exception(QueueClosed(f"queue {self.name!r} was closed before its retry"))
-            if cancel_pending:
-                self._jobs_added()  # a pacer waiting for a held job finds none and stops
-            self._idle_changed()
+            self._idle_changed()  # a pacer waiting for a held job looks again (and may stop)
         if cancel_pending:
             self._withdraw_if_idle()
 
@@ -305,8 +282,6 @@ class QueueBase(Generic[L, FutureT]):
         while failures follow each other.
         """
         backoff = _FAILURE_BACKOFF
-        clock = self._clock
-        stopped = False
         try:
             while True:
                 with self._driver.lock:
@@ -314,27 +289,24 @@ class QueueBase(Generic[L, FutureT]):
                         # stop in the same locked step that saw no job: a job added (or queued
                         # again for a retry) from now on starts a new pacer
                         self._pacing = False
-                        stopped = True
                         self._idle_changed()
                         return
-                    self._pending.release_due(clock())
-                    due = self._pending.next_due() if self._pending.head() is None else None
-                    seen = self._generation
-                if due is not None:  # every queued job is held: wait for the first, or a new job
-                    with self._driver.lock:
-                        if self._generation == seen:
-                            yield Call(self._driver.wait_for_change, (wait(max(0.0, due - clock())),))
-                    continue
+                    self._pending.release_due(self._clock())
+                    # every queued job is held: wait for the first, or for a change (a job queued,
+                    # made ready or gone), in the same locked step that saw none ready: none is missed
+                    if self._pending.head() is None:
+                        left = self._pending.next_due() - self._clock()
+                        yield Call(self._driver.wait_for_change, (wait(max(0.0, left)),))
+                        continue
                 if self._places is not None:
                     yield Call(self._places.acquire)
                 with self._driver.lock:
-                    self._pending.release_due(clock())
+                    self._pending.release_due(self._clock())
                     head = self._pending.head()
                     if head is None:  # cancelled, or only held jobs, while a running place was awaited
                         self._release_running_place()
                         continue
-                    cost = head.cost
-                    reservation = self._reservation = self._limiter.reserve(cost=cost)
+                    reservation = self._reservation = self._limiter.reserve(cost=head.cost)
                 try:
                     turn: Turn | None = yield Call(reservation.wait)
                 except Exception as exc:  # the state failed: fail the head job, go on
@@ -348,21 +320,21 @@ class QueueBase(Generic[L, FutureT]):
                     with self._driver.lock:
                         self._reservation = None
                 backoff = _FAILURE_BACKOFF
-                job = self._next_runnable(cost) if turn is not None else None
-                if job is None:  # the queued jobs were cancelled while we waited, or cost more
+                if turn is None or (job := self._next_runnable(head.cost)) is None:
+                    # the queued jobs were cancelled while we waited, or cost more
                     self._release_running_place()
                     if turn is not None:
-                        self._end_lease(turn.ticket)
+                        _end_lease(self._limiter, turn.ticket)
                     continue
-                job.ticket = turn.ticket if turn is not None else None
+                job.ticket = turn.ticket
                 self._driver.start(
                     self._job_flow(job), f"ratequeue-job-{self.name}", locked=False, daemon=False
                 )
-        finally:
-            if not stopped:  # an exception (or a cancelled task) ended the pacer
-                with self._driver.lock:
-                    self._pacing = False
-                    self._idle_changed()
+        except BaseException:  # an exception (or a cancelled task) ended the pacer
+            with self._driver.lock:
+                self._pacing = False
+                self._idle_changed()
+            raise
 
     def _job_flow(self, job: Job[Any]) -> Flow[None]:
         """Run one started job and settle its future; a coroutine's result is awaited (asyncio).
@@ -385,10 +357,9 @@ class QueueBase(Generic[L, FutureT]):
         except BaseException as exc:
             if not future.done() and not self._retried(job, exc):
                 self._report_failed(job, exc)
-                options = job.options
-                if options.dead_letter is not None:
+                if job.options.dead_letter is not None:
                     try:
-                        yield Call(options.dead_letter, (job.dead_letter(exc),))
+                        yield Call(job.options.dead_letter, (job.dead_letter(exc),))
                     except Exception:  # the handler's own failure must not lose the job's
                         _log.exception("the dead-letter handler of queue %r failed", self.name)
                 if not future.done():
@@ -398,17 +369,11 @@ class QueueBase(Generic[L, FutureT]):
                 future.set_result(result)
         finally:
             if ticket is not None:
-                self._end_lease(ticket)
+                _end_lease(self._limiter, ticket)
             self._release_running_place()
             with self._driver.lock:
                 self._running -= 1
                 self._idle_changed()
-
-    def _end_lease(self, ticket: int) -> None:
-        """The job on ``ticket`` has ended (or none began on it): its lease is released in the background."""
-        runner = self._runner
-        with runner.driver.lock:
-            runner.end(ticket)
 
     def _release_running_place(self) -> None:
         """Count one running job less."""
@@ -422,9 +387,8 @@ class QueueBase(Generic[L, FutureT]):
             return False
         delay = options.backoff.delay(job.attempts)
         job.not_before = self._clock() + delay
-        error = type(
-            exc
-        ).__name__  # the type only: a job's error text may hold what it called (a URL with its key)
+        # the type only: a job's error text may hold what it called (a URL with its key)
+        error = type(exc).__name__
         if self._runner.reporter.on:
             self._runner.reporter.emit(
                 Event("retry", self.name, error=error, attempt=job.attempts, wait=delay)
@@ -432,8 +396,7 @@ class QueueBase(Generic[L, FutureT]):
         _log.info(_RETRIED, self.name, job.attempts, options.retries + 1, error, delay)
         with self._driver.lock:
             self._pending.push(job)  # its own place in the order; not counted against max_waiting
-            self._jobs_added()
-            self._start_pacer()
+            self._wake_pacer()
         return True
 
     def _report_failed(self, job: Job[Any], exc: BaseException) -> None:
@@ -482,8 +445,7 @@ class QueueBase(Generic[L, FutureT]):
                 keep=DEFAULT_KEEP,
                 # no on_event: a group's place is no start of the queue (its jobs' turns are)
             )
-        limiter: LimiterBase = self._groups[group]
-        return limiter
+        return self._groups[group]
 
     def _start_group_waiter(self, group: str) -> None:
         """Start the waiter of ``group``'s place (holding the lock)."""
@@ -502,8 +464,7 @@ class QueueBase(Generic[L, FutureT]):
                 job = self._gate.first(group)
                 if job is None:
                     return
-                limiter = self._group_limiter(group)
-                place = self._group_places[group] = limiter.reserve()
+                place = self._group_places[group] = self._group_limiter(group).reserve()
             try:
                 turn: Turn | None = yield Call(place.wait)
             except Exception as exc:
@@ -520,24 +481,24 @@ class QueueBase(Generic[L, FutureT]):
                 self._group_places.pop(group, None)
                 if turn is None or self._gate.first(group) is not job:  # it left the line meanwhile
                     if turn is not None:
-                        self._end_group_lease(group, turn.ticket)
+                        _end_lease(self._group_limiter(group), turn.ticket)
                     continue
                 self._gate.granted(job)
                 job.group_ticket = turn.ticket
                 self._pending.ungate(job)
-                self._jobs_added()
-                self._start_pacer()
+                self._wake_pacer()
                 return
 
-    def _end_group_lease(self, group: str, ticket: int) -> None:
-        """Release ``group``'s place (held on ``ticket``) in the background."""
-        runner = runner_of(self._group_limiter(group))
-        with runner.driver.lock:
-            runner.end(ticket)
-
     def _job_done(self, job: Job[Any]) -> None:
-        """``job``'s future is done (the job ended for good, or left): give its group's place back."""
-        self._forget_if_cancelled(job)
+        """``job``'s future is done (the job ended for good, or left): give its group's place back.
+
+        A job cancelled before it started leaves the queued ones.
+        """
+        if job.future.cancelled():
+            with self._driver.lock:
+                if self._pending.remove(job):
+                    self._idle_changed()  # a pacer waiting for a held job looks again (and may stop)
+            self._withdraw_if_idle()
         group = job.group
         if group is None:
             return
@@ -548,22 +509,12 @@ class QueueBase(Generic[L, FutureT]):
                     cancel = self._group_places.get(group)
                 job.gated = False
             elif job.group_ticket is not None:
-                self._end_group_lease(group, job.group_ticket)
+                _end_lease(self._group_limiter(group), job.group_ticket)
                 job.group_ticket = None
                 if self._gate.ended(group):
                     self._start_group_waiter(group)
         if cancel is not None:
             cancel.cancel()
-
-    def _forget_if_cancelled(self, job: Job[Any]) -> None:
-        """Drop a job whose future was cancelled before it started."""
-        if not job.future.cancelled():
-            return
-        with self._driver.lock:
-            if self._pending.remove(job):
-                self._jobs_added()  # a pacer waiting for a held job looks again (and may stop)
-                self._idle_changed()
-        self._withdraw_if_idle()
 
     def _withdraw_if_idle(self) -> None:
         """Cancel the pacer's reservation when no queued job is left to use its turn."""
@@ -579,3 +530,10 @@ class QueueBase(Generic[L, FutureT]):
                 if self._takes(job):
                     job.future.set_exception(exc)
             self._idle_changed()
+
+
+def _end_lease(limiter: LimiterBase, ticket: int) -> None:
+    """The job on ``ticket`` of ``limiter`` ended (or none began on it): its lease goes, in the background."""
+    runner = runner_of(limiter)
+    with runner.driver.lock:
+        runner.end(ticket)

@@ -38,7 +38,7 @@ import pickle
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from . import errors
@@ -285,7 +285,6 @@ def _prepare(limiter: Limiter, fn: Callable[..., Any], timeout: object) -> tuple
 
 def _at_turn(limiter: Limiter, timeout: float | None, fn: Callable[..., R], *args: Any) -> R:
     """``fn(*args)`` once a turn of ``limiter`` begins; :func:`current_turn` tells that turn meanwhile."""
-    _current.turn = None
     try:
         _current.turn = limiter.acquire(timeout)
         return fn(*args)
@@ -349,12 +348,6 @@ def _error_text(error: BaseException) -> str:
         parts.append(str(current))
         java = getattr(current, "java_exception", None)  # py4j's Py4JJavaError
         if java is not None:
-            parts.append(_java_text(java))
+            with suppress(Exception):  # the gateway may be gone
+                parts.append(str(java.toString()))
     return "\n".join(parts)
-
-
-def _java_text(java: Any) -> str:
-    try:
-        return str(java.toString())
-    except Exception:  # the gateway may be gone
-        return ""

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from ..grouping import SEPARATOR, GroupBase
 from ..state import AsyncState
 from .limiter import Limiter
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["LimiterGroup"]
 

@@ -9,7 +9,7 @@ the job as a task of its own.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ..drivers import AsyncioDriver
 from ..queueing import QueueBase
@@ -18,9 +18,6 @@ from ..settings import Seconds, check_timeout
 from ..state import AsyncState
 from .group import LimiterGroup
 from .limiter import Limiter
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Queue"]
 

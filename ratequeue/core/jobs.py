@@ -23,13 +23,14 @@ The order, stated once (docs/queues.md):
 from __future__ import annotations
 
 import datetime
+import functools
 import heapq
 import itertools
 import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar, Union
 
 from ..errors import ConfigurationError
@@ -84,9 +85,9 @@ class Backoff:
     def delay(self, retry: int, draw: Callable[[], float] = random.random) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first retry)."""
         plain = self.least(retry)
-        if not self.jitter:
+        if not self.jitter or plain >= self.max:
             return plain
-        return min(self.max, plain * (1 + draw() / 2)) if plain < self.max else plain
+        return min(self.max, plain * (1 + draw() / 2))
 
     def least(self, retry: int) -> float:
         """The shortest wait before retry number ``retry``, whatever the jitter draws."""
@@ -112,7 +113,10 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class JobOptions:
-    """A job's retry settings (checked)."""
+    """A job's retry settings, checked when made: :class:`ConfigurationError` for anything wrong.
+
+    ``backoff=None`` is the default :class:`Backoff`; ``retry_on`` may be one exception class.
+    """
 
     #: how many times a failed job is tried again (0: never)
     retries: int = 0
@@ -122,23 +126,17 @@ class JobOptions:
     #: called with a :class:`DeadLetter` when a job fails for good after retries (or a coroutine function)
     dead_letter: Callable[[DeadLetter], Any] | None = None
 
-    @classmethod
-    def checked(
-        cls,
-        retries: object = 0,
-        backoff: object = None,
-        retry_on: object = (Exception,),
-        dead_letter: object = None,
-    ) -> JobOptions:
-        """Options from user input; :class:`ConfigurationError` for anything wrong."""
+    def __post_init__(self) -> None:
+        retries, backoff, retry_on, dead_letter = self.retries, self.backoff, self.retry_on, self.dead_letter
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigurationError(f"retries must be a whole number >= 0, got {retries!r}")
         if backoff is None:
-            backoff = Backoff()
-        if not isinstance(backoff, Backoff):
+            object.__setattr__(self, "backoff", Backoff())
+        elif not isinstance(backoff, Backoff):
             raise ConfigurationError(f"backoff must be a ratequeue.Backoff, got {type(backoff).__name__}")
         if isinstance(retry_on, type):
             retry_on = (retry_on,)
+            object.__setattr__(self, "retry_on", retry_on)
         if not (
             isinstance(retry_on, tuple)
             and retry_on
@@ -149,7 +147,10 @@ class JobOptions:
             )
         if dead_letter is not None and not callable(dead_letter):
             raise ConfigurationError(f"dead_letter must be callable, got {type(dead_letter).__name__}")
-        return cls(retries, backoff, retry_on, dead_letter)
+
+    def overridden(self, **given: Any) -> JobOptions:
+        """These options with each one ``given`` in place of its own, unless ``None``; checked."""
+        return replace(self, **{name: value for name, value in given.items() if value is not None})
 
 
 @dataclass(eq=False)
@@ -157,7 +158,8 @@ class Job(Generic[F]):
     """A job added to a queue: its call, its future, and where it stands."""
 
     future: F
-    call: Callable[[], Any]
+    #: the function and its arguments
+    call: functools.partial[Any]
     #: how many starts of the queue's rate it uses
     cost: int = 1
     priority: int = 0
@@ -179,13 +181,8 @@ class Job(Generic[F]):
 
     def dead_letter(self, exception: BaseException) -> DeadLetter:
         """The :class:`DeadLetter` of this job failing for good with ``exception``."""
-        call: Any = self.call
-        fn, args, kwargs = (
-            getattr(call, "func", call),
-            getattr(call, "args", ()),
-            getattr(call, "keywords", {}),
-        )
-        return DeadLetter(fn, tuple(args), dict(kwargs), exception, self.attempts)
+        call = self.call
+        return DeadLetter(call.func, call.args, dict(call.keywords), exception, self.attempts)
 
 
 class PendingJobs(Generic[F]):
@@ -232,12 +229,8 @@ class PendingJobs(Generic[F]):
 
     def release_due(self, now: float) -> None:
         """Move the held jobs whose time has come (local time ``now``) among the ready ones."""
-        self._drop_gone(self._held)
-        while self._held and self._held[0][0] <= now:
+        while self.next_due() <= now:
             _, seq, job = heapq.heappop(self._held)
-            if seq in self._gone:
-                self._gone.discard(seq)
-                continue
             heapq.heappush(self._ready, (-job.priority, seq, job))
 
     def head(self) -> Job[F] | None:
@@ -245,10 +238,10 @@ class PendingJobs(Generic[F]):
         self._drop_gone(self._ready)
         return self._ready[0][2] if self._ready else None
 
-    def next_due(self) -> float | None:
-        """The local time the first held job is released, if any is held."""
+    def next_due(self) -> float:
+        """The local time the first held job is released (``inf`` if none is held, or only gated ones)."""
         self._drop_gone(self._held)
-        return self._held[0][0] if self._held else None
+        return self._held[0][0] if self._held else math.inf
 
     def pop_head(self) -> Job[F]:
         """Take :meth:`head` out."""
@@ -267,10 +260,15 @@ class PendingJobs(Generic[F]):
         self._first_tries -= job.attempts == 0
         return True
 
-    def oldest(self) -> Job[F] | None:
-        """The job added first among those waiting for their first try (a retry is never dropped)."""
-        jobs = [entry[2] for entry in self._entries() if entry[2].attempts == 0]
-        return min(jobs, key=lambda job: job.seq, default=None)
+    def drop_oldest(self) -> Job[F]:
+        """Take out the job added first among those waiting for their first try (a retry is never dropped).
+
+        Only while :meth:`first_tries` counts one at least.
+        """
+        first_tries = [entry[2] for entry in self._entries() if entry[2].attempts == 0]
+        oldest = min(first_tries, key=lambda job: job.seq)
+        self.remove(oldest)
+        return oldest
 
     def drain(self) -> Iterator[Job[F]]:
         """Take every job out, in no particular order."""
@@ -304,8 +302,7 @@ def delay_until(value: object, clock: Callable[[], float]) -> float | None:
     if value is None:
         return None
     if isinstance(value, datetime.datetime):
-        now = datetime.datetime.now(value.tzinfo) if value.tzinfo else datetime.datetime.now()
-        seconds = (value - now).total_seconds()
+        seconds = (value - datetime.datetime.now(value.tzinfo)).total_seconds()  # naive: local time
     elif isinstance(value, datetime.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -318,7 +315,7 @@ def delay_until(value: object, clock: Callable[[], float]) -> float | None:
         raise ConfigurationError(f"not_before must be a finite time, got {value!r}")
     if isinstance(value, (int, float, datetime.timedelta)) and seconds < 0:
         raise ConfigurationError(f"not_before in seconds from now must be >= 0, got {value!r}")
-    return clock() + max(0.0, seconds) if seconds > 0 else None
+    return clock() + seconds if seconds > 0 else None
 
 
 def check_priority(value: object) -> int:
@@ -362,19 +359,14 @@ class GroupGate(Generic[F]):
         #: groups with a waiter running, or a job holding the place
         self._busy: set[str] = set()
 
-    def __len__(self) -> int:
-        """How many jobs wait for their group's place."""
-        return sum(len(line) for line in self._lines.values())
-
     def enter(self, job: Job[F]) -> bool:
         """Put ``job`` (with a group) in its group's line; whether a waiter must start for the group."""
         assert job.group is not None
         job.gated = True
         self._lines.setdefault(job.group, deque()).append(job)
-        if job.group in self._busy:
-            return False
+        idle = job.group not in self._busy
         self._busy.add(job.group)
-        return True
+        return idle
 
     def first(self, group: str) -> Job[F] | None:
         """The job the group's place is asked for next; ``None`` (and the group is idle) if none waits."""
@@ -388,9 +380,8 @@ class GroupGate(Generic[F]):
     def granted(self, job: Job[F]) -> None:
         """``job``, the first of its group's line, has the place: it leaves the line."""
         assert job.group is not None
-        line = self._lines[job.group]
-        assert line[0] is job
-        line.popleft()
+        first = self._lines[job.group].popleft()
+        assert first is job
 
     def leave(self, job: Job[F]) -> bool:
         """Take ``job`` out of its group's line (it was cancelled or dropped); whether it was the first."""
@@ -403,8 +394,4 @@ class GroupGate(Generic[F]):
 
     def ended(self, group: str) -> bool:
         """The job holding ``group``'s place here has ended for good; whether a waiter must start again."""
-        if self._lines.get(group):
-            return True
-        self._lines.pop(group, None)
-        self._busy.discard(group)
-        return False
+        return self.first(group) is not None
