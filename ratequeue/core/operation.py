@@ -35,6 +35,7 @@ from .protocol import (
 __all__ = [
     "ARGUMENTS",
     "KINDS",
+    "STEPS",
     "MAX_NAME_LENGTH",
     "Kind",
     "Operation",
@@ -204,11 +205,11 @@ def _is_int(value: object) -> bool:
 
 def apply(record: Record, op: Operation, now: Micros) -> tuple[Record, Answer]:
     """Carry out ``op`` on ``record`` at state-clock time ``now``: the new record and the answer."""
-    return _STEPS[op.kind](record, op, now)
+    return STEPS[op.kind](record, op, now)
 
 
-#: each kind of operation as a step of the record
-_STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] = {
+#: each kind of operation as a step of the record (:func:`apply` without the call)
+STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] = {
     "take": lambda rec, op, now: take(rec, now, op.cost),
     "try_start": lambda rec, op, now: try_start(rec, op.ticket, op.lead_us, now, op.cost, op.terms.lease_us),
     "take_and_try": lambda rec, op, now: take_and_try(rec, op.lead_us, now, op.cost, op.terms.lease_us),

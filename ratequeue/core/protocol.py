@@ -226,7 +226,9 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
     last = ticket - 1
     if last > pos and due + (last - pos + 1) * interval <= now and held + FULL_GRACE_US <= now:
         pos = last
-    return Record(ticket + cost, pos, at, interval, due, burst, paused, max_running, leases, held)
+    return tuple.__new__(
+        Record, (ticket + cost, pos, at, interval, due, burst, paused, max_running, leases, held)
+    )
 
 
 def try_start(
@@ -277,17 +279,10 @@ def try_start(
             full = record._replace(leases=leases, held=now)
             return full, Wait(ticket, max(earliest, recheck), now)
         leases += ((ticket, start + lease),)
-    started = Record(
-        ticket_next,
-        ticket,
-        start,
-        interval,
-        slot if slot > start else start,
-        burst,
-        False,
-        max_running,
-        leases,
-        held,
+    due = slot if slot > start else start
+    # (tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs on every start)
+    started = tuple.__new__(
+        Record, (ticket_next, ticket, start, interval, due, burst, False, max_running, leases, held)
     )
     return started, Started(ticket, start, now)
 

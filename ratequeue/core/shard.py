@@ -352,7 +352,10 @@ class Shard:
         if self._ticket is None:
             self._in_flight = place
             self._call_cost = place.cost
-            return Operation("take_and_try", self.name, self.terms, 0, lead_us, place.cost)
+            # (tuple.__new__: every field, without the NamedTuple's __new__, a Python function)
+            return tuple.__new__(
+                Operation, ("take_and_try", self.name, self.terms, 0, lead_us, place.cost, False)
+            )
         if self._slot is not None:
             if deadline is not None and self._slot > deadline:
                 place.expected = self._slot  # when the turn would come, for a caller that asks (all_of)
@@ -367,7 +370,9 @@ class Shard:
         self._in_flight = place
         self._call_cost = self._ticket_cost
         self._probe_at = None
-        return Operation("try_start", self.name, self.terms, self._ticket, lead_us, self._ticket_cost)
+        return tuple.__new__(
+            Operation, ("try_start", self.name, self.terms, self._ticket, lead_us, self._ticket_cost, False)
+        )
 
     def _started_step(self, place: Place, turn: Turn, now: float) -> Step | None:
         """The step of a place holding a started turn; ``None`` once it has given the turn up."""
@@ -439,7 +444,9 @@ class Shard:
         """
         if not isinstance(answer, (Started, Wait, Passed)):
             raise TypeError(f"not an answer the shard asked for: {answer!r}")
-        self._finish_call(place)
+        if self._in_flight is not place:
+            raise ValueError("no call is in flight for this place")
+        self._in_flight = None
         rtt = received - sent if received > sent else 0.0
         smoothed = self._rtt
         self._new_rtt(rtt if smoothed is None else smoothed + _RTT_WEIGHT * (rtt - smoothed))
@@ -509,7 +516,7 @@ class Shard:
             gap = (started.start - last.start_us) / US
             room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
             local = max(local, last.local_start + gap - max(0.0, room))
-        return Turn(started.ticket, started.start, local)
+        return tuple.__new__(Turn, (started.ticket, started.start, local))
 
     def convert(self, started: Started, sent: float, received: float, *, offset: float | None = None) -> Turn:
         """The turn ``started`` gives, converted to local time as :meth:`receive` would (no place involved).

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from .._redact import redact
 from ..core import protocol
-from ..core.operation import Operation, Terms, apply
+from ..core.operation import STEPS, Operation, Terms
 from ..core.protocol import Answer, Record, Unwritten
 from .base import Clock, Snapshot, State
 from .records import check_terms, unwritten
@@ -35,7 +35,7 @@ class LocalState(State):
         else:
             check_terms(op.name, record, terms)
         try:
-            return apply(record, op, now)
+            return STEPS[op.kind](record, op, now)
         except Unwritten as exc:
             raise self._unwritten(exc, op.name) from None
 

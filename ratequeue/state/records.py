@@ -24,13 +24,13 @@ FIELDS = ("ticket", "pos", "at", "interval", "due", "burst", "paused", "max_runn
 
 def check_terms(name: str, record: Record, wanted: Terms) -> None:
     """Raise :class:`TermsMismatch` unless ``record``'s interval, burst and max_running are ``wanted``'s."""
-    for field, stored, asked in (
-        ("interval", record.interval, wanted.interval_us),
-        ("burst", record.burst, wanted.burst),
-        ("max_running", record.max_running, wanted.max_running),
-    ):
-        if stored != asked:
-            raise mismatch(name, field, stored, asked)
+    stored = (record.interval, record.burst, record.max_running)
+    asked = (wanted.interval_us, wanted.burst, wanted.max_running)
+    if stored == asked:  # (the usual case, at a glance: this runs on every operation)
+        return
+    for field, have, want in zip(("interval", "burst", "max_running"), stored, asked, strict=True):
+        if have != want:
+            raise mismatch(name, field, have, want)
 
 
 def mismatch(name: str, field: str, stored: int | None, wanted: int | None) -> TermsMismatch:
