@@ -189,12 +189,11 @@ class Limiter(LimiterBase):
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             turn = self.acquire(cost=cost)
-            if not self.max_running:
-                return fn(*args, **kwargs)
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._release_quietly(turn.ticket)
+                if self.max_running:
+                    self._release_quietly(turn.ticket)
 
         return cast(F, wrapped)
 

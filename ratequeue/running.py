@@ -526,16 +526,11 @@ def received_and_state_now(
     clock is read between two reads of this host's, read again while they
     are more than :data:`_PAIR_SPAN` apart, and placed at their midpoint.
     """
-    before = clock()
-    state_now = local_now()
-    after = clock()
-    if state_now is None:
-        return after, None
-    for _ in range(_PAIR_TRIES - 1):
+    for _ in range(_PAIR_TRIES):
+        before, state_now, after = clock(), local_now(), clock()  # (read in this order)
+        if state_now is None:
+            return after, None
         if after - before <= _PAIR_SPAN:
             break
-        before = clock()
-        state_now = local_now()
-        after = clock()
     assert state_now is not None
     return after, state_now + (after - before) / 2

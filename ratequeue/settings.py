@@ -17,7 +17,7 @@ from typing import Any, TypedDict, Union
 
 from .core.jobs import Backoff, DeadLetter
 from .core.operation import MAX_NAME_LENGTH, Terms, check_name
-from .core.protocol import MAX_LEAD_US, MAX_RUNNING, MAX_US, US
+from .core.protocol import MAX_LEAD_US, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
 from .events import EventHook, check_hook
@@ -179,17 +179,13 @@ class Settings:
         keep = _optional("keep", keep, MAX_US / US, "a number of seconds >= 0 (under 142 years)")
         lead = _optional("lead", lead, MAX_LEAD_US / US, _LEADS, upper=True)
         max_late = _optional("max_late", max_late, math.inf, "a finite number of seconds >= 0")
-        if max_running is not None and not (_is_int(max_running) and 1 <= max_running <= MAX_RUNNING):  # type: ignore[operator]
-            raise ConfigurationError(
-                f"max_running must be None (no cap) or a whole number from 1 to {MAX_RUNNING}, "
-                f"got {max_running!r}"
-            )
         lease = seconds("lease", lease)
         if not 0.01 <= lease <= 86_400:
             raise ConfigurationError(
                 f"lease must be a number of seconds from 0.01 to 86400 (a day), got {lease}"
             )
         checked_name, checked_burst = check_name(name), positive_int("burst", burst)
+        # (max_running is checked with the other terms, by Terms.checked in __post_init__)
         return cls(checked_name, pace, checked_burst, keep, lead, max_late, max_running, lease)  # type: ignore[arg-type]
 
     @classmethod

@@ -122,16 +122,12 @@ def open_state(url: StateLike) -> State:
     Raises :class:`ConfigurationError` for an unknown scheme, a malformed URL
     or a missing optional dependency, before anything is connected.
     """
-    if url is None:
-        from .file import FileState
-
-        return FileState.default()
     if isinstance(url, State):
         return url
-    if isinstance(url, os.PathLike):
+    if url is None or isinstance(url, os.PathLike):
         from .file import FileState
 
-        return FileState(url)
+        return FileState.default() if url is None else FileState(url)
     if not isinstance(url, str):
         raise ConfigurationError(f"a state is a URL, a path or a State object, got {type(url).__name__}")
     backend = backend_of(url)

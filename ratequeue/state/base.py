@@ -23,7 +23,7 @@ import asyncio
 import shlex
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 from urllib.parse import parse_qsl, urlencode
 
 from .._redact import redact
@@ -84,13 +84,13 @@ class StateBase:
         """The ratequeue error to raise for the client library's ``exc`` in an operation on queue ``name``."""
         return StateUnavailable(f"{self!r} failed: {exc}", where=redact(self.url))
 
-    def _mapped(self, name: str, exc: Exception) -> Exception:
-        """The error to raise for ``exc``: a mismatch with its way out, a client library's error mapped."""
+    def _raise_mapped(self, name: str, exc: Exception) -> NoReturn:
+        """Raise ``exc`` as callers see it: a mismatch with its way out, a client library's error mapped."""
         if isinstance(exc, TermsMismatch):
-            return way_out(exc, self.url)
+            raise way_out(exc, self.url)
         if isinstance(exc, self._client_errors):
-            return self._error_for(exc, name)
-        return exc
+            raise self._error_for(exc, name) from exc
+        raise exc
 
     def _sweep_clock(self) -> int:
         """The clock (us) that spaces automatic sweeps: a test's clock, or this host's monotonic one."""
@@ -147,10 +147,7 @@ class State(StateBase):
         try:  # (not through _guarded: one frame less on every acquire)
             return self._execute(op)
         except Exception as exc:
-            mapped = self._mapped(op.name, exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            self._raise_mapped(op.name, exc)
 
     def read(self, name: str) -> Snapshot:
         """The record of ``name`` (``None`` if it has none) and the state clock's ``now``; changes nothing."""
@@ -183,10 +180,7 @@ class State(StateBase):
         try:
             return call(*args)
         except Exception as exc:
-            mapped = self._mapped(name, exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            self._raise_mapped(name, exc)
 
     def _execute(self, op: Operation) -> Answer:
         return run(self._execute_flow(op))
@@ -245,10 +239,7 @@ class AsyncState(StateBase):
         try:
             return await call(*args)
         except Exception as exc:
-            mapped = self._mapped(name, exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+            self._raise_mapped(name, exc)
 
     async def _execute(self, op: Operation) -> Answer:
         return await arun(self._execute_flow(op))
