@@ -66,9 +66,9 @@ def main() -> int:
     counted = {
         line.split("{")[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith(("ratequeue_starts_total", "ratequeue_timeouts_total"))
+        if line.startswith(("ratequeue_begins_total", "ratequeue_timeouts_total"))
     }
-    starts, timeouts = counted.get("ratequeue_starts_total", 0), counted.get("ratequeue_timeouts_total", 0)
+    starts, timeouts = counted.get("ratequeue_begins_total", 0), counted.get("ratequeue_timeouts_total", 0)
     print(f"{THREADS * CALLS_PER_THREAD} acquires: {starts:g} starts counted, {timeouts:g} timeout counted")
     return 0
 

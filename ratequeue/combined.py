@@ -17,7 +17,7 @@ The rule (docs/rates.md, "Several limits at once"):
    as they are (each begun at most a wake-up late).
 
 Events and the DEBUG begin lines follow the begin, not the turns: while the
-turns are taken and moved, their limiters report no ``start``
+turns are taken and moved, their limiters report no ``begin``
 (:data:`~ratequeue.reporting.QUIET_STARTS`); once the job begins, each
 reports one, its ``wait`` counted from the ``all_of()`` call.
 """
@@ -100,7 +100,7 @@ def all_of_flow(
     begun = [turns[i] for i in range(len(runners))]
     for runner, turn in zip(runners, begun, strict=True):
         if runner.reporter.begins:
-            runner.reporter.start(turn, now, since)
+            runner.reporter.begin(turn, now, since)
     return begun
 
 

@@ -1,4 +1,4 @@
-"""What limiters and queues report to an ``on_event`` hook: starts, waits, state calls, failures.
+"""What limiters and queues report to an ``on_event`` hook: begins, waits, state calls, failures.
 
 Every :class:`~ratequeue.Limiter`, :class:`~ratequeue.Queue`,
 :class:`~ratequeue.LimiterGroup` and their :mod:`ratequeue.aio` twins take
@@ -6,7 +6,7 @@ Every :class:`~ratequeue.Limiter`, :class:`~ratequeue.Queue`,
 each thing below::
 
     def count(event: ratequeue.Event) -> None:
-        if event.kind == "start":
+        if event.kind == "begin":
             waits.append(event.wait)
 
     limiter = ratequeue.Limiter("memory://", name="api", interval=0.1, on_event=count)
@@ -84,7 +84,7 @@ REPORTER_THREAD = "ratequeue-events"
 _log = logging.getLogger("ratequeue.events")
 
 #: what an :class:`Event` reports
-EventKind = Literal["start", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter"]
+EventKind = Literal["begin", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter"]
 
 #: every :data:`EventKind`, in the order the docs list them
 KINDS: tuple[EventKind, ...] = get_args(EventKind)
@@ -96,7 +96,7 @@ class Event(NamedTuple):
     ====================  ==========================================================================
     ``kind``              what happened, and the fields it sets
     ====================  ==========================================================================
-    ``"start"``           a caller's turn begins (``acquire()`` returns; a queue's job is started):
+    ``"begin"``           a caller's turn begins (``acquire()`` returns; a queue's job is started):
                           ``ticket``, ``wait``, ``lateness``. ``all_of()`` reports one per limiter,
                           once all its turns begin together
     ``"timeout"``         a caller gave up waiting (``AcquireTimeout``): ``wait``
@@ -127,10 +127,10 @@ class Event(NamedTuple):
     queue: str
     #: the ticket the event is about, if any
     ticket: int | None = None
-    #: ``"start"``/``"timeout"``: seconds from the ``acquire()`` (or ``wait()``) call to the begin or
+    #: ``"begin"``/``"timeout"``: seconds from the ``acquire()`` (or ``wait()``) call to the begin or
     #: the give-up; for a queue's job, the pacer's wait for its turn. ``"retry"``: the backoff
     wait: float | None = None
-    #: ``"start"``: seconds the begin came after the turn's start converted to local time
+    #: ``"begin"``: seconds the begin came after the turn's start converted to local time
     #: (``Turn.local_start``; at most ``max_late`` while that is checked). ``"late"``: the same,
     #: for a wake-up that came too late to begin
     lateness: float | None = None

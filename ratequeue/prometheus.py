@@ -18,7 +18,7 @@ metrics, with the default ``namespace="ratequeue"``:
 ==============================================  ===========  ======================================
 name                                            labels       what it counts or times
 ==============================================  ===========  ======================================
-``ratequeue_starts_total``                      queue        turns begun (``acquire()`` returned)
+``ratequeue_begins_total``                      queue        turns begun (``acquire()`` returned)
 ``ratequeue_timeouts_total``                    queue        callers that gave up
                                                              (``AcquireTimeout``)
 ``ratequeue_passed_tickets_total``              queue        held tickets the state answered as
@@ -85,7 +85,7 @@ class PrometheusMetrics:
         """
         :param registry: where the metrics are registered; ``None``: ``prometheus_client.REGISTRY``,
             the default one that ``start_http_server`` and ``generate_latest`` serve.
-        :param namespace: put before every metric name (``ratequeue_starts_total``).
+        :param namespace: put before every metric name (``ratequeue_begins_total``).
         :param queue_label: the ``queue`` label of a queue name (default: the name itself). A
             :class:`~ratequeue.LimiterGroup`'s keys are queues ``f"{group}:{key}"``: with many
             keys, ``lambda name: name.split(":")[0]`` labels them by group, keeping the number
@@ -114,7 +114,7 @@ class PrometheusMetrics:
             return Histogram(name, help, ("queue", *labels), buckets=tuple(buckets), **common)
 
         #: turns begun
-        self.starts = counter("starts", "Turns begun (acquire() returned).")
+        self.begins = counter("begins", "Turns begun (acquire() returned).")
         #: callers that gave up
         self.timeouts = counter("timeouts", "Callers that gave up waiting (AcquireTimeout).")
         #: held tickets answered as passed
@@ -159,8 +159,8 @@ class PrometheusMetrics:
         kind, queue = event.kind, event.queue
         if kind == "call":
             self._child(self.state_call_duration, queue, event.operation or "").observe(event.duration or 0.0)
-        elif kind == "start":
-            self._child(self.starts, queue).inc()
+        elif kind == "begin":
+            self._child(self.begins, queue).inc()
             if event.wait is not None:
                 self._child(self.acquire_wait, queue).observe(event.wait)
             if event.lateness is not None:

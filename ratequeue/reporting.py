@@ -99,11 +99,11 @@ class Reporter:
             )
         _calls_log.debug(_CALL_FAILED, op.kind, self.name, ticket, error, exc, round(duration * US))
 
-    def start(self, turn: Turn, now: float, since: float) -> None:
+    def begin(self, turn: Turn, now: float, since: float) -> None:
         """The begin of ``turn`` at local time ``now``, asked for at ``since``."""
         wait, lateness = now - since, now - turn.local_start
         if self.on:
-            self.emit(Event("start", self.name, turn.ticket, wait=wait, lateness=lateness))
+            self.emit(Event("begin", self.name, turn.ticket, wait=wait, lateness=lateness))
         _log.debug(_BEGIN, self.name, turn.ticket, wait, round(lateness * US))
 
     def timeout(self, place: Place, waited: float) -> None:

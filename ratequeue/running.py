@@ -246,7 +246,7 @@ class ShardRunner:
                         if shard.unused or driver.waiters:
                             self.changed()  # the next caller is head now
                         if reporter.begins:
-                            reporter.start(turn, now, since)
+                            reporter.begin(turn, now, since)
                     except BaseException:  # interrupted: the job will not run, its place goes back
                         self.end(turn.ticket)
                         raise

@@ -90,7 +90,7 @@ def test_a_first_slow_answer_checked_before_its_start_is_not_reported_late() -> 
     far.close()
     late = hook.of("late")
     assert all(event.lateness is not None and event.lateness > 0.005 for event in late), late
-    [start] = hook.of("start")
+    [start] = hook.of("begin")
     assert start.ticket == turn.ticket
 
 
@@ -166,7 +166,7 @@ def test_every_acquire_reports_one_start_with_its_wait_and_lateness(url: str) ->
         thread.join()
     limiter.close()  # delivers the events reported so far
 
-    starts = hook.of("start")
+    starts = hook.of("begin")
     assert len(starts) == len(turns) == 10
     assert sorted(event.ticket or 0 for event in starts) == sorted(turn.ticket for turn in turns)
     for event in starts:
@@ -225,7 +225,7 @@ def test_a_reset_record_reports_the_held_ticket_passed(tmp_path: Path) -> None:
     assert (passed.queue, passed.ticket) == (name, 2)
     # without the lateness check no turn is given up: the fresh record's first ticket begins
     assert turn.ticket == 1, "the caller took a new ticket of the fresh record"
-    assert [event.ticket for event in hook.of("start")] == [1, 1]
+    assert [event.ticket for event in hook.of("begin")] == [1, 1]
 
 
 def test_late_wake_ups_are_reported_moved_then_given_up() -> None:
@@ -264,7 +264,7 @@ def test_late_wake_ups_are_reported_moved_then_given_up() -> None:
     assert all(event.lateness is not None and event.lateness > 0 for event in late_events)
     assert sum(event.lateness is not None and event.lateness > 0.0003 for event in late_events) >= 3
     given_up = [event.ticket or 0 for event in late_events if event.outcome == "given_up"]
-    [start] = hook.of("start")
+    [start] = hook.of("begin")
     assert start.ticket == turn.ticket
     assert turn.ticket > max(given_up), "the turn given up was replaced by a new ticket"
     assert start.lateness is not None
@@ -308,7 +308,7 @@ def test_a_hook_that_raises_does_not_break_acquire() -> None:
     tickets = [limiter.acquire().ticket for _ in range(3)]
     limiter.close()
     assert tickets == [1, 2, 3]
-    assert calls.count("start") == 3
+    assert calls.count("begin") == 3
 
 
 def test_on_event_must_be_callable_and_is_not_pickled() -> None:
@@ -336,8 +336,8 @@ def test_a_coroutine_function_hook_is_refused() -> None:
 
 def test_kinds_are_listed_once_and_an_event_is_immutable() -> None:
     assert len(set(KINDS)) == len(KINDS) == 8
-    event = Event("start", "q", ticket=3, wait=0.5)
-    assert (event.kind, event.queue, event.ticket, event.wait, event.lateness) == ("start", "q", 3, 0.5, None)
+    event = Event("begin", "q", ticket=3, wait=0.5)
+    assert (event.kind, event.queue, event.ticket, event.wait, event.lateness) == ("begin", "q", 3, 0.5, None)
     with pytest.raises(AttributeError):
         event.kind = "timeout"  # type: ignore[misc]
 
@@ -360,7 +360,7 @@ def test_a_blocked_hook_does_not_hold_up_acquire() -> None:
     gate.set()
     assert flush(LONG)
     limiter.close()
-    assert [event.ticket for event in hook.of("start")] == tickets == [1, 2, 3, 4, 5]
+    assert [event.ticket for event in hook.of("begin")] == tickets == [1, 2, 3, 4, 5]
 
 
 def test_a_hook_may_call_its_limiter() -> None:
@@ -370,7 +370,7 @@ def test_a_hook_may_call_its_limiter() -> None:
     nested: list[bool] = []
 
     def hook(event: Event) -> None:
-        if event.kind == "start":
+        if event.kind == "begin":
             statuses.append(limiter.status())
             if not taken:
                 taken.append(limiter.acquire(timeout=LONG))  # a turn taken from the hook itself
@@ -404,16 +404,16 @@ def test_an_interrupted_begin_gives_its_place_back() -> None:
         on_event=Recorder(),
     )
     reporter = runner_of(limiter).reporter
-    report_start = reporter.start
+    report_begin = reporter.begin
     interrupted: list[int] = []
 
     def interrupt_once(turn: ratequeue.Turn, now: float, since: float) -> None:
         if not interrupted:
             interrupted.append(turn.ticket)
             raise KeyboardInterrupt
-        report_start(turn, now, since)
+        report_begin(turn, now, since)
 
-    reporter.start = interrupt_once  # type: ignore[method-assign]
+    reporter.begin = interrupt_once  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         limiter.acquire()
     began = time.monotonic()
@@ -429,7 +429,7 @@ def test_a_hook_raising_keyboard_interrupt_on_start_takes_no_place(caplog: pytes
     starts: list[int] = []
 
     def hook(event: Event) -> None:
-        if event.kind == "start":
+        if event.kind == "begin":
             starts.append(event.ticket or 0)
             if len(starts) == 1:
                 raise KeyboardInterrupt
@@ -477,7 +477,7 @@ def test_a_reservation_waited_for_twice_begins_once() -> None:
     assert len(leases.book) == 0, "no lease held again for a job that has ended"
     limiter.acquire(timeout=LONG / 2)  # the only place is free
     limiter.close()
-    assert [event.ticket for event in hook.of("start")] == [1, 2]
+    assert [event.ticket for event in hook.of("begin")] == [1, 2]
 
 
 def test_all_of_reports_one_start_per_limiter_when_the_job_begins() -> None:
@@ -493,14 +493,14 @@ def test_all_of_reports_one_start_per_limiter_when_the_job_begins() -> None:
     scarce.close()
     busy.close()
 
-    [start] = hooks[0].of("start")
+    [start] = hooks[0].of("begin")
     assert start.ticket == turns[0].ticket
     assert start.wait is not None
     assert start.lateness is not None
     # its wait counts from the all_of() call to the begin, not to the grant of its own turn
     assert 0.1 < start.wait <= begun - called
     assert start.lateness >= 0
-    first, second = hooks[1].of("start")
+    first, second = hooks[1].of("begin")
     assert (first.ticket, second.ticket) == (1, turns[1].ticket)
     assert second.wait is not None
     assert second.wait > 0.1
@@ -525,7 +525,7 @@ def test_all_of_from_threads_reports_as_many_starts_as_begins() -> None:
     slow.close()
     fast.close()
     for limiter, index in ((slow, 0), (fast, 1)):
-        starts = [event for event in hook.of("start") if event.queue == limiter.name]
+        starts = [event for event in hook.of("begin") if event.queue == limiter.name]
         assert sorted(event.ticket or 0 for event in starts) == sorted(
             turns[index].ticket for turns in results
         )
@@ -556,7 +556,7 @@ def test_a_failing_queue_job_reports_its_retry_then_its_dead_letter() -> None:
     assert (retry.queue, retry.error, retry.attempt, retry.wait) == (queue.name, "ValueError", 1, 0.01)
     [dead] = hook.of("dead_letter")
     assert (dead.error, dead.attempt) == ("ValueError", 2)
-    assert len(hook.of("start")) == 2, "each try takes a turn"
+    assert len(hook.of("begin")) == 2, "each try takes a turn"
 
 
 def test_a_group_reports_each_key_as_its_queue() -> None:
@@ -566,7 +566,7 @@ def test_a_group_reports_each_key_as_its_queue() -> None:
     group["globex"].acquire()
     group.close()
     assert flush(LONG)  # a group's close() leaves its keys' events to come
-    assert [event.queue for event in hook.of("start")] == ["customers:acme", "customers:globex"]
+    assert [event.queue for event in hook.of("begin")] == ["customers:acme", "customers:globex"]
 
 
 def test_the_shard_counts_a_state_clock_that_steps_back() -> None:
@@ -626,14 +626,14 @@ def test_the_prometheus_exporter_counts_what_happened(tmp_path: Path) -> None:
 
     found = samples(registry)
     api, jobs = (("queue", "api"),), (("queue", "jobs"),)
-    assert found["ratequeue_starts_total", api] == 4
+    assert found["ratequeue_begins_total", api] == 4
     assert found["ratequeue_timeouts_total", api] == 1
     assert found["ratequeue_acquire_wait_seconds_count", api] == 4
     assert found["ratequeue_begin_lateness_seconds_count", api] == 4
     key = (("operation", "take_and_try"), ("queue", "api"))
     calls = found["ratequeue_state_call_duration_seconds_count", key]
     assert calls >= 4
-    assert found["ratequeue_starts_total", jobs] == 3
+    assert found["ratequeue_begins_total", jobs] == 3
     assert found["ratequeue_retries_total", jobs] == 2
     assert found["ratequeue_dead_letters_total", jobs] == 1
     key = (("error", "StateCorrupted"), ("operation", "take_and_try"), ("queue", "disk"))
@@ -650,7 +650,7 @@ def test_a_second_exporter_on_one_registry_is_refused() -> None:
     limiter = ratequeue.Limiter(f"memory://{fresh()}", name="api", interval=INTERVAL, on_event=metrics)
     limiter.acquire()
     limiter.close()
-    assert samples(registry)["ratequeue_starts_total", (("queue", "api"),)] == 1, "the first one still counts"
+    assert samples(registry)["ratequeue_begins_total", (("queue", "api"),)] == 1, "the first one still counts"
 
 
 def test_the_prometheus_exporter_counts_late_wakeups_by_outcome() -> None:
@@ -673,7 +673,7 @@ def test_the_prometheus_exporter_can_label_a_group_by_its_name() -> None:
         group[key].acquire()
     group.close()
     assert flush(LONG)  # a group's close() leaves its keys' events to come
-    assert samples(registry)["app_starts_total", (("queue", "customers"),)] == 3
+    assert samples(registry)["app_begins_total", (("queue", "customers"),)] == 3
 
 
 def test_the_prometheus_exporter_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -695,7 +695,7 @@ def test_aio_every_acquire_reports_one_start(url: str) -> None:
         return list(turns)
 
     turns = asyncio.run(main())
-    starts = hook.of("start")
+    starts = hook.of("begin")
     assert sorted(event.ticket or 0 for event in starts) == sorted(turn.ticket for turn in turns)
     assert len(starts) == 6
     assert all(event.wait is not None and event.wait >= 0 for event in starts)
@@ -712,9 +712,9 @@ def test_aio_the_hook_runs_on_the_loop_after_the_task_yields() -> None:
     async def main() -> None:
         limiter = aio.Limiter(f"memory://{fresh()}", name=fresh(), interval=INTERVAL, on_event=hook)
         await limiter.acquire()
-        assert not hook.of("start"), "not called during the acquire"
+        assert not hook.of("begin"), "not called during the acquire"
         await asyncio.sleep(0)  # lets the events reported so far reach the hook
-        assert len(hook.of("start")) == 1
+        assert len(hook.of("begin")) == 1
         await limiter.close()
 
     asyncio.run(main())
@@ -741,7 +741,7 @@ def test_aio_timeout_and_a_raising_hook() -> None:
         return turn.ticket
 
     assert asyncio.run(main()) == 1
-    assert seen.count("start") == 1
+    assert seen.count("begin") == 1
     assert seen.count("timeout") == 1
 
 
@@ -792,4 +792,4 @@ def test_aio_a_failing_queue_job_reports_its_retry_then_its_dead_letter() -> Non
     asyncio.run(main())
     assert [(event.attempt, event.error) for event in hook.of("retry")] == [(1, "KeyError"), (2, "KeyError")]
     assert [(event.attempt, event.error) for event in hook.of("dead_letter")] == [(3, "KeyError")]
-    assert len(hook.of("start")) == 3
+    assert len(hook.of("begin")) == 3

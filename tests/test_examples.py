@@ -201,7 +201,7 @@ def check_scheduling(output: str) -> None:
 
 def check_metrics_prometheus(output: str) -> None:
     search(r"12 acquires: 12 starts counted, 1 timeout counted", output)
-    search(r'(?m)^ratequeue_starts_total\{queue="examples-metrics"\} 12\.0$', output)
+    search(r'(?m)^ratequeue_begins_total\{queue="examples-metrics"\} 12\.0$', output)
     search(r'(?m)^ratequeue_acquire_wait_seconds_count\{queue="examples-metrics"\} 12\.0$', output)
     search(r"(?m)^# TYPE ratequeue_state_call_duration_seconds histogram$", output)
 

@@ -538,7 +538,7 @@ def test_a_grouped_queue_reports_one_start_per_job(url: str) -> None:
 
     def starts() -> list[Event]:
         with lock:
-            return [event for event in events if event.kind == "start"]
+            return [event for event in events if event.kind == "begin"]
 
     deadline = time.monotonic() + 10  # however the hook is called, its events come
     while len(starts()) < 6 and time.monotonic() < deadline:
