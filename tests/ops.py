@@ -15,7 +15,7 @@ from ratequeue.core.operation import Kind, Operation, Terms, operation
 from ratequeue.core.protocol import US, Answer
 from ratequeue.core.shard import Shard
 
-__all__ = ["POSITIONAL", "Step", "ado", "do", "is_step", "make_shard", "op"]
+__all__ = ["POSITIONAL", "Step", "ado", "do", "is_step", "make_shard", "op", "stored_fields"]
 
 #: the arguments of each kind, in the order the tests pass them after the name and interval
 POSITIONAL: dict[str, tuple[str, ...]] = {
@@ -78,3 +78,20 @@ def make_shard(interval: float, *, burst: int = 1, same_clock: bool = False, **o
     """A shard of queue "q" with an interval in seconds, as the shard tests think of it."""
     terms = Terms.checked(round(interval * US), burst)
     return Shard("q", terms, estimator=OffsetEstimator(same_clock=same_clock), **options)
+
+
+def stored_fields(ticket: int, pos: Any, at: int | None, interval: int, **fields: Any) -> dict[str, Any]:
+    """A record's fields as the file state stores them: every one, those not given as in a fresh record."""
+    return {
+        "ticket": ticket,
+        "pos": pos,
+        "at": at,
+        "interval": interval,
+        "due": at,
+        "burst": 1,
+        "paused": False,
+        "max_running": 0,
+        "leases": [],
+        "held": None,
+        **fields,
+    }

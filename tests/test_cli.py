@@ -27,6 +27,7 @@ from ratequeue.state import open_state
 from ratequeue.state.file import FileState
 
 from . import servers
+from .ops import stored_fields
 
 #: the directory holding the ``ratequeue`` package this test run imports; the
 #: subprocesses import the same one, whatever is installed
@@ -251,22 +252,6 @@ def test_reset_removes_the_record(cli: Cli, state_url: str) -> None:
 HEADER = b'{"format": "ratequeue-state", "records": "state.json.d", "version": 2}\n'
 
 
-def stored(ticket: int, pos: Any, at: int | None, interval: int) -> dict[str, Any]:
-    """A record's fields as the file state stores them, with burst 1, not paused, no cap."""
-    return {
-        "ticket": ticket,
-        "pos": pos,
-        "at": at,
-        "interval": interval,
-        "due": at,
-        "burst": 1,
-        "paused": False,
-        "max_running": 0,
-        "leases": [],
-        "held": None,
-    }
-
-
 def write_state(path: Path, header: bytes, records: dict[str, Any]) -> None:
     """Write a file state at ``path`` by hand: its ``header``'s bytes, and a file per record's fields."""
     path.write_bytes(header)
@@ -286,7 +271,7 @@ def test_reset_leaves_other_queues_alone(cli: Cli, tmp_path: Path, state_url: st
     write_state(
         tmp_path / "state.json",
         HEADER,
-        {"a": stored(4, 3, 1_000_000, 20_000), "b": stored(8, 7, 2_000_000, 50_000)},
+        {"a": stored_fields(4, 3, 1_000_000, 20_000), "b": stored_fields(8, 7, 2_000_000, 50_000)},
     )
     assert cli("reset", state_url, "a").returncode == 0
     assert re.search(r"^record:\s+none", cli("status", state_url, "a").stdout, re.MULTILINE)
@@ -303,7 +288,7 @@ CORRUPTIONS: dict[str, tuple[bytes, Any]] = {
     "binary": (bytes(range(256)), None),
     "not-a-state": (b'{"hello": "world"}\n', None),
     "other-version": (b'{"format": "ratequeue-state", "version": 99}', None),
-    "bad-record": (HEADER, stored(1, 5, None, 20_000)),
+    "bad-record": (HEADER, stored_fields(1, 5, None, 20_000)),
     "record-not-object": (HEADER, [1, 2]),
 }
 
@@ -361,7 +346,11 @@ def test_reset_of_a_corrupted_file_fails_and_leaves_it_unchanged(
 
 def test_reset_recovers_one_bad_record_and_keeps_the_others(cli: Cli, tmp_path: Path, state_url: str) -> None:
     path = tmp_path / "state.json"
-    write_state(path, HEADER, {"bad": stored(13, "x", None, 20_000), "good": stored(4, 3, 1_000_000, 20_000)})
+    write_state(
+        path,
+        HEADER,
+        {"bad": stored_fields(13, "x", None, 20_000), "good": stored_fields(4, 3, 1_000_000, 20_000)},
+    )
     bad = cli("status", state_url, "bad")
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert f"{path}#bad" in bad.stderr  # names the file and the record
@@ -858,7 +847,7 @@ def test_list_names_a_stored_name_that_is_not_a_valid_queue_name_and_lists_the_r
     cli: Cli, tmp_path: Path, state_url: str
 ) -> None:
     """A foreign key under a Redis prefix, say: its control character shown escaped, the others listed."""
-    good = stored(4, 3, 1_000_000, 20_000)
+    good = stored_fields(4, 3, 1_000_000, 20_000)
     write_state(tmp_path / "state.json", HEADER, {"a\x01b": good, "good": good})
     for args in ([], ["--json"]):
         result = cli("list", state_url, *args)

@@ -26,7 +26,7 @@ from ratequeue.state import file as file_state
 from ratequeue.state import open_state
 from ratequeue.state.file import FileState, LockFile, LockTimeout
 
-from .ops import do
+from .ops import do, stored_fields
 
 INTERVAL = 100_000  # us
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -36,23 +36,6 @@ T0_US = int(T0.timestamp()) * 1_000_000
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
     return tmp_path / "state.json"
-
-
-def _stored(ticket: int, pos: int, at: int | None, interval: int, **fields: Any) -> dict[str, Any]:
-    """A record's fields as a record file holds them: every one, those not given as in a fresh record."""
-    return {
-        "ticket": ticket,
-        "pos": pos,
-        "at": at,
-        "interval": interval,
-        "due": at,
-        "burst": 1,
-        "paused": False,
-        "max_running": 0,
-        "leases": [],
-        "held": None,
-        **fields,
-    }
 
 
 def _plant(path: Path, records: dict[str, Any]) -> FileState:
@@ -131,8 +114,8 @@ def test_many_queues_one_small_file_each_in_a_readable_format(path: Path) -> Non
     records = path.parent / "state.json.d"
     assert state.records == records
     for name, fields in {
-        "a": _stored(ticket=2, pos=1, at=T0_US, interval=INTERVAL),
-        "b": _stored(ticket=2, pos=0, at=None, interval=2 * INTERVAL),
+        "a": stored_fields(ticket=2, pos=1, at=T0_US, interval=INTERVAL),
+        "b": stored_fields(ticket=2, pos=0, at=None, interval=2 * INTERVAL),
     }.items():
         file, lock = state.record_files(name)
         assert file.parent == lock.parent == records
@@ -148,7 +131,7 @@ def test_a_paused_record_says_so_and_a_resumed_one_is_as_if_never_paused(path: P
         file = state.record_files("q")[0]
         before = file.read_bytes()
         assert do(state, "set_paused", "q", INTERVAL, True) is True
-        fields = _stored(ticket=2, pos=1, at=T0_US, interval=INTERVAL, paused=True)
+        fields = stored_fields(ticket=2, pos=1, at=T0_US, interval=INTERVAL, paused=True)
         assert json.loads(file.read_text()) == {"name": "q", "record": fields}
         assert do(state, "set_paused", "q", INTERVAL, True) is False
         assert do(state, "take_and_try", "q", INTERVAL, 0) == Wait(
@@ -235,11 +218,13 @@ CORRUPT = {
 #: a record file of queue q holding bad fields: only its queue raises, and the file is left as it is
 BAD_RECORDS = {
     "record not an object": 3,
-    "record missing a field": {key: value for key, value in _stored(2, 1, 5, 1).items() if key != "interval"},
-    "pos not below ticket": _stored(ticket=2, pos=2, at=5, interval=1),
-    "ticket a float": _stored(ticket=2.5, pos=1, at=5, interval=1),  # type: ignore[arg-type]
-    "interval zero": _stored(ticket=2, pos=1, at=5, interval=0),
-    "at a string": {**_stored(ticket=2, pos=1, at=5, interval=1), "at": "x"},
+    "record missing a field": {
+        key: value for key, value in stored_fields(2, 1, 5, 1).items() if key != "interval"
+    },
+    "pos not below ticket": stored_fields(ticket=2, pos=2, at=5, interval=1),
+    "ticket a float": stored_fields(ticket=2.5, pos=1, at=5, interval=1),  # type: ignore[arg-type]
+    "interval zero": stored_fields(ticket=2, pos=1, at=5, interval=0),
+    "at a string": {**stored_fields(ticket=2, pos=1, at=5, interval=1), "at": "x"},
 }
 
 #: a record file of the new layout that is not a record of its queue
@@ -249,11 +234,11 @@ BAD_RECORD_FILES = {
     "nested too deeply": b"[" * 100_000,
     "not an object": b"[1, 2]",
     "another queue's": json.dumps(
-        {"name": "other", "record": _stored(ticket=1, pos=0, at=None, interval=1)}
+        {"name": "other", "record": stored_fields(ticket=1, pos=0, at=None, interval=1)}
     ).encode(),
     "no record": json.dumps({"name": "q"}).encode(),
     "a bad record": json.dumps(
-        {"name": "q", "record": _stored(ticket=1, pos=5, at=None, interval=1)}
+        {"name": "q", "record": stored_fields(ticket=1, pos=5, at=None, interval=1)}
     ).encode(),
 }
 
@@ -298,7 +283,7 @@ def test_a_version_1_file_is_refused_naming_the_version(path: Path) -> None:
 def test_bad_record_raises_for_its_queue_only(path: Path, fields: object, operation: str) -> None:
     """The operation raises and leaves the bad record file as it is; the other queue works, and reset
     clears it."""
-    state = _plant(path, {"q": fields, "good": _stored(ticket=4, pos=3, at=T0_US, interval=INTERVAL)})
+    state = _plant(path, {"q": fields, "good": stored_fields(ticket=4, pos=3, at=T0_US, interval=INTERVAL)})
     file, _ = state.record_files("q")
     content = file.read_bytes()
     with pytest.raises(StateCorrupted) as raised:
