@@ -23,7 +23,8 @@ from ratequeue.core.operation import Terms, operation
 from ratequeue.core.protocol import NEVER, Record
 from ratequeue.state import open_state
 
-from .test_cli import HEADER, TIMEOUT, Cli, stored, write_state
+from .ops import stored_fields
+from .test_cli import HEADER, TIMEOUT, Cli, write_state
 
 
 @pytest.fixture
@@ -374,7 +375,7 @@ def test_set_interval_json_says_on_stderr_what_it_waits_for(cli: Cli, state_url:
 def test_list_shows_the_readable_queues_and_names_a_bad_record(
     cli: Cli, tmp_path: Path, state_url: str
 ) -> None:
-    good, bad = stored(4, 3, 1_000_000, 20_000), stored(13, "x", None, 20_000)
+    good, bad = stored_fields(4, 3, 1_000_000, 20_000), stored_fields(13, "x", None, 20_000)
     write_state(tmp_path / "state.json", HEADER, {"bad": bad, "good": good})
     result = cli("list", state_url)
     assert result.returncode == 2, result.stdout + result.stderr
