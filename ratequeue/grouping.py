@@ -2,7 +2,11 @@
 
 A group is one rate per key (a customer, an API key): ``group[key]`` is the
 limiter of queue ``f"{name}:{key}"``, made on first use with the group's
-settings and its one state. Each key's record is created by its first
+settings and its one state. In the queue name a key's ``%`` and ``:`` are
+written ``%25`` and ``%3A`` (:func:`key_part`), so the key is always the
+last part of the name: a key, whatever a tenant sends, never reaches a
+record it does not own (``group["a:b"]`` is not the record of the group
+``f"{name}:a"``'s key ``b``, nor a queue's group ``b``). Each key's record is created by its first
 acquire and deleted by the state once the key has been idle ``keep``
 seconds past the moment forgetting it changes nothing (see
 :class:`ratequeue.core.operation.Terms`), so keys seen once do not stay. In the
@@ -13,6 +17,7 @@ process, the limiters of the most recently used keys are kept (up to
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -27,7 +32,7 @@ from .state.base import StateBase
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["DEFAULT_KEEP", "DEFAULT_MAX_KEYS", "SEPARATOR", "GroupBase"]
+__all__ = ["DEFAULT_KEEP", "DEFAULT_MAX_KEYS", "SEPARATOR", "GroupBase", "key_of", "key_part"]
 
 #: seconds a key's record is kept idle (past the moment forgetting it changes nothing) by default
 DEFAULT_KEEP = 60.0
@@ -37,6 +42,23 @@ DEFAULT_MAX_KEYS = 1024
 
 #: between the group's name and a key in the queue name
 SEPARATOR = ":"
+
+_ESCAPES = {"%": "%25", ":": "%3A"}
+_ESCAPED = re.compile("[%:]")
+_UNESCAPED = re.compile("%(25|3A)")
+
+
+def key_part(key: str) -> str:
+    """``key`` as written in a queue name: ``%`` as ``%25``, ``:`` as ``%3A``, the rest as it is."""
+    return _ESCAPED.sub(lambda match: _ESCAPES[match[0]], key) if ("%" in key or ":" in key) else key
+
+
+def key_of(part: str) -> str | None:
+    """The key :func:`key_part` wrote as ``part``; ``None`` if no key is written so (a longer name)."""
+    if ":" in part or "%" in _UNESCAPED.sub("", part):
+        return None
+    return _UNESCAPED.sub(lambda match: "%" if match[1] == "25" else ":", part)
+
 
 L = TypeVar("L", bound=LimiterBase)
 
@@ -58,7 +80,8 @@ class GroupBase(Generic[L]):
         :param options: each key's settings, as for :class:`~ratequeue.Limiter`. ``keep``
             (60 s by default) is how long a key's record is kept idle once forgetting it
             changes nothing: then the state deletes it. ``on_event`` is given to every key's
-            limiter: each :class:`~ratequeue.Event` names its key's queue, ``f"{name}:{key}"``.
+            limiter: each :class:`~ratequeue.Event` names its key's queue, ``f"{name}:{key}"``
+            (a key's ``%`` and ``:`` written ``%25`` and ``%3A``).
         """
         self.name = check_name(name)
         options.setdefault("keep", DEFAULT_KEEP)
@@ -111,14 +134,18 @@ class GroupBase(Generic[L]):
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"a group's key must be a non-empty string, got {key!r}")
         try:
-            return check_name(f"{self.name}{SEPARATOR}{key}")
+            return check_name(f"{self.name}{SEPARATOR}{key_part(key)}")
         except ConfigurationError as exc:
             raise ConfigurationError(f"key {key!r} of group {self.name!r}: {exc}") from None
 
     def _keys_of(self, names: list[str]) -> list[str]:
-        """The keys of the queue names ``names`` (all of this group's, from the state)."""
+        """The keys of the queue names ``names`` (from the state, under this group's prefix).
+
+        A name under the prefix that no key of this group has (``NAME:a:b``, a
+        key of another group) is not one of its keys.
+        """
         start = len(self.name) + len(SEPARATOR)
-        return [name[start:] for name in names]
+        return sorted(key for key in map(key_of, (name[start:] for name in names)) if key is not None)
 
     def _forget_idle(self) -> None:
         """Drop the least recently used limiters beyond ``max_keys`` that nobody waits on (holding the guard).

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from ratequeue import ConfigurationError, Limiter, LimiterGroup, aio, all_of, open_state
+from ratequeue import ConfigurationError, Limiter, LimiterGroup, Queue, aio, all_of, open_state
 from ratequeue.combined import order
 from ratequeue.core.operation import Operation
 from ratequeue.core.protocol import Answer
@@ -296,3 +296,31 @@ def test_all_of_moves_turns_made_late_by_a_late_wake_up() -> None:
     assert state.retimes >= 1, "the late turns were moved"
     for turn in turns:
         assert begun - turn.local_start < 0.009, "moved, not begun 10 ms late"
+
+
+def test_a_key_never_reaches_a_record_it_does_not_own(backend: Backend) -> None:
+    """A key "group:bob" is not queue Q's group "bob"; "a:b" is not group "Q:a"'s key "b" (issue 27)."""
+    state = backend.open()
+    name = backend.fresh_name()
+    with Queue(state, name=name, interval=0.001) as queue:
+        assert queue.add(lambda: "ran", group="bob").result(timeout=LONG) == "ran"
+        # other terms than the queue's group record (max_running=1): a shared record would refuse them
+        tenants = LimiterGroup(state, name=name, interval=3600)
+        tenants["group:bob"].acquire(timeout=LONG)
+        assert queue.add(lambda: "again", group="bob").result(timeout=LONG) == "again"
+    nested = LimiterGroup(state, name=f"{name}:a", interval=3600)
+    nested["b"].acquire(timeout=LONG)
+    tenants["a:b"].acquire(timeout=0)  # its own record: free at once, though "G:a"'s "b" waits an hour
+    assert tenants.keys() == ["a:b", "group:bob"]
+    assert nested.keys() == ["b"]
+
+
+def test_keys_with_separators_and_escapes_come_back_as_they_were_given() -> None:
+    state = MemoryState(private=True)
+    group = LimiterGroup(state, name="t", interval=0.001)
+    keys = ["a:b", "50%", "%3A", "%253A", "x::y", ":", "%"]
+    for key in keys:
+        group[key].acquire()
+    assert group.keys() == sorted(keys)
+    assert len(set(state.names("t:"))) == len(keys)
+    assert all(":" not in name.removeprefix("t:") for name in state.names("t:"))
