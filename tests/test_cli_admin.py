@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -486,3 +487,26 @@ def test_set_interval_changes_nothing_when_the_queue_is_resumed_while_it_waits(
     record = _record(state_url, "q")
     assert record is not None
     assert (record.interval, record.paused) == (2_000_000, False)
+
+
+def test_set_interval_killed_with_sigkill_leaves_no_pause(cli: Cli, state_url: str) -> None:
+    """SIGKILL gives the command no way out: its guard, in a session of its own, lifts the pause."""
+    command = _set_interval_waiting(cli, state_url)
+    os.killpg(command.pid, signal.SIGKILL)
+    command.communicate(timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    record = _record(state_url, "q")
+    while record is not None and record.paused and time.monotonic() < deadline:
+        time.sleep(0.05)  # the guard, another process, reads the record once its stdin ends
+        record = _record(state_url, "q")
+    assert record is not None
+    assert (record.interval, record.paused) == (2_000_000, False), "as it was: nothing changed, not paused"
+
+
+def test_set_interval_done_ends_its_guard(cli: Cli, state_url: str) -> None:
+    _one_start(state_url, 0.2)
+    result = cli("set-interval", state_url, "q", "0.1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    guard = "ratequeue.cli.guard import main"
+    guards = subprocess.run(["pgrep", "-f", guard], capture_output=True, text=True)
+    assert guards.stdout == "", "the guard ended with the command"

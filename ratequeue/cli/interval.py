@@ -20,6 +20,9 @@ the promise of one start per interval across it:
 4. the reset happens only if the record is still paused and unchanged since
    the pause (nobody resumed it, no other ``set-interval`` changed it).
 
+A guard process (:mod:`.guard`) lifts the pause if the command is killed
+where it cannot do so itself (SIGKILL, the OOM killer).
+
 Shards still running with the old interval in their code get
 :class:`~ratequeue.errors.TermsMismatch` on their next call: by design, as
 the record no longer matches their code; update it. Do not pause or resume
@@ -41,6 +44,7 @@ from ..errors import ConfigurationError, RateQueueError, TermsMismatch
 from ..settings import Settings
 from ..state import State
 from .common import opened_state, say, say_json, set_paused, stopped_by_signals
+from .guard import Guard
 
 __all__ = ["run"]
 
@@ -58,7 +62,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             return _report(args, out, where, record, record, waited=None)
         _refuse_if_busy(name, where, record, now)
         pause = _Pause(state, name, where, record)
+        # lifts the pause if this command is killed where it cannot (SIGKILL): see guard.py
+        guard = Guard(args.url, name) if pause.ours else None
         try:
+            if guard is not None:
+                guard.pausing()
             pause.set()
             record, waited = pause.wait_for_spacing(sys.stderr if args.json else out, new_us)
             if not state.reset(name):
@@ -67,6 +75,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             _create(state, name, where, record, new_us, paused=not pause.ours)
         finally:
             pause.lift_unless_ended()
+            if guard is not None:
+                guard.done()
         # the new record as read back, or as written if it cannot be
         new = state.read(name).record or record._replace(interval=new_us, paused=not pause.ours)
     return _report(args, out, where, record, new, waited=waited)
