@@ -15,6 +15,13 @@ The rule (docs/rates.md, "Several limits at once"):
    not move: that one turn is given up and taken again.
 3. After :data:`MAX_ROUNDS` rounds of moving turns the turns are returned
    as they are (each begun at most a wake-up late).
+4. **A deadline moves nothing past it.** With a ``timeout``, the records of
+   the limits after the first are read before any turn is taken: if one
+   plainly cannot give a turn in time (its next ticket's earliest start lies
+   past the deadline), ``AcquireTimeout`` is raised at once, no turn taken.
+   Turns taken are never moved past the deadline: when the missing turn is
+   due after it, they are given up and ``AcquireTimeout`` raised at once. So
+   a timed-out call costs another limit's users at most the turn it took.
 
 Events and the DEBUG begin lines follow the begin, not the turns: while the
 turns are taken and moved, their limiters report no ``begin``
@@ -29,8 +36,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from .core.flow import Call, Flow, run
-from .core.shard import Turn
-from .errors import ConfigurationError
+from .core.protocol import US, Passed, Unwritten, Wait, take_and_try, try_start
+from .core.shard import Place, Turn
+from .errors import AcquireTimeout, ConfigurationError
 from .limiter import Limiter
 from .reporting import QUIET_STARTS
 from .running import LimiterBase, ShardRunner, runner_of
@@ -74,6 +82,11 @@ def all_of_flow(
     runners = [runner_of(limiter) for limiter in limiters]
     for runner in runners:
         check_cost(cost, runner.settings.burst)
+        if runner.fallback is not None:  # its turns are moved in the record: it needs the state
+            raise ConfigurationError(
+                f"all_of() takes limiters with when_down='raise' only; {runner.name!r} has "
+                f"when_down={runner.settings.when_down!r}"
+            )
     seconds = check_timeout(timeout)
     since = clock()
     deadline = None if seconds is None else since + seconds
@@ -85,11 +98,23 @@ def all_of_flow(
         assert turn is not None
         return turn
 
+    def expired(runner: ShardRunner) -> AcquireTimeout:
+        """The timeout of a caller whose turn of ``runner``'s limit cannot come by the deadline (reported)."""
+        runner.reporter.timeout(Place(deadline, seconds, cost), clock() - since)
+        return AcquireTimeout(
+            f"no turn in queue {runner.name!r} within {seconds} s", name=runner.name, timeout=seconds
+        )
+
+    indexes = order(limiters)
+    if deadline is not None:
+        for i in indexes[1:]:
+            if (yield from _plainly_late(runners[i], cost, deadline, clock)):
+                raise expired(runners[i])
     turns: dict[int, Turn] = {}
     quiet = QUIET_STARTS.set(True)  # the limiters' own begins are turns taken, not the begin
     try:
         try:
-            now = yield from _line_up(order(limiters), runners, turns, acquire, clock, cost)
+            now = yield from _line_up(indexes, runners, turns, acquire, clock, cost, deadline, expired)
         finally:
             with contextlib.suppress(ValueError):  # closed from another context (a collected flow)
                 QUIET_STARTS.reset(quiet)
@@ -119,6 +144,34 @@ def _drop(runner: ShardRunner, turn: Turn) -> None:
         runner.end(turn.ticket)
 
 
+def _plainly_late(runner: ShardRunner, cost: int, deadline: float, clock: Callable[[], float]) -> Flow[bool]:
+    """Whether ``runner``'s next turn plainly cannot start by ``deadline`` (local): read from its record.
+
+    Its earliest start, on the state's clock, is that of the ticket its shard
+    holds, or else of a new one; it comes no sooner, on this clock, than that
+    long after the read was sent. A record of other terms is left to the
+    first call (``TermsMismatch``), a corrupted one likewise.
+    """
+    with runner.driver.lock:
+        held = runner.shard.ticket
+    sent = clock()
+    record, now = yield Call(runner.state.read, (runner.name,))
+    terms = runner.settings.terms
+    if record is None or (record.interval, record.burst, record.max_running) != (
+        terms.interval_us,
+        terms.burst,
+        terms.max_running,
+    ):
+        return False
+    try:
+        answer = try_start(record, held, 0, now, cost)[1] if held is not None else None
+        if answer is None or isinstance(answer, Passed):
+            answer = take_and_try(record, 0, now, cost)[1]
+    except Unwritten:
+        return False
+    return isinstance(answer, Wait) and sent + (answer.slot - now) / US > deadline
+
+
 def _line_up(
     indexes: list[int],
     runners: Sequence[ShardRunner],
@@ -126,6 +179,8 @@ def _line_up(
     acquire: Callable[[ShardRunner], Flow[Turn]],
     clock: Callable[[], float],
     cost: int,
+    deadline: float | None,
+    expired: Callable[[ShardRunner], AcquireTimeout],
 ) -> Flow[float]:
     """Take a turn of every limiter into ``turns`` and line them up to begin together (see above).
 
@@ -136,6 +191,8 @@ def _line_up(
         with runner.driver.lock:
             turn, expected = yield from runner.attempt_flow(cost)
         if turn is None:
+            if expected is not None and deadline is not None and expected > deadline:
+                raise expired(runner)  # the turns taken are given up, never moved past the deadline
             # Not free now. If the state said when it will be, move the turns already taken to
             # that moment at once (nobody can have started after them yet); then wait for this one.
             if expected is not None:

@@ -98,6 +98,9 @@ class Driver(Protocol):
     def wait_for_change(self, timeout: float | None) -> Any:
         """Wait (releasing the lock) until :meth:`changed`, or ``timeout`` s."""
 
+    def from_any_thread(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` as flows run, from any thread: now, holding :attr:`lock`; or soon, on the loop."""
+
     def wait_until(self, until: float, spin: bool, checked: bool) -> Any:
         """Wait (releasing the lock) until local time ``until``: a precise sleep, or a busy-wait if ``spin``.
 
@@ -150,6 +153,10 @@ class ThreadDriver:
             self.lock.wait(timeout)
         finally:
             self.waiters -= 1
+
+    def from_any_thread(self, fn: Callable[[], None]) -> None:
+        with self.lock:
+            fn()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
         """Wait (holding :attr:`lock`) until ``predicate()`` holds, or ``timeout`` s; whether it does."""
@@ -210,6 +217,8 @@ class AsyncioDriver:
         self.waiters = 0
         self.lock = contextlib.nullcontext()
         self._waiters: list[asyncio.Future[None]] = []
+        #: the loop the flows wait on (known once one has waited)
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: the background tasks, kept so that they are not collected while they run
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -219,7 +228,8 @@ class AsyncioDriver:
                 waiter.set_result(None)
 
     async def wait_for_change(self, timeout: float | None) -> None:
-        waiter = asyncio.get_running_loop().create_future()
+        self._loop = loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._waiters.append(waiter)
         self.waiters += 1
         try:
@@ -229,6 +239,20 @@ class AsyncioDriver:
         finally:
             self._waiters.remove(waiter)
             self.waiters -= 1
+
+    def from_any_thread(self, fn: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None:
+            return  # no flow has waited: none to wake
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            fn()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(fn)
 
     async def wait_until(self, until: float, spin: bool, checked: bool) -> None:
         """On the loop's timers; while lateness is checked, the last ~1.5 ms blocking the loop, precisely."""

@@ -32,6 +32,16 @@ until every event reported before it has been delivered (``close()`` of a
 limiter or queue does, for up to a second); on asyncio ``await
 asyncio.sleep(0)`` does the same.
 
+**A slow hook drops events, never the work.** At most
+:data:`MAX_PENDING_EVENTS` events wait for the reporter thread; while that
+many wait, a new event is dropped (the newest: handing it on stays one
+check and no lock, the reporter's end of the queue is left alone, and the
+events kept are still delivered in order). :func:`dropped` counts them,
+``ratequeue_events_dropped_total`` exports the count (:mod:`ratequeue.prometheus`),
+and a WARNING on the ``ratequeue.events`` logger says so at most once a
+minute. On asyncio a hook runs on the loop that reports, one round of
+ready callbacks after the event: it slows the loop, and no backlog builds.
+
 **The callback's rules.** It is called in the reporter thread (asyncio: on
 the event loop, which it must not block), one event at a time; a hook
 shared with other threads' code must be thread-safe. It may call the
@@ -56,6 +66,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from functools import partial
@@ -70,8 +81,10 @@ __all__ = [
     "Event",
     "EventHook",
     "EventKind",
+    "MAX_PENDING_EVENTS",
     "Outlet",
     "check_hook",
+    "dropped",
     "flush",
     "report",
 ]
@@ -84,7 +97,10 @@ REPORTER_THREAD = "ratequeue-events"
 _log = logging.getLogger("ratequeue.events")
 
 #: what an :class:`Event` reports
-EventKind = Literal["begin", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter"]
+EventKind = Literal[
+    "begin", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter",
+    "state_down", "state_back",
+]  # fmt: skip
 
 #: every :data:`EventKind`, in the order the docs list them
 KINDS: tuple[EventKind, ...] = get_args(EventKind)
@@ -114,6 +130,9 @@ class Event(NamedTuple):
                           ``wait`` (its backoff)
     ``"dead_letter"``     a queue's job failed for good (its retries ran out, or its error is not
                           retried): ``error``, ``attempt``
+    ``"state_down"``      the state failed a call and turns begin locally now (``when_down``):
+                          ``outcome`` (``"open"`` or ``"local"``), ``error``
+    ``"state_back"``      the state answers again and turns come from it: ``wait`` (seconds down)
     ====================  ==========================================================================
 
     Times are seconds on this process's clock (``time.monotonic`` unless a
@@ -176,6 +195,11 @@ _HOOK_FAILED = (
     "the on_event hook of %r raised on a %r event; the event is dropped and the limiter goes on "
     "(later failures of this hook are logged at DEBUG)"
 )
+#: the log line of events dropped for a slow hook (at most once a minute)
+_DROPPED = (
+    "%d on_event events dropped (%d since the process started): the hooks take longer than the "
+    "events come, and %d wait already; make the hook quicker (hand the event on, to a queue of its own)"
+)
 #: the log line of a hook that ended the reporter thread (KeyboardInterrupt, SystemExit)
 _REPORTER_STOPPED = (
     "an on_event hook raised %s in ratequeue's reporter thread; the thread stops, and a new one "
@@ -222,16 +246,50 @@ _starting = threading.Lock()
 #: how long (s) the interpreter's exit waits for the events still to be delivered
 EXIT_FLUSH = 1.0
 
+#: the most events (of every hook in this process) that wait for the reporter thread; more are
+#: dropped, so that a slow hook costs a bounded memory (some 5 MB), never a wait
+MAX_PENDING_EVENTS = 10_000
+#: the most often (s) events dropped are logged at WARNING
+DROPPED_WARNING_EVERY = 60.0
+
+#: events dropped in this process; those since the last warning, and when that was (monotonic)
+_counting = threading.Lock()
+_dropped = 0
+_dropped_since_warning = 0
+_warned_at: float | None = None
+
 
 def report(outlet: Outlet, event: Event) -> None:
     """Hand ``event`` to the reporter thread, for ``outlet``'s hook; never blocks, never raises.
 
     The reporter is started here the first time, and again after a
-    ``KeyboardInterrupt`` or ``SystemExit`` from a hook ended it.
+    ``KeyboardInterrupt`` or ``SystemExit`` from a hook ended it. While
+    :data:`MAX_PENDING_EVENTS` wait, ``event`` is dropped and counted.
     """
+    if _pending.qsize() >= MAX_PENDING_EVENTS:
+        _drop()
+        return
     _pending.put(partial(outlet.deliver, event))
     if _reporter is None:
         _start()
+
+
+def dropped() -> int:
+    """How many events this process has dropped since it started, its hooks being too slow for them."""
+    return _dropped
+
+
+def _drop() -> None:
+    """Count an event dropped; warn at most once every :data:`DROPPED_WARNING_EVERY` seconds."""
+    global _dropped, _dropped_since_warning, _warned_at
+    with _counting:  # (held for a few instructions, by droppers only)
+        _dropped += 1
+        _dropped_since_warning += 1
+        now = time.monotonic()
+        if _warned_at is not None and now - _warned_at < DROPPED_WARNING_EVERY:
+            return
+        count, _dropped_since_warning, _warned_at = _dropped_since_warning, 0, now
+    _log.warning(_DROPPED, count, _dropped, _pending.qsize())
 
 
 def _start() -> None:
@@ -289,8 +347,10 @@ atexit.register(flush, EXIT_FLUSH)  # returns at once in a process that reported
 
 def _after_fork() -> None:
     """In a forked child: the parent's reporter thread is not there; start afresh on the next event."""
-    global _pending, _reporter, _starting
-    _pending, _reporter, _starting = SimpleQueue(), None, threading.Lock()
+    global _pending, _reporter, _starting, _counting, _dropped, _dropped_since_warning, _warned_at
+    _pending, _reporter, _starting, _counting = SimpleQueue(), None, threading.Lock(), threading.Lock()
+    _dropped = _dropped_since_warning = 0
+    _warned_at = None
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows

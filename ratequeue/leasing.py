@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .core.flow import Call, Flow
-from .core.leases import LeaseBook
+from .core.leases import Held, LeaseBook
 from .core.operation import Operation
 from .core.shard import Shard
 from .drivers import Driver
@@ -52,38 +52,42 @@ class LeaseKeeper:
         """Whether a lease is held or waits to be released."""
         return self.book.busy or self.running
 
-    def began(self, ticket: int, now: float) -> None:
-        """The job on ``ticket`` began at local ``now``: its lease is renewed from now on."""
-        self.book.began(ticket, now)
+    def began(self, ticket: int, token: int, now: float) -> None:
+        """The job on ``ticket`` (its lease named ``token``) began at local ``now``: its lease is renewed."""
+        self.book.began(ticket, token, now)
         self._keep()
 
-    def release_later(self, ticket: int) -> None:
-        """No job runs on ``ticket`` any more: the keeper releases its lease."""
-        self.book.to_release(ticket)
+    def release_later(self, held: Held) -> None:
+        """No job runs on ``held``'s ticket any more: the keeper releases its lease."""
+        self.book.to_release(*held)
         self._keep()
         self._runner.driver.changed()  # a keeper sleeping until its next renewal releases it now
 
-    def release_flow(self, ticket: int) -> Flow[bool]:
-        """Release ``ticket``'s lease now: whether it was live; the shard's waiting head asks again."""
-        self.book.ended(ticket)
-        live = yield from self._runner.call_flow(self._operation("release", ticket))
+    def release_flow(self, held: Held) -> Flow[bool]:
+        """Release ``held``'s lease now: whether it was live; the shard's waiting head asks again.
+
+        Only the lease named by the token is released: another shard's lease
+        on the same ticket number (another queue's turn) stays.
+        """
+        self.book.ended(*held)
+        live = yield from self._runner.call_flow(self._operation("release", held))
         self.freed()
         return bool(live[0])
 
-    def release_unused_flow(self, tickets: list[int]) -> Flow[None]:
+    def release_unused_flow(self, unused: list[Held]) -> Flow[None]:
         """Release, now, the leases of turns started that nobody began.
 
         One that fails is left to the keeper (which retries it, or the lease
         expires); an interrupted one too, and the interruption goes on.
         """
-        while tickets:
-            ticket = tickets.pop(0)
+        while unused:
+            held = unused.pop(0)
             try:
-                yield from self._runner.call_flow(self._operation("release", ticket))
+                yield from self._runner.call_flow(self._operation("release", held))
             except Exception:
-                self.release_later(ticket)
+                self.release_later(held)
             except BaseException:
-                for left in (ticket, *tickets):
+                for left in (held, *unused):
                     self.release_later(left)
                 raise
 
@@ -92,7 +96,7 @@ class LeaseKeeper:
         self._runner.shard.ask_again()
         self._runner.driver.changed()
 
-    def drain(self) -> list[int]:
+    def drain(self) -> list[Held]:
         """Every lease held or waiting to be released, taken off the book (closing); the keeper stops."""
         held = self.book.drain()
         self._runner.driver.changed()
@@ -108,9 +112,9 @@ class LeaseKeeper:
                 self.running = False
                 raise
 
-    def _operation(self, kind: Any, ticket: int) -> Operation:
+    def _operation(self, kind: Any, held: Held) -> Operation:
         runner = self._runner
-        return Operation(kind, runner.name, runner.settings.terms, ticket)
+        return Operation(kind, runner.name, runner.settings.terms, held[0], token=held[1])
 
     def _flow(self) -> Flow[None]:
         """Renew the leases while their jobs run, release those handed over; stop when none is left."""
@@ -119,21 +123,22 @@ class LeaseKeeper:
         warn = runner.reporter.lease_warning
         try:
             while book.busy:
-                ticket = book.next_release()
-                if ticket is not None:
+                held = book.next_release()
+                if held is not None:
                     try:
-                        yield from runner.call_flow(self._operation("release", ticket))
+                        yield from runner.call_flow(self._operation("release", held))
                     except Exception as exc:  # its lease expires by itself
-                        warn("could not release lease %d of queue %r: %s", ticket, runner.name, exc)
+                        warn("could not release lease %d of queue %r: %s", held[0], runner.name, exc)
                     self.freed()
                     continue
                 now = clock()
-                due, delay = book.next_renewal(now)
-                if due is None:
+                renewal, delay = book.next_renewal(now)
+                if renewal is None:
                     yield Call(runner.driver.wait_for_change, (wait(delay),))
                     continue
+                due = renewal[0]
                 try:
-                    live, *_ = yield from runner.call_flow(self._operation("renew", due))
+                    live, *_ = yield from runner.call_flow(self._operation("renew", renewal))
                 except Exception as exc:
                     warn("could not renew lease %d of queue %r: %s", due, runner.name, exc)
                     book.failed(due, clock())

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .core.flow import run
+from .core.leases import Held
 from .core.shard import Turn
 from .drivers import ThreadDriver
 from .events import flush
@@ -109,19 +110,21 @@ class Limiter(LimiterBase):
         """End the job of ``turn``: with ``max_running``, give its place back now (one call to the state).
 
         Returns whether its lease was still live (``False`` without
-        ``max_running``, for a turn released twice, or one whose lease ran
-        out). A caller waiting in this process for a place asks at once.
+        ``max_running``, for a turn released twice, one whose lease ran
+        out, or a turn of another queue: a lease is named by its turn's
+        token, so only its own turn frees it). A caller waiting in this
+        process for a place asks at once.
 
         :raises StateUnavailable: if the state cannot be reached (the lease then expires by itself).
         """
-        return self._release(turn.ticket)
+        return self._release((turn.ticket, turn.token))
 
-    def _release(self, ticket: int) -> bool:
+    def _release(self, held: Held) -> bool:
         runner = self._runner
         if runner.leases is None:
             return False
         with runner.driver.lock:
-            return run(runner.leases.release_flow(ticket))
+            return run(runner.leases.release_flow(held))
 
     def reserve(self, *, cost: int = 1) -> Reservation:
         """Take a place in this shard's line now, to :meth:`Reservation.wait` for its turn later.
@@ -176,13 +179,13 @@ class Limiter(LimiterBase):
                     reservation.cancel()  # the worker thread stops waiting, and no turn is used
                     begun = reservation.turn  # unless it had begun already: its place goes back
                     if begun is not None:
-                        self._end_later(begun.ticket)
+                        self._end_later(begun)
                     raise
                 try:
                     return await fn(*args, **kwargs)
                 finally:
                     if turn is not None and self.max_running:
-                        await asyncio.to_thread(self._release_quietly, turn.ticket)
+                        await asyncio.to_thread(self._release_quietly, (turn.ticket, turn.token))
 
             return cast(F, wrapped_async)
 
@@ -193,19 +196,19 @@ class Limiter(LimiterBase):
                 return fn(*args, **kwargs)
             finally:
                 if self.max_running:
-                    self._release_quietly(turn.ticket)
+                    self._release_quietly((turn.ticket, turn.token))
 
         return cast(F, wrapped)
 
-    def _end_later(self, ticket: int) -> None:
+    def _end_later(self, turn: Turn) -> None:
         runner = self._runner
         with runner.driver.lock:
-            runner.end(ticket)
+            runner.end(turn.ticket, turn.token)
 
-    def _release_quietly(self, ticket: int) -> None:
+    def _release_quietly(self, held: Held) -> None:
         """:meth:`release`, a failure logged: the job's outcome matters more, and its lease expires."""
         try:
-            self._release(ticket)
+            self._release(held)
         except Exception as exc:
             _log.warning("could not release a lease of queue %r: %s", self.name, exc)
 
@@ -215,7 +218,7 @@ class Limiter(LimiterBase):
     def __exit__(self, *exc: object) -> None:
         turn = entered(self)
         if turn is not None and self.max_running:
-            self._release_quietly(turn.ticket)
+            self._release_quietly((turn.ticket, turn.token))
 
     def close(self) -> None:
         """Close the state if this limiter opened it; the limiter may not be used afterwards.
@@ -225,15 +228,17 @@ class Limiter(LimiterBase):
         events reported so far reach the hook first (up to a second).
         """
         runner = self._runner
-        held: list[int] = []
+        if runner.fallback is not None:
+            runner.fallback.stopped = True  # a probe of a state that is down ends within a second
+        held: list[Held] = []
         if runner.leases is not None:
             driver = cast(ThreadDriver, runner.driver)
             leases = runner.leases
             with driver.lock:
                 held = leases.drain()  # the keeper, finding nothing left, stops after its call
                 driver.wait_for(lambda: not leases.running, _CLOSE_WAIT)
-        for ticket in held:
-            self._release_quietly(ticket)
+        for lease in held:
+            self._release_quietly(lease)
         if self._owns_state:
             self.state.close()
         if runner.reporter.on:
@@ -263,4 +268,4 @@ class Reservation(ReservationBase):
         if turn is None:
             self.cancel()
         elif self._runner.leases is not None:
-            cast(Limiter, self._limiter)._release_quietly(turn.ticket)
+            cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))

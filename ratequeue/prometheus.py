@@ -33,6 +33,11 @@ name                                            labels       what it counts or t
                                                 error
 ``ratequeue_retries_total``                     queue        queue jobs failed and retried
 ``ratequeue_dead_letters_total``                queue        queue jobs failed for good
+``ratequeue_state_down``                        queue, mode  1 while the state is down and turns
+                                                             begin locally (``when_down``), else 0
+``ratequeue_events_dropped_total``              (none)       events this process dropped, its
+                                                             hooks being too slow for them
+                                                             (:func:`ratequeue.events.dropped`)
 ``ratequeue_acquire_wait_seconds``              queue        histogram: from ``acquire()`` to the
                                                              begin
 ``ratequeue_begin_lateness_seconds``            queue        histogram: begin after the turn's start
@@ -50,7 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
-from .events import Event
+from .events import Event, dropped
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -95,7 +100,7 @@ class PrometheusMetrics:
             has these metrics already (another ``PrometheusMetrics`` with this namespace on it).
         """
         try:
-            from prometheus_client import REGISTRY, Counter, Histogram
+            from prometheus_client import REGISTRY, Counter, Gauge, Histogram
         except ImportError as exc:
             install = "pip install 'ratequeue[prometheus]'"
             raise ConfigurationError(f"ratequeue.prometheus needs prometheus_client: {install}") from exc
@@ -104,6 +109,8 @@ class PrometheusMetrics:
         self._label: Callable[[str], str] = queue_label or str
         #: the labelled children made so far, by (metric, label values): as many as the series
         self._children: dict[tuple[Any, ...], Any] = {}
+        #: the mode of each queue whose state is down now
+        self._down: dict[str, str] = {}
         # made unregistered, then registered all together below, or none: a clash leaves the registry as is
         common: dict[str, Any] = {"namespace": namespace, "registry": None}
 
@@ -151,7 +158,18 @@ class PrometheusMetrics:
             call_buckets,
             "operation",
         )
-        metrics = [value for value in vars(self).values() if isinstance(value, (Counter, Histogram))]
+        #: 1 while the state is down and turns begin locally (``when_down``), by mode
+        self.state_down = Gauge(
+            "state_down",
+            "1 while the state is down and turns begin locally (when_down), by mode (open, local).",
+            ("queue", "mode"),
+            **common,
+        )
+        #: events this process dropped (read at each scrape: a dropped event never reaches this hook)
+        self.events_dropped = _Dropped(namespace)
+        metrics = [
+            value for value in vars(self).values() if isinstance(value, (Counter, Gauge, Histogram, _Dropped))
+        ]
         _register(registry or REGISTRY, namespace, metrics)
 
     def __call__(self, event: Event) -> None:
@@ -177,12 +195,36 @@ class PrometheusMetrics:
             self._child(self.retries, queue).inc()
         elif kind == "dead_letter":
             self._child(self.dead_letters, queue).inc()
+        elif kind == "state_down":
+            self._down[queue] = mode = event.outcome or ""
+            self._child(self.state_down, queue, mode).set(1)
+        elif kind == "state_back":
+            self._child(self.state_down, queue, self._down.pop(queue, "")).set(0)
 
     def _child(self, metric: Any, queue: str, *labels: str) -> Any:
         """``metric.labels(queue's label, *labels)``, kept: a dict look-up, not prometheus_client's checks."""
         key = (id(metric), self._label(queue), *labels)
         child = self._children.get(key)
         return self._children.setdefault(key, metric.labels(*key[1:])) if child is None else child
+
+
+class _Dropped:
+    """A collector of one counter: :func:`ratequeue.events.dropped`, as each scrape reads it."""
+
+    def __init__(self, namespace: str) -> None:
+        self.name = f"{namespace}_events_dropped" if namespace else "events_dropped"
+
+    def describe(self) -> list[Any]:
+        return self._families(None)
+
+    def collect(self) -> list[Any]:
+        return self._families(dropped())
+
+    def _families(self, value: int | None) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        help = "Events this process dropped, its on_event hooks being too slow for them."
+        return [CounterMetricFamily(self.name, help, value=value)]
 
 
 def _register(registry: CollectorRegistry, namespace: str, metrics: list[Any]) -> None:

@@ -60,6 +60,10 @@ _NO_TURN = (
     "the next job tries again in %g s"
 )
 _RETRIED = "queue %r: a job failed on try %d of %d (%s); retried in %.3f s"
+_INTERRUPTED = (
+    "queue %r: the dead-letter handler raised %s; the job's future failed with the job's own error, "
+    "and the exception goes on in the job's thread (asyncio: out of the event loop)"
+)
 
 #: the pause between two failed turns of the pacer (the state is failing), doubling up to the cap
 _FAILURE_BACKOFF = 0.05
@@ -245,8 +249,14 @@ class QueueBase(Generic[L, FutureT]):
     def _is_idle(self) -> bool:
         return not self._pending and not self._running and not self._pacing
 
-    def _idle_changed(self) -> None:
-        """Jobs finished or left (holding the lock): wake joiners; a closed, idle queue closes its state."""
+    def _jobs_changed(self) -> None:
+        """Jobs left or ended (holding the lock): wake the pacer and the joiners.
+
+        Both wait for the driver's change: the pacer for a held job (a job
+        gated for its group is held with no due time, so only this wakes it
+        once that job has left) or for a ready one, a joiner for the queue to
+        go idle. A closed, idle queue then closes its state.
+        """
         self._driver.changed()
         if self._closed and self._state_closing is None and self._is_idle():
             self._state_closing = True
@@ -270,7 +280,7 @@ class QueueBase(Generic[L, FutureT]):
                 # a retried job's thread future runs already and cannot be cancelled: fail it
                 if not job.future.cancel() and not job.future.done():
                     job.future.set_exception(QueueClosed(f"queue {self.name!r} was closed before its retry"))
-            self._idle_changed()  # a pacer waiting for a held job looks again (and may stop)
+            self._jobs_changed()  # a pacer waiting for a held job looks again (and may stop)
         if cancel_pending:
             self._withdraw_if_idle()
 
@@ -289,7 +299,7 @@ class QueueBase(Generic[L, FutureT]):
                         # stop in the same locked step that saw no job: a job added (or queued
                         # again for a retry) from now on starts a new pacer
                         self._pacing = False
-                        self._idle_changed()
+                        self._jobs_changed()
                         return
                     self._pending.release_due(self._clock())
                     # every queued job is held: wait for the first, or for a change (a job queued,
@@ -333,7 +343,7 @@ class QueueBase(Generic[L, FutureT]):
         except BaseException:  # an exception (or a cancelled task) ended the pacer
             with self._driver.lock:
                 self._pacing = False
-                self._idle_changed()
+                self._jobs_changed()
             raise
 
     def _job_flow(self, job: Job[Any]) -> Flow[None]:
@@ -342,10 +352,14 @@ class QueueBase(Generic[L, FutureT]):
         A failure its options retry puts it back among the queued jobs,
         held for its backoff (the future stays pending); one that is not
         retried any more goes to the dead-letter handler (if it was retried
-        or a handler is set) and fails the future.
+        or a handler is set) and fails the future. A handler raising
+        ``SystemExit`` or ``KeyboardInterrupt`` has it raised again once the
+        job is settled (its future failed, its group's place given back): in
+        the job's thread, or out of the event loop (docs/queues.md).
         """
         future = job.future
         job.attempts += 1
+        interrupted: BaseException | None = None
         # this attempt's lease: taken off the job now, since a retry queued below may get a
         # new turn (and set a new ticket) before this attempt's end releases its own
         ticket, job.ticket = job.ticket, None
@@ -362,8 +376,13 @@ class QueueBase(Generic[L, FutureT]):
                         yield Call(job.options.dead_letter, (job.dead_letter(exc),))
                     except Exception:  # the handler's own failure must not lose the job's
                         _log.exception("the dead-letter handler of queue %r failed", self.name)
+                    except BaseException as stop:  # SystemExit, KeyboardInterrupt: it goes on, once settled
+                        interrupted = stop
                 if not future.done():
                     future.set_exception(exc)
+                if interrupted is not None:
+                    # asyncio runs a future's callbacks later, and the interruption may stop the loop
+                    self._job_done(job)  # so its group's place goes back now
         else:
             if not future.done():
                 future.set_result(result)
@@ -373,7 +392,10 @@ class QueueBase(Generic[L, FutureT]):
             self._release_running_place()
             with self._driver.lock:
                 self._running -= 1
-                self._idle_changed()
+                self._jobs_changed()
+        if interrupted is not None:  # the job is settled: the interruption goes on
+            _log.error(_INTERRUPTED, self.name, type(interrupted).__name__)
+            raise interrupted
 
     def _release_running_place(self) -> None:
         """Count one running job less."""
@@ -422,7 +444,7 @@ class QueueBase(Generic[L, FutureT]):
                 if self._takes(job):
                     self._running += 1
                     return job
-            self._idle_changed()
+            self._jobs_changed()
             return None
 
     def _takes(self, job: Job[Any]) -> bool:
@@ -473,7 +495,7 @@ class QueueBase(Generic[L, FutureT]):
                     self._gate.leave(job)
                     if self._pending.remove(job) and self._takes(job):
                         job.future.set_exception(exc)
-                    self._idle_changed()
+                    self._jobs_changed()  # a pacer waiting for this (gated) job looks again, and may stop
                 yield Sleep(backoff)
                 backoff = min(backoff * 2, _FAILURE_BACKOFF_CAP)
                 continue
@@ -497,7 +519,7 @@ class QueueBase(Generic[L, FutureT]):
         if job.future.cancelled():
             with self._driver.lock:
                 if self._pending.remove(job):
-                    self._idle_changed()  # a pacer waiting for a held job looks again (and may stop)
+                    self._jobs_changed()  # a pacer waiting for a held job looks again (and may stop)
             self._withdraw_if_idle()
         group = job.group
         if group is None:
@@ -529,7 +551,7 @@ class QueueBase(Generic[L, FutureT]):
                 job = self._pending.pop_head()
                 if self._takes(job):
                     job.future.set_exception(exc)
-            self._idle_changed()
+            self._jobs_changed()
 
 
 def _end_lease(limiter: LimiterBase, ticket: int) -> None:

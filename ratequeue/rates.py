@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
+from .core.clock import to_float
 from .errors import ConfigurationError
 
 __all__ = ["Rate", "RateLike", "parse_rate"]
@@ -38,6 +39,9 @@ _TEXT = re.compile(
     r"(?i)^\s*(?P<count>[-+]?\d+(?:\.\d*)?)\s*(?:/|\s+per\s+)\s*(?P<size>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$"
 )
 
+#: microseconds per second: a rate leaves at least one between starts (half of one rounds to none)
+_US = 1_000_000
+
 #: how :meth:`Rate.__str__` names a period of exactly one unit
 _NAMES = {86400.0: "day", 3600.0: "hour", 60.0: "minute", 1.0: "second"}
 
@@ -55,7 +59,13 @@ class Rate:
         count = self.count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"a rate's count must be a whole number >= 1, got {count!r}; {ACCEPTED}")
-        object.__setattr__(self, "per", _seconds(self.per))
+        per = _seconds(self.per)
+        object.__setattr__(self, "per", per)
+        if count > 2 * per * _US:  # (compared as is: per / count would overflow for a count of 10**400)
+            raise ConfigurationError(
+                f"a rate's count must leave at least a microsecond between starts: at most "
+                f"{2 * per * _US:g} per {per:g} s"
+            )
 
     @property
     def interval(self) -> float:
@@ -86,13 +96,13 @@ def parse_rate(value: object) -> Rate:
                 f"unknown unit {match['unit']!r} in rate {value!r}; the units are ms, s, m, h and d "
                 f"(or their names: second, minute, hour, day, ...)"
             )
-        count = float(match["count"])
-        if count != int(count) or count < 1:
+        whole, _, fraction = match["count"].partition(".")
+        if fraction.strip("0") or int(whole) < 1:  # (read as a whole number: a float can overflow)
             raise ConfigurationError(
                 f"a rate's count must be a whole number >= 1, got {match['count']} in {value!r}"
             )
         size = float(match["size"]) if match["size"] else 1.0
-        return Rate(int(count), per=size * unit)
+        return Rate(int(whole), per=size * unit)
     if isinstance(value, tuple) and len(value) == 2:
         return Rate(value[0], per=value[1])
     raise ConfigurationError(f"rate must be {ACCEPTED}; got {type(value).__name__} {value!r}")
@@ -106,4 +116,4 @@ def _seconds(value: object) -> float:
         raise ConfigurationError(f"a rate's period must be seconds or a timedelta, got {kind}")
     if not 0.0 < seconds < math.inf:
         raise ConfigurationError(f"a rate's period must be a finite number of seconds > 0, got {value!r}")
-    return float(seconds)
+    return to_float("a rate's period", seconds)

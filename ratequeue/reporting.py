@@ -112,6 +112,16 @@ class Reporter:
             self.emit(Event("timeout", self.name, wait=waited))
         _log.debug(_TIMEOUT, self.name, waited, place.timeout)
 
+    def state_down(self, mode: str, error: str) -> None:
+        """The state failed a call; turns begin locally now (a ``"state_down"`` event)."""
+        if self.on:
+            self.emit(Event("state_down", self.name, outcome=mode, error=error))
+
+    def state_back(self, down_for: float) -> None:
+        """The state answers again after ``down_for`` s, and turns come from it (a ``"state_back"`` event)."""
+        if self.on:
+            self.emit(Event("state_back", self.name, wait=down_for))
+
     def passed(self, outcome: Passed) -> None:
         """A held ticket was answered as passed; the shard takes a new one.
 

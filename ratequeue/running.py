@@ -12,7 +12,9 @@ and the decorator.
 
 from __future__ import annotations
 
+import functools
 import time
+from asyncio import CancelledError
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -25,8 +27,9 @@ from .core.operation import Operation
 from .core.protocol import MAX_LEAD_US, NEVER, US, Answer, Passed, Started, live_leases, new_record
 from .core.shard import Begin, BeginAt, Expired, Place, Shard, SleepUntil, Turn, WaitForTurn
 from .drivers import Driver
-from .errors import AcquireTimeout
+from .errors import AcquireTimeout, StateUnavailable
 from .events import EventHook, check_hook
+from .fallback import Fallback
 from .leasing import LeaseKeeper
 from .reporting import Reporter
 from .settings import Seconds, Settings, check_cost, check_timeout, wait
@@ -156,6 +159,11 @@ class ShardRunner:
             max_late=settings.max_late,
         )
         self.leases = LeaseKeeper(self) if settings.max_running else None
+        #: the local turns while the state is down, unless ``when_down`` is ``"raise"``
+        down = settings.when_down
+        self.fallback = None if down == "raise" else Fallback(down, settings.interval)
+        #: stops the state's watch for places freed elsewhere, while the held ticket waits for one
+        self._unwatch: Callable[[], None] | None = None
 
     @property
     def idle(self) -> bool:
@@ -175,15 +183,40 @@ class ShardRunner:
         shard = self.shard
         if shard.unused:
             if self.leases is not None:
-                for ticket in shard.unused:
-                    self.leases.release_later(ticket)
+                for held in shard.unused:
+                    self.leases.release_later(held)
             shard.unused.clear()
+        if self.leases is not None:
+            self._follow_places()
         self.driver.changed()
 
-    def end(self, ticket: int) -> None:
-        """The job on ``ticket`` ended (or none began on it): its lease is released in the background."""
+    def _follow_places(self) -> None:
+        """Watch the state for places freed elsewhere while the held ticket waits for one; not after."""
+        full = self.shard.full
+        if full and self._unwatch is None:
+            self._unwatch = self.state.watch(self.name, self._freed_elsewhere) or _unwatched
+        elif not full and self._unwatch is not None:
+            unwatch, self._unwatch = self._unwatch, None
+            unwatch()
+
+    def _freed_elsewhere(self) -> None:
+        """A place may have been freed in another process: the waiting head asks again at once."""
+
+        def ask_again() -> None:
+            self.shard.ask_again()
+            self.driver.changed()
+
+        self.driver.from_any_thread(ask_again)
+
+    def end(self, ticket: int, token: int | None = None) -> None:
+        """The job on ``ticket`` ended (or none began on it): its lease is released in the background.
+
+        ``token``: the turn's (by default, the token of the lease a job on ``ticket`` holds here).
+        """
         if self.leases is not None:
-            self.leases.release_later(ticket)
+            token = self.leases.book.token_of(ticket) if token is None else token
+            if token is not None:
+                self.leases.release_later((ticket, token))
 
     def call_flow(self, op: Operation, lost: Callable[[Any], None] | None = None) -> Flow[Timed]:
         """``op`` carried out on the state (holding no lock), timed and reported.
@@ -216,12 +249,15 @@ class ShardRunner:
         :raises AcquireTimeout: as soon as the turn cannot come by the place's deadline.
         """
         shard, clock, reporter, driver = self.shard, self.clock, self.reporter, self.driver
-        lost = self._lost if self.leases is not None else None
+        lost = None
         now = since = clock()
+        fallback = self.fallback
         try:
             while True:
                 if place.withdrawn:
                     return None
+                if fallback is not None and fallback.down_since is not None and not fallback.rejoining:
+                    break  # the state is down: this place's turn begins locally (below)
                 started = place.turn
                 if started is None:
                     step = shard.step(place, now)
@@ -242,29 +278,36 @@ class ShardRunner:
                     turn = step.turn  # type: ignore[union-attr]
                     try:
                         if self.leases is not None:
-                            self.leases.began(turn.ticket, clock())
+                            self.leases.began(turn.ticket, turn.token, clock())
                         if shard.unused or driver.waiters:
                             self.changed()  # the next caller is head now
                         if reporter.begins:
                             reporter.begin(turn, now, since)
                     except BaseException:  # interrupted: the job will not run, its place goes back
-                        self.end(turn.ticket)
+                        self.end(turn.ticket, turn.token)
                         raise
                     return turn
                 if kind is Operation:
                     op: Operation = step  # type: ignore[assignment]
-                    if self.leases is not None and shard.unused:
-                        # a turn given up (G7) holds a place: give it back before asking for another
-                        unused, shard.unused[:] = list(shard.unused), []
-                        yield from self.leases.release_unused_flow(unused)
+                    if self.leases is not None:
+                        if shard.unused:
+                            # a turn given up (G7) holds a place: give it back before asking for another
+                            unused, shard.unused[:] = list(shard.unused), []
+                            yield from self.leases.release_unused_flow(unused)
+                        lost = functools.partial(self._lost, op.token)
                     try:
                         answer, sent, received, state_now = yield from self.call_flow(op, lost)
-                    except BaseException:
-                        shard.failed(place)
+                    except BaseException as exc:
+                        # an asyncio call cancelled on its way hands its answer to ``lost``
+                        shard.failed(
+                            place, answered_elsewhere=lost is not None and isinstance(exc, CancelledError)
+                        )
                         raise
                     steps = shard.estimator.steps
                     offset = None if state_now is None else received - state_now
                     shard.receive(place, answer, sent, received, offset=offset)
+                    if self.leases is not None:
+                        self._follow_places()
                     if shard.estimator.steps != steps:
                         reporter.clock_step(shard.estimator.step)
                     if op.kind == "retime" and woke_late is not None:
@@ -292,10 +335,16 @@ class ShardRunner:
                     at: BeginAt = step  # type: ignore[assignment]
                     yield Call(driver.wait_until, (at.until, at.spin, self.max_late is not None))
                 now = clock()
-        except BaseException:
+        except BaseException as exc:
             shard.abandon(place)
             self.changed()
-            raise
+            if fallback is None or fallback.rejoining or not isinstance(exc, StateUnavailable):
+                raise
+            fallback.went_down(self, exc)  # (the places behind this one find the state down too)
+        else:  # left the loop: the state was down already
+            shard.abandon(place)
+            self.changed()
+        return (yield from fallback.turn_flow(self, place, since, attempt=attempt))
 
     def attempt_flow(self, cost: int) -> Flow[tuple[Turn | None, float | None]]:
         """A turn if one is free now, else ``(None, when)``: when the state said it comes, if it said."""
@@ -317,12 +366,16 @@ class ShardRunner:
         if not isinstance(answer, Started):
             return None
         offset = None if state_now is None else received - state_now
-        return self.shard.convert(answer, sent, received, offset=offset)
+        return self.shard.convert(answer, sent, received, offset=offset, token=turn.token)
 
-    def _lost(self, answer: Answer) -> None:
-        """A call whose caller was cancelled was answered: a start it made gives its lease back."""
+    def _lost(self, token: int, answer: Answer) -> None:
+        """A call naming ``token`` was answered after its caller was cancelled: its lease goes back."""
         if isinstance(answer, Started):
-            self.end(answer.ticket)
+            self.end(answer.ticket, token)
+
+
+def _unwatched() -> None:
+    """What stops a watch the state could not keep (see :meth:`ratequeue.state.State.watch`)."""
 
 
 def runner_of(limiter: LimiterBase) -> ShardRunner:

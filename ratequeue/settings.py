@@ -15,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, Union
 
+from .core.clock import to_float
 from .core.jobs import Backoff, DeadLetter
 from .core.operation import MAX_NAME_LENGTH, Terms, check_name
 from .core.protocol import MAX_LEAD_US, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
 from .events import EventHook, check_hook
+from .fallback import WhenDown, check_when_down
 from .rates import RateLike, parse_rate
 
 __all__ = [
@@ -74,6 +76,10 @@ class Options(TypedDict, total=False):
         each holds a lease, renewed while it runs.
     :param lease: seconds a running job's lease lasts unless renewed (10): the longest a dead
         job's place stays taken.
+    :param when_down: what calls do while the state cannot be reached (:mod:`ratequeue.fallback`):
+        ``"raise"`` :class:`~ratequeue.StateUnavailable` (the default); ``"open"``: begin
+        turns locally at this limiter's rate in each process; a share ``s`` (0 to 1): at
+        ``s`` times the rate in each process. Rejoins the state without a burst once it answers.
     :param clock: this process's clock, ``time.monotonic`` by default (tests shift it).
     :param on_event: called with a :class:`~ratequeue.Event` for each begin, timeout, state call,
         passed ticket and late wake-up, off the acquire path (docs/api.md, "Event"). Not pickled.
@@ -87,6 +93,7 @@ class Options(TypedDict, total=False):
     max_late: Seconds | None
     max_running: int | None
     lease: Seconds
+    when_down: WhenDown
     clock: Callable[[], float] | None
     on_event: EventHook | None
 
@@ -139,6 +146,8 @@ class Settings:
     max_running: int | None = None
     #: seconds a running job's lease lasts unless renewed (with ``max_running``)
     lease: float = DEFAULT_LEASE
+    #: what calls do while the state is down: ``"raise"``, ``"open"``, or the share of the rate kept
+    when_down: WhenDown = "raise"
     #: the queue's terms as every operation carries them
     terms: Terms = field(init=False, repr=False, compare=False)
 
@@ -160,6 +169,7 @@ class Settings:
         max_late: object = DEFAULT_MAX_LATE,
         max_running: object = None,
         lease: object = DEFAULT_LEASE,
+        when_down: object = "raise",
     ) -> Settings:
         """Settings from what a user passed: ``interval=`` or ``rate=`` (one of them), and the rest."""
         if rate is None:
@@ -185,8 +195,13 @@ class Settings:
                 f"lease must be a number of seconds from 0.01 to 86400 (a day), got {lease}"
             )
         checked_name, checked_burst = check_name(name), positive_int("burst", burst)
+        down = check_when_down(when_down)
+        if down != "raise" and max_running is not None:
+            raise ConfigurationError(
+                f"max_running needs the state (it holds the leases): when_down must be 'raise', got {down!r}"
+            )
         # (max_running is checked with the other terms, by Terms.checked in __post_init__)
-        return cls(checked_name, pace, checked_burst, keep, lead, max_late, max_running, lease)  # type: ignore[arg-type]
+        return cls(checked_name, pace, checked_burst, keep, lead, max_late, max_running, lease, down)  # type: ignore[arg-type]
 
     @classmethod
     def of(
@@ -241,7 +256,8 @@ def check_cost(value: object, burst: int) -> int:
 
 def check_timeout(value: object) -> float | None:
     """``value`` as ``None`` (wait for ever) or seconds >= 0; over :data:`FOREVER` (or ``inf``): ``None``."""
-    if value is None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > FOREVER):
+        # (an integer too large for a float, 10**400, waits for ever as inf does)
         return None
     timeout = seconds("timeout", value)
     if math.isnan(timeout) or timeout < 0:
@@ -278,7 +294,7 @@ def seconds(what: str, value: object) -> float:
         raise ConfigurationError(
             f"{what} must be a number of seconds or a timedelta, got {type(value).__name__}"
         )
-    return float(value)
+    return to_float(what, value)
 
 
 def _is_int(value: object) -> bool:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from . import servers
 from ._env import CI
 from .backends import Backend, make_backend
+from .redis_cluster import Cluster, cluster, executables
 
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -42,6 +43,19 @@ def mongodb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers
 def postgresql_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Server]:
     """A PostgreSQL cluster of its own (initdb in a temporary directory) on a free loopback port."""
     yield from servers.postgresql_server(tmp_path_factory.mktemp("postgresql"))
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three Redis masters on loopback, joined in a cluster, for the whole session."""
+    found = executables()
+    if found is None:
+        servers.unavailable(
+            "redis-server and redis-cli are needed for the Redis Cluster tests (Debian: redis-server)"
+        )
+        raise AssertionError("unreachable")
+    with cluster(tmp_path_factory.mktemp("redis-cluster"), *found) as made:
+        yield made
 
 
 #: the backends that run on a server the tests start

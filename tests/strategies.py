@@ -95,25 +95,55 @@ leases_us = st.one_of(st.sampled_from([1, 50_000, 150_000, 10**9]), st.integers(
 def lease_operations(*, max_size: int) -> st.SearchStrategy[list[tuple[object, ...]]]:
     """Like :func:`operations` with reads and pauses, plus leases given back and renewed.
 
-    ``("release", n)`` and ``("renew", n)``: ``n`` picks a ticket (mostly one
-    that holds a lease, see :func:`lease_ticket`).
+    ``("take_and_try", lead, again)``: with ``again``, the call names the
+    previous take's token, as a shard's retry after a lost reply does.
+    ``("release", n, own)`` and ``("renew", n, own)``: ``n`` picks a ticket
+    (mostly one that holds a lease, see :func:`lease_ticket`), named by its
+    lease's own token, or (not ``own``) by another one, as a turn of
+    another queue would be (see :class:`Tokens`).
     """
     kinds = [
         st.tuples(st.just("take")),
         st.tuples(st.just("try"), st.integers(0, 40), leads_us),
-        st.tuples(st.just("take_and_try"), leads_us),
+        st.tuples(st.just("take_and_try"), leads_us, st.booleans()),
         st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
         st.tuples(st.just("clock"), clock_steps_us),
-        st.tuples(st.just("release"), st.integers(0, 40)),
-        st.tuples(st.just("renew"), st.integers(0, 40)),
+        st.tuples(st.just("release"), st.integers(0, 40), st.booleans()),
+        st.tuples(st.just("renew"), st.integers(0, 40), st.booleans()),
         st.tuples(st.just("read")),
         *_pauses,
     ]
     return st.lists(st.one_of(kinds), min_size=1, max_size=max_size)
 
 
-def lease_ticket(n: int, leases: tuple[tuple[int, int], ...], next_ticket: int) -> int:
+def lease_ticket(n: int, leases: tuple[tuple[int, int, int], ...], next_ticket: int) -> int:
     """The ticket a ``("release", n)`` or ``("renew", n)`` names: mostly one holding a lease."""
     if leases and n % 4:
         return leases[n % len(leases)][0]
     return 1 + n % next_ticket
+
+
+class Tokens:
+    """The tokens :func:`lease_operations` name, as shards would.
+
+    A ticket tried on its own is named by one token for good (the shard
+    holding it names it so); each ``take_and_try`` gets a new token, unless
+    it is sent ``again``; a release or renewal names the ticket's lease's
+    token, or another one.
+    """
+
+    def __init__(self) -> None:
+        self._next = 1
+        self.last_take = 0
+
+    def of_ticket(self, ticket: int) -> int:
+        return 10**9 + ticket
+
+    def take(self, again: object) -> int:
+        if not (again and self.last_take):
+            self.last_take, self._next = self._next, self._next + 1
+        return self.last_take
+
+    def naming(self, ticket: int, leases: tuple[tuple[int, int, int], ...], own: object) -> int:
+        token = next((named for held, _, named in leases if held == ticket), self.of_ticket(ticket))
+        return token if own else token + 1

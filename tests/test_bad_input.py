@@ -21,6 +21,7 @@ from ratequeue import errors
 from ratequeue._redact import redact
 from ratequeue.errors import AcquireTimeout, ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state.file import FileState
+from ratequeue.state.memory import MemoryState
 
 from .ops import do
 
@@ -331,9 +332,9 @@ def test_redact(url: str, shown: str) -> None:
 # ---------------------------------------------------------------- timeouts: math.inf waits for ever
 
 
-@pytest.mark.parametrize("timeout", [math.inf, 1e12, 1e300, datetime.timedelta.max])
+@pytest.mark.parametrize("timeout", [math.inf, 1e12, 1e300, 10**400, datetime.timedelta.max])
 def test_an_endless_timeout_waits_for_ever_even_while_paused(timeout: object) -> None:
-    """math.inf (and any timeout over about 32 years) is None: no OverflowError from the wait."""
+    """math.inf (and any timeout over about 32 years, 10**400 too) is None: no OverflowError from the wait."""
     rq = ratequeue.Limiter(f"memory://endless-{id(timeout)}", name="q", interval=0.01)
     assert rq.acquire(timeout=timeout).ticket == 1  # type: ignore[arg-type]
     rq.pause()
@@ -372,3 +373,109 @@ def test_a_long_finite_timeout_still_expires_at_its_deadline() -> None:
     with pytest.raises(AcquireTimeout, match=r"within 1000000\.0 s"):
         rq.acquire(timeout=1e6)
     rq.close()
+
+
+# --------------------------------------------------------------------------- integers too large for a float
+
+#: every parameter a number of seconds (or a rate's part) can come in by; each gets the huge integer
+_HUGE_SETTINGS = ("interval", "lease", "lead", "max_late", "keep")
+
+
+def _huge_cases(big: int) -> dict[str, Callable[[], object]]:
+    """Each public way a huge integer reaches a setting, a timeout or a due time (issue 27, item 7)."""
+
+    def memory() -> MemoryState:
+        return MemoryState(private=True)
+
+    def run(coroutine: Callable[[], Any]) -> Callable[[], object]:
+        return lambda: asyncio.run(coroutine())
+
+    async def aio_acquire() -> None:
+        await ratequeue.aio.Limiter(memory(), name="q", interval=1).acquire(timeout=big)
+
+    async def aio_all_of() -> None:
+        await ratequeue.aio.all_of(ratequeue.aio.Limiter(memory(), name="q", interval=1), timeout=big)
+
+    async def aio_join() -> None:
+        rq = ratequeue.aio.Queue(memory(), name="q", interval=1)
+        try:
+            await rq.join(timeout=big)
+        finally:
+            await rq.close()
+
+    async def aio_add() -> None:
+        rq = ratequeue.aio.Queue(memory(), name="q", interval=1)
+        try:
+            rq.add(print, not_before=big)
+        finally:
+            await rq.close(cancel_pending=True)
+
+    def join() -> None:
+        with ratequeue.Queue(memory(), name="q", interval=1) as rq:
+            rq.join(timeout=big)
+
+    def add() -> None:
+        with ratequeue.Queue(memory(), name="q", interval=1) as rq:
+            rq.add(print, not_before=big)
+
+    cases: dict[str, Callable[[], object]] = {}
+    for name in _HUGE_SETTINGS:
+        options = {"interval": 1, name: big}
+        cases[f"Limiter {name}"] = lambda o=options: ratequeue.Limiter(memory(), name="q", **o)  # type: ignore[misc]
+        cases[f"aio.Limiter {name}"] = lambda o=options: ratequeue.aio.Limiter(memory(), name="q", **o)  # type: ignore[misc]
+        cases[f"Queue {name}"] = lambda o=options: ratequeue.Queue(memory(), name="q", **o)  # type: ignore[misc]
+        cases[f"aio.Queue {name}"] = lambda o=options: ratequeue.aio.Queue(memory(), name="q", **o)  # type: ignore[misc]
+    cases |= {
+        "LimiterGroup keep": lambda: ratequeue.LimiterGroup(memory(), name="g", interval=1, keep=big),
+        "rate (count, per): count": lambda: ratequeue.Limiter(memory(), name="q", rate=(big, 1)),
+        "rate (count, per): per": lambda: ratequeue.Limiter(memory(), name="q", rate=(1, big)),
+        "Queue rate (count, per): per": lambda: ratequeue.Queue(memory(), name="q", rate=(1, big)),
+        "Rate count": lambda: ratequeue.Rate(big, per=1),
+        "Rate per": lambda: ratequeue.Rate(1, per=big),
+        "rate text count": lambda: ratequeue.parse_rate(f"{big}/s"),
+        "Backoff base": lambda: ratequeue.Backoff(base=big),
+        "Backoff factor": lambda: ratequeue.Backoff(factor=big),
+        "Backoff max": lambda: ratequeue.Backoff(max=big),
+        "Queue.add not_before": add,
+        "aio.Queue.add not_before": run(aio_add),
+    }
+    if big > 0:  # a timeout over about 32 years is None, waiting for ever (as math.inf): see above
+        return cases
+    cases |= {
+        "acquire timeout": lambda: ratequeue.Limiter(memory(), name="q", interval=1).acquire(timeout=big),
+        "reservation wait timeout": lambda: (
+            ratequeue.Limiter(memory(), name="q", interval=1).reserve().wait(timeout=big)
+        ),
+        "all_of timeout": lambda: ratequeue.all_of(
+            ratequeue.Limiter(memory(), name="q", interval=1), timeout=big
+        ),
+        "aio acquire timeout": run(aio_acquire),
+        "aio all_of timeout": run(aio_all_of),
+        "Queue.join timeout": join,
+        "aio.Queue.join timeout": run(aio_join),
+    }
+    return cases
+
+
+_HUGE = [
+    pytest.param(make, id=f"{label} {sign}10**400")
+    for sign, big in (("+", 10**400), ("-", -(10**400)))
+    for label, make in _huge_cases(big).items()
+]
+
+
+@pytest.mark.parametrize("make", _HUGE)
+def test_an_integer_too_large_for_a_float_is_a_configuration_error(make: Callable[[], object]) -> None:
+    """``float(10**400)`` raises ``OverflowError``: every parameter turns it into a ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        make()
+
+
+def test_the_huge_integer_error_names_the_parameter() -> None:
+    with pytest.raises(ConfigurationError, match=r"lease must be a number a float can hold.*1329 bits"):
+        ratequeue.Limiter("memory://", name="q", interval=1, lease=10**400)
+    with (
+        ratequeue.Queue("memory://", name="q", interval=1) as rq,
+        pytest.raises(ConfigurationError, match=r"not_before must be a number a float can hold"),
+    ):
+        rq.add(print, not_before=-(10**400))

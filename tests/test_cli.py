@@ -257,7 +257,7 @@ def write_state(path: Path, header: bytes, records: dict[str, Any]) -> None:
     path.write_bytes(header)
     state = FileState(path)
     if records:
-        state.records.mkdir()
+        state.records.mkdir(mode=0o700)
     for name, fields in records.items():
         state.record_files(name)[0].write_text(json.dumps({"name": name, "record": fields}))
 
@@ -843,21 +843,22 @@ def test_the_watch_does_not_catch_up_in_a_burst_after_a_slow_read(monkeypatch: p
     assert reads == [0.0, 1.0, 11.0, 12.0, 13.0, 14.0]
 
 
-def test_list_names_a_stored_name_that_is_not_a_valid_queue_name_and_lists_the_rest(
-    cli: Cli, tmp_path: Path, state_url: str
+@pytest.mark.parametrize("command", ["list", "keys"])
+def test_list_and_keys_name_a_stored_name_that_is_not_a_valid_queue_name_and_list_the_rest(
+    cli: Cli, tmp_path: Path, state_url: str, command: str
 ) -> None:
     """A foreign key under a Redis prefix, say: its control character shown escaped, the others listed."""
     good = stored_fields(4, 3, 1_000_000, 20_000)
     write_state(tmp_path / "state.json", HEADER, {"a\x01b": good, "good": good})
     for args in ([], ["--json"]):
-        result = cli("list", state_url, *args)
+        result = cli(command, state_url, *args)
         assert result.returncode == 2, result.stdout + result.stderr
         assert "Traceback" not in result.stderr
         assert "good" in result.stdout
         assert "'a\\x01b'" in result.stderr  # repr: the control character shows
         assert "\x01" not in result.stdout + result.stderr
-    listed = cli("list", state_url)
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["NAME", "good"]
+    listed = cli(command, state_url)
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == ["NAME", "good"][command == "keys" :]
 
 
 def test_demo_refuses_more_processes_than_it_can_start_before_printing_anything(

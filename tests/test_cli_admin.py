@@ -149,6 +149,7 @@ def test_keys_json(cli: Cli, queues: str) -> None:
         "state": queues,
         "prefix": "tenants:",
         "names": ["tenants:acme", "tenants:globex"],
+        "unreadable": [],
     }
 
 

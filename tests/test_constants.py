@@ -30,6 +30,7 @@ CONSTANTS = [
     ("FULL_RECHECK_US", "FULL_RECHECK", "c_full_recheck"),
     ("FULL_GRACE_US", "FULL_GRACE", "c_full_grace"),
     ("MAX_RUNNING", "MAX_RUNNING", "c_max_running"),
+    ("MAX_LEASE_US", "MAX_LEASE", "c_max_lease"),
 ]
 
 

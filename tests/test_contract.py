@@ -29,6 +29,7 @@ from . import _workers
 from .backends import Backend
 from .ops import ado, do
 from .strategies import (
+    Tokens,
     burst_operations,
     bursts,
     epochs_us,
@@ -171,6 +172,7 @@ def test_backend_answers_as_the_reference_with_leases(
     clock[0] = epoch
     terms = {"max_running": max_running, "lease_us": lease, "keep_us": 10**12}
     reference = protocol.new_record(interval, 1, max_running)
+    tokens = Tokens()
     created = False
     for op in ops:
         kind, now = op[0], clock[0]
@@ -190,9 +192,11 @@ def test_backend_answers_as_the_reference_with_leases(
             assert do(state, "take", name, interval, **terms) == expected_taken
         elif kind == "try":
             ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
-            lead = int(op[2])  # type: ignore[call-overload]
-            reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, 1, lease)
-            assert do(state, "try_start", name, interval, ticket, lead, **terms) == expected_outcome
+            lead, token = int(op[2]), tokens.of_ticket(ticket)  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, 1, lease, token)
+            assert (
+                do(state, "try_start", name, interval, ticket, lead, token=token, **terms) == expected_outcome
+            )
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]
@@ -200,16 +204,18 @@ def test_backend_answers_as_the_reference_with_leases(
             assert do(state, "retime", name, interval, ticket, lead, **terms) == expected_outcome
         elif kind == "release":
             ticket = lease_ticket(int(op[1]), reference.leases, reference.ticket)  # type: ignore[call-overload]
-            reference, released = protocol.release(reference, ticket, now)
-            assert do(state, "release", name, interval, ticket, **terms) is released
+            token = tokens.naming(ticket, reference.leases, op[2])
+            reference, released = protocol.release(reference, ticket, now, token)
+            assert do(state, "release", name, interval, ticket, token=token, **terms) is released
         elif kind == "renew":
             ticket = lease_ticket(int(op[1]), reference.leases, reference.ticket)  # type: ignore[call-overload]
-            reference, renewed = protocol.renew(reference, ticket, lease, now)
-            assert do(state, "renew", name, interval, ticket, **terms) is renewed
+            token = tokens.naming(ticket, reference.leases, op[2])
+            reference, renewed = protocol.renew(reference, ticket, lease, now, token)
+            assert do(state, "renew", name, interval, ticket, token=token, **terms) is renewed
         else:
-            lead = int(op[1])  # type: ignore[call-overload]
-            reference, expected_outcome = protocol.take_and_try(reference, lead, now, 1, lease)
-            assert do(state, "take_and_try", name, interval, lead, **terms) == expected_outcome
+            lead, token = int(op[1]), tokens.take(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.take_and_try(reference, lead, now, 1, lease, token)
+            assert do(state, "take_and_try", name, interval, lead, token=token, **terms) == expected_outcome
         created = True
     assert state.read(name).record == (reference if created else None)
     state.reset(name)  # keep the store small: secantusdb slows down as its documents add up

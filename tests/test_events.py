@@ -19,6 +19,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import os
 import pickle
 import sys
 import threading
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 
 import ratequeue
-from ratequeue import AcquireTimeout, Backoff, ConfigurationError, Event, StateCorrupted, aio
+from ratequeue import AcquireTimeout, Backoff, ConfigurationError, Event, StateCorrupted, aio, events
 from ratequeue.core.flow import Flow
 from ratequeue.core.operation import Operation
 from ratequeue.core.protocol import Started, Wait
@@ -335,7 +336,7 @@ def test_a_coroutine_function_hook_is_refused() -> None:
 
 
 def test_kinds_are_listed_once_and_an_event_is_immutable() -> None:
-    assert len(set(KINDS)) == len(KINDS) == 8
+    assert len(set(KINDS)) == len(KINDS) == 10
     event = Event("begin", "q", ticket=3, wait=0.5)
     assert (event.kind, event.queue, event.ticket, event.wait, event.lateness) == ("begin", "q", 3, 0.5, None)
     with pytest.raises(AttributeError):
@@ -793,3 +794,81 @@ def test_aio_a_failing_queue_job_reports_its_retry_then_its_dead_letter() -> Non
     assert [(event.attempt, event.error) for event in hook.of("retry")] == [(1, "KeyError"), (2, "KeyError")]
     assert [(event.attempt, event.error) for event in hook.of("dead_letter")] == [(3, "KeyError")]
     assert len(hook.of("begin")) == 3
+
+
+# --------------------------------------------------------------------------- a slow hook: a bounded backlog
+
+
+class Blocked:
+    """A hook that holds the reporter thread in its first call until released; records the rest."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.tickets: list[int | None] = []
+
+    def __call__(self, event: Event) -> None:
+        self.entered.set()
+        assert self.release.wait(LONG), "released"
+        self.tickets.append(event.ticket)
+
+
+def test_a_slow_hook_drops_the_newest_events_past_the_bound_and_counts_them(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27, item 12a: 30k acquires beside a 0.5 ms hook left 59,000 events (14 MB) waiting."""
+    assert flush(LONG), "no other test's events wait"
+    monkeypatch.setattr(events, "_warned_at", None)  # (another test may have warned within the minute)
+    hook = Blocked()
+    outlet = events.Outlet(hook, "a slow hook")
+    excess = 500
+    dropped = events.dropped()
+    events.report(outlet, Event("begin", "slow", ticket=0))
+    try:
+        assert hook.entered.wait(LONG), "the reporter thread is in the hook, held there"
+        with caplog.at_level(logging.WARNING, logger="ratequeue.events"):
+            for ticket in range(1, events.MAX_PENDING_EVENTS + excess + 1):
+                events.report(outlet, Event("begin", "slow", ticket=ticket))
+                assert events._pending.qsize() <= events.MAX_PENDING_EVENTS, "the backlog stays bounded"
+    finally:
+        hook.release.set()  # (a failure here must not hold the reporter thread for the next tests)
+    assert events.dropped() - dropped == excess, "every event past the bound is counted, exactly"
+    warnings = [record for record in caplog.records if "on_event events dropped" in record.getMessage()]
+    assert len(warnings) == 1, "one WARNING, not one per event"
+    assert warnings[0].levelno == logging.WARNING
+    assert flush(LONG)
+    # the events kept, in the order reported: the one in the hook, then the first that fitted
+    assert hook.tickets == list(range(events.MAX_PENDING_EVENTS + 1))
+
+
+def test_the_prometheus_exporter_exports_the_events_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    PrometheusMetrics(registry)
+    assert flush(LONG)
+    monkeypatch.setattr(events, "MAX_PENDING_EVENTS", 0)  # every event is dropped: none waits
+    before = events.dropped()
+    assert registry.get_sample_value("ratequeue_events_dropped_total") == before
+    outlet = events.Outlet(lambda event: None, "a hook")
+    for _ in range(7):
+        events.report(outlet, Event("begin", "q", ticket=1))
+    assert events.dropped() == before + 7
+    assert registry.get_sample_value("ratequeue_events_dropped_total") == before + 7
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_forked_child_counts_its_own_drops_from_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "MAX_PENDING_EVENTS", 0)
+    events.report(events.Outlet(lambda event: None, "a hook"), Event("begin", "q", ticket=1))
+    assert events.dropped() >= 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it counts, and leave at once (no pytest teardown here)
+        try:
+            os.write(write, str(events.dropped()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        counted = pipe.read()
+    os.waitpid(pid, 0)
+    assert counted == "0", "the child starts its count afresh"

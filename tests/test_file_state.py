@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -335,6 +336,51 @@ def test_symlink_swapped_in_after_opening_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="symbolic link"):
         do(state, "take", "q", INTERVAL)
     assert target.read_text() == "precious"
+
+
+#: a user other than the tests' own (root), to own a directory ratequeue must not trust
+NOBODY = 65534
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode", "wrong"),
+    [
+        (
+            NOBODY,
+            0o777,
+            r"is owned by uid 65534, not by this process's user \(uid 0\) or root and is writable by",
+        ),
+        (NOBODY, 0o700, r"is owned by uid 65534, not by this process's user \(uid 0\) or root: "),
+        (None, 0o777, r"is writable by other users \(mode 0777\): "),
+        (None, 0o1777, r"is writable by other users \(mode 1777\): "),
+        (None, 0o770, r"is writable by other users \(mode 0770\): "),
+    ],
+)
+def test_a_records_directory_another_user_could_change_is_refused(
+    path: Path, owner: int | None, mode: int, wrong: str
+) -> None:
+    """A pre-made ``PATH.d`` another user owns, or may write in (sticky or not), is refused, naming it.
+
+    Nothing is written there, and nothing listed from it; made private, it is used.
+    """
+    if owner is not None and os.geteuid() != 0:
+        pytest.skip("making a directory another user's takes root")
+    records = Path(f"{path}.d")
+    records.mkdir()
+    os.chown(records, os.geteuid() if owner is None else owner, -1)
+    os.chmod(records, mode)
+    state = FileState(path)
+    message = rf"^'{re.escape(str(records))}', where the state's records go, {wrong}.*remove it"
+    with pytest.raises(ConfigurationError, match=message):
+        do(state, "take", "q", INTERVAL)
+    with pytest.raises(ConfigurationError, match=message):
+        state.names()
+    assert not path.exists()
+    assert list(records.iterdir()) == []
+    os.chown(records, os.geteuid(), -1)
+    os.chmod(records, 0o700)
+    assert do(state, "take", "q", INTERVAL).ticket == 1
+    assert state.names() == ["q"]
 
 
 def test_missing_directory_is_a_configuration_error(tmp_path: Path) -> None:

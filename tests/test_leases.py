@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ratequeue.core import protocol
 from ratequeue.core.protocol import FULL_GRACE_US, FULL_RECHECK_US, Passed, Record, Started, Wait
 
-from .strategies import epochs_us, intervals_us, lease_operations, lease_ticket, leases_us, max_runnings
+from .strategies import (
+    Tokens,
+    epochs_us,
+    intervals_us,
+    lease_operations,
+    lease_ticket,
+    leases_us,
+    max_runnings,
+)
 
 INTERVAL = 10_000  # 10 ms
 LEASE = 5_000_000
@@ -38,10 +47,16 @@ def test_never_more_running_than_the_cap(
     a release that says it was live ends it, a renewal that says so extends
     it. The model and the record agree, and the model never exceeds the cap
     (a holder that was killed is counted until its lease expires).
+
+    Ownership: a release or renewal naming another token than the lease's
+    (another queue's turn with the same ticket number) changes nothing; a
+    take sent again with the token of a live lease (its first reply lost)
+    is answered with that lease's start and takes no new place.
     """
     record = protocol.new_record(interval, 1, max_running)
     now = epoch
-    running: dict[int, int] = {}  # ticket -> lease expiry, from the answers alone
+    tokens = Tokens()
+    running: dict[int, tuple[int, int]] = {}  # ticket -> (lease expiry, token), from the answers alone
     for op in ops:
         kind = op[0]
         if kind == "clock":
@@ -54,11 +69,18 @@ def test_never_more_running_than_the_cap(
             before = record
             if kind == "try":
                 ticket = 1 + int(op[1]) % (record.ticket + 1)  # type: ignore[call-overload]
-                record, outcome = protocol.try_start(record, ticket, int(op[2]), now, 1, lease)  # type: ignore[call-overload]
+                token = tokens.of_ticket(ticket)
+                record, outcome = protocol.try_start(record, ticket, int(op[2]), now, 1, lease, token)  # type: ignore[call-overload]
             else:
-                record, outcome = protocol.take_and_try(record, int(op[1]), now, 1, lease)  # type: ignore[call-overload]
-            if isinstance(outcome, Started) and not protocol.repeats_start(before, outcome.ticket, now):
-                running[outcome.ticket] = outcome.start + lease
+                token = tokens.take(op[2])
+                record, outcome = protocol.take_and_try(record, int(op[1]), now, 1, lease, token)  # type: ignore[call-overload]
+            held = [(t, expiry) for t, (expiry, named) in running.items() if named == token and expiry > now]
+            if held and (kind == "take_and_try" or held[0][0] == outcome.ticket):
+                # asked again with a live lease's token: that start again, and no new place
+                assert outcome == Started(held[0][0], held[0][1] - lease, now)
+                assert record == before
+            elif isinstance(outcome, Started) and not protocol.repeats_start(before, outcome.ticket, now):
+                running[outcome.ticket] = (outcome.start + lease, token)
             full = len(protocol.live_leases(before, now)) >= max_running
             if isinstance(outcome, Wait) and full and not before.paused:
                 assert outcome.slot > now  # a full queue says when to ask again, never "now"
@@ -70,22 +92,42 @@ def test_never_more_running_than_the_cap(
             before = record
             record, outcome = protocol.retime(record, ticket, int(op[2]), now)  # type: ignore[call-overload]
             if isinstance(outcome, Started) and ticket in running:
-                running[ticket] += outcome.start - before.at
-        elif kind == "release":
+                expiry, token = running[ticket]
+                running[ticket] = (expiry + outcome.start - before.at, token)
+        elif kind in ("release", "renew"):
             ticket = lease_ticket(int(op[1]), record.leases, record.ticket)  # type: ignore[call-overload]
-            record, released = protocol.release(record, ticket, now)
-            assert released is (running.get(ticket, now) > now)
-            running.pop(ticket, None)
-        elif kind == "renew":
-            ticket = lease_ticket(int(op[1]), record.leases, record.ticket)  # type: ignore[call-overload]
-            record, renewed = protocol.renew(record, ticket, lease, now)
-            assert renewed is (running.get(ticket, now) > now)
-            if renewed:
-                running[ticket] = max(running[ticket], now + lease)
-        live = {ticket: expiry for ticket, expiry in running.items() if expiry > now}
-        assert len(live) <= max_running
-        assert dict(protocol.live_leases(record, now)) == live
-        assert protocol.expires(record) >= max(live.values(), default=protocol.NEVER)
+            token = tokens.naming(ticket, record.leases, op[2])
+            expiry, named = running.get(ticket, (now, 0))
+            live = expiry > now and named == token
+            if kind == "release":
+                record, released = protocol.release(record, ticket, now, token)
+                assert released is live
+                if live:
+                    del running[ticket]
+            else:
+                record, renewed = protocol.renew(record, ticket, lease, now, token)
+                assert renewed is live
+                if renewed:
+                    running[ticket] = (max(expiry, now + lease), token)
+        live_leases = {t: held for t, held in running.items() if held[0] > now}
+        assert len(live_leases) <= max_running
+        assert {t: (expiry, named) for t, expiry, named in protocol.live_leases(record, now)} == live_leases
+        assert protocol.expires(record) >= max(
+            (held[0] for held in live_leases.values()), default=protocol.NEVER
+        )
+        _assert_the_validity_rule(record, now)
+
+
+def _assert_the_validity_rule(record: Record, now: int) -> None:
+    """What the protocol writes it accepts; a held or lease further ahead than it can write, it refuses."""
+    assert protocol.check(record, now) is record
+    far = now + protocol.MAX_LEAD_US + 1
+    with pytest.raises(protocol.Unwritten, match="held"):
+        protocol.check(record._replace(held=far), now)
+    for i, (ticket, _, token) in enumerate(record.leases):
+        stalled = (*record.leases[:i], (ticket, far + protocol.MAX_LEASE_US, token), *record.leases[i + 1 :])
+        with pytest.raises(protocol.Unwritten, match="leases"):
+            protocol.check(record._replace(leases=stalled), now)
 
 
 def protocol_retime_ticket(n: int, record: Record) -> int:
@@ -113,7 +155,7 @@ def test_a_full_queue_waits_until_a_place_is_released_and_then_starts_at_once() 
     assert released
     record, outcome = protocol.try_start(record, waiting.ticket, 0, now + 2000, 1, LEASE)
     assert started(outcome).start == now + 2000
-    assert record.leases == ((waiting.ticket, now + 2000 + LEASE),)
+    assert record.leases == ((waiting.ticket, now + 2000 + LEASE, 0),)
 
 
 def test_a_full_queue_says_to_ask_again_when_its_first_lease_expires_if_sooner() -> None:
@@ -124,7 +166,7 @@ def test_a_full_queue_says_to_ask_again_when_its_first_lease_expires_if_sooner()
     assert waiting.slot == 50_000
     record, outcome = protocol.try_start(record, waiting.ticket, 0, 50_000, 1, 50_000)
     assert started(outcome).start == 50_000  # the killed holder's place came back at its lease's expiry
-    assert [ticket for ticket, _ in record.leases] == [waiting.ticket]
+    assert [lease[0] for lease in record.leases] == [waiting.ticket]
 
 
 def test_places_go_in_ticket_order() -> None:
@@ -191,7 +233,7 @@ def test_retime_moves_the_lease_with_the_start() -> None:
     record, outcome = protocol.take_and_try(record, 0, 1000, 1, LEASE)
     record, moved = protocol.retime(record, started(outcome).ticket, 700, 1500)
     assert started(moved).start == 2200
-    assert record.leases == ((outcome.ticket, 2200 + LEASE),)
+    assert record.leases == ((outcome.ticket, 2200 + LEASE, 0),)
 
 
 def test_an_expired_lease_is_neither_renewed_nor_released() -> None:
@@ -210,3 +252,48 @@ def test_a_record_with_a_live_lease_does_not_expire_before_it() -> None:
     assert protocol.expires(record) == 60_000_000
     record, _ = protocol.release(record, started(outcome).ticket, 1)
     assert protocol.expires(record) == 2 * INTERVAL
+
+
+def test_only_the_token_of_a_lease_releases_or_renews_it() -> None:
+    """Another queue's turn with the same ticket number names another token: it frees no place here."""
+    record = protocol.new_record(INTERVAL, 1, 1)
+    record, outcome = protocol.take_and_try(record, 0, 0, 1, LEASE, 41)
+    ticket = started(outcome).ticket
+    for wrong in (0, 42):
+        record, renewed = protocol.renew(record, ticket, LEASE, 10, wrong)
+        assert not renewed
+        record, released = protocol.release(record, ticket, 20, wrong)
+        assert not released
+        assert record.leases == ((ticket, LEASE, 41),)
+    record, waiting = protocol.take_and_try(record, 0, 30, 1, LEASE, 43)
+    assert isinstance(waiting, Wait), "the place is still taken"
+    record, released = protocol.release(record, ticket, 40, 41)
+    assert released
+    assert record.leases == ()
+
+
+def test_a_take_sent_again_is_answered_with_the_start_it_made() -> None:
+    """A take_and_try whose reply was lost, sent again with its token, gets its start back, not a new place.
+
+    Before tokens, the retry of a lost ``take_and_try`` on a full-at-one queue
+    started nothing and waited for the orphan's lease (5 s in the issue's run).
+    """
+    record = protocol.new_record(INTERVAL, 1, 1)
+    record, first = protocol.take_and_try(record, 0, 1000, 1, LEASE, 7)  # carried out; its reply lost
+    again, repeated = protocol.take_and_try(record, 0, 300_000, 1, LEASE, 7)
+    assert repeated == Started(started(first).ticket, first.start, 300_000)
+    assert again == record, "nothing taken, nothing started"
+    _, waiting = protocol.take_and_try(record, 0, 300_000, 1, LEASE, 8)
+    assert isinstance(waiting, Wait), "a new token is a new caller: the queue is full"
+    # the held ticket tried again with its token, after its interval and a later start: the same start
+    record, _ = protocol.release(record, first.ticket, 400_000, 7)
+    record, second = protocol.take_and_try(record, 0, 500_000, 1, LEASE, 9)
+    record, _ = protocol.take(record, 600_000)
+    assert protocol.try_start(record, started(second).ticket, 0, 10**6, 1, LEASE, 9)[1] == Started(
+        second.ticket, second.start, 10**6
+    )
+    assert isinstance(protocol.try_start(record, second.ticket, 0, 10**6, 1, LEASE, 10)[1], Passed)
+    # once the lease has expired, the token names nothing: a take starts a new ticket
+    later = second.start + LEASE
+    _, fresh = protocol.take_and_try(record, 0, later, 1, LEASE, 9)
+    assert started(fresh).ticket > second.ticket

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -202,3 +203,50 @@ def assert_no_turn_lost(turns: list[Turn], record: Record | None) -> None:
     assert (record.ticket, record.pos, record.at) == (TURNS + 1, TURNS, turns[-1].start_us)
     for earlier, later in itertools.pairwise(turns):
         assert later.start_us - earlier.start_us >= INTERVAL_US
+
+
+def test_a_lost_take_and_try_reply_on_a_capped_queue_holds_no_place(proxy: ReplyDropper) -> None:
+    """With ``max_running``, the re-sent take_and_try names its token: it gets the start it made.
+
+    Before lease tokens (issue 27) the re-sent call found the queue full --
+    the first call had started ticket 1 with a lease nobody held -- and the
+    caller waited for that orphan lease to expire (5.28 s with a 5 s lease).
+    """
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        capped = {"max_running": 1, "lease_us": 5 * 10**6}
+        proxy.drop_reply_to(TAKE_AND_TRY)
+        outcome = do(state, "take_and_try", name, INTERVAL_US, 0, token=77, **capped)
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        record = state.read(name).record
+        assert isinstance(outcome, Started), f"the first call's start was not answered again: {outcome}"
+        assert outcome.ticket == 1
+        assert record is not None
+        assert (record.ticket, record.pos) == (2, 1), "one ticket taken, not two"
+        assert [lease[::2] for lease in record.leases] == [(1, 77)], "one place held, by the caller"
+
+
+@pytest.mark.parametrize("turns", [4])
+def test_a_capped_limiter_never_waits_for_the_lease_of_its_own_lost_reply(
+    proxy: ReplyDropper, turns: int
+) -> None:
+    """``max_running=1, lease=5``: each acquire whose take_and_try reply is lost still returns at once.
+
+    The issue's run (``socket_timeout=0.05`` and ``DEBUG SLEEP 0.3``): 5.28 s
+    per acquire, 4 times of 4. Here a proxy loses the reply; every acquire
+    returns well within one lease, and each job's release frees the place.
+    """
+    with sync_state(proxy) as state:
+        limiter = ratequeue.Limiter(
+            state, name=fresh_name(), interval=0.01, max_running=1, lease=5, max_late=LATENESS
+        )
+        took = []
+        for _ in range(turns):
+            proxy.drop_reply_to(TAKE_AND_TRY)
+            began = time.monotonic()
+            turn = limiter.acquire(timeout=30)
+            took.append(time.monotonic() - began)
+            assert proxy.dropped.is_set(), "no reply was dropped: the test proves nothing"
+            assert limiter.release(turn) is True, "the turn holds the place the lost call took"
+        limiter.close()
+        assert max(took) < 2.5, f"an acquire waited for an orphan lease: {took}"

@@ -108,6 +108,26 @@ def test_the_decorator_and_release_give_the_place_back(backend: Backend) -> None
     limiter.close()
 
 
+def test_release_of_a_turn_this_limiter_never_granted_frees_nothing(backend: Backend) -> None:
+    """Another queue's turn with the same ticket number names another lease: its release is refused.
+
+    Before lease tokens (issue 27), ``b.release(a_turn)`` answered True and
+    freed b's place while b's job still ran: the cap broken by a wrong argument.
+    """
+    a = Limiter(backend.url, name=backend.fresh_name(), interval=INTERVAL, max_running=1, lease=30)
+    b = Limiter(backend.url, name=backend.fresh_name(), interval=INTERVAL, max_running=1, lease=30)
+    a_turn, b_turn = a.acquire(), b.acquire()
+    assert a_turn.ticket == b_turn.ticket
+    assert b.release(a_turn) is False
+    assert b.status().running == 1, "b's job still holds its place"
+    assert b.try_acquire() is None, "b is still full"
+    assert a.status().running == 1, "a's place untouched too"
+    assert b.release(b_turn) is True
+    assert a.release(a_turn) is True
+    a.close()
+    b.close()
+
+
 def test_a_job_longer_than_its_lease_keeps_its_place_by_renewing_it(backend: Backend) -> None:
     """The lease keeper renews a running job's lease every third of its length."""
     name = backend.fresh_name()
@@ -382,8 +402,10 @@ def test_all_of_gives_the_places_of_its_turns_back_when_it_times_out() -> None:
     slow.acquire()  # b's next turn is half a second away
     with pytest.raises(AcquireTimeout):
         all_of(capped, slow, timeout=0.1)
-    assert capped.status().pos == 1  # a's turn was taken (and its place)
-    capped.release(capped.acquire(timeout=2.0))  # before the fix: taken until the lease ran out
+    # b's turn plainly cannot come in time: a's turn is not even taken (rule 4 of all_of), or, if
+    # taken, its place is given back; before the fix it stayed taken until the lease ran out
+    assert capped.status().running == 0
+    capped.release(capped.acquire(timeout=2.0))
 
 
 def test_a_reservation_left_after_its_turn_releases_the_lease() -> None:

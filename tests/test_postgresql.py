@@ -18,7 +18,7 @@ import ratequeue
 from ratequeue import aio
 from ratequeue.core.protocol import US, Started
 from ratequeue.errors import ConfigurationError, StateUnavailable
-from ratequeue.state import open_state
+from ratequeue.state import open_state, postgresql
 from ratequeue.state.postgresql import AsyncPostgresState, PostgresState, split_url
 
 from .ops import ado, do
@@ -32,7 +32,7 @@ def url_of(server: Server, options: str = "") -> str:
 
 
 def test_options_are_ratequeues_and_the_rest_go_to_libpq() -> None:
-    assert split_url("postgresql://u@h/db?table=t&schema=s&sslmode=disable") == (
+    assert split_url("postgresql://u@h/db?table=t&schema=s&sslmode=disable&statement_timeout=1s") == (
         "postgresql://u@h/db?sslmode=disable",
         "t",
         "s",
@@ -49,6 +49,10 @@ def test_options_are_ratequeues_and_the_rest_go_to_libpq() -> None:
         ('postgresql://h/db?schema=a"b', "bad PostgreSQL schema name"),
         ("postgresql://h/db?table=", "table name ''"),
         ("postgresql://h/db?nosuchoption=1", "bad PostgreSQL URL"),
+        ("postgresql://h/db?statement_timeout=1x", "bad PostgreSQL statement_timeout '1x'"),
+        ("postgresql://h/db?statement_timeout=-1s", "statement_timeout '-1s'"),
+        ("postgresql://h/db?statement_timeout=25d", "at most 24 days"),
+        ("postgresql://h/db?statement_timeout=", "statement_timeout ''"),
     ],
 )
 def test_bad_urls_are_refused_before_connecting(url: str, message: str) -> None:
@@ -149,6 +153,34 @@ def test_an_uncontended_acquire_is_one_statement(postgresql_server: Server) -> N
         limiter.acquire()
         limiter.close()
         assert len(sent) == 1, sent
+
+
+@pytest.mark.parametrize("bound", ["the URL's", "the default"])
+def test_a_call_waits_for_a_row_lock_at_most_statement_timeout(
+    postgresql_server: Server, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    """Another session holding the queue's row lock: StateUnavailable after statement_timeout, then it works.
+
+    (The holder's own session ends after 5 s idle in its transaction, so that a
+    call with no bound gets the lock then, and the test fails rather than hangs.)
+    """
+    options = "?table=row_lock"
+    if bound == "the URL's":
+        options += "&statement_timeout=300ms"
+    else:
+        monkeypatch.setattr(postgresql, "STATEMENT_TIMEOUT", "0.3s")
+    limiter = ratequeue.Limiter(url_of(postgresql_server, options), name="q", interval=0.001)
+    limiter.acquire()  # the table, the function and the row exist
+    holder_options = "-c idle_in_transaction_session_timeout=5s"
+    with psycopg.connect(url_of(postgresql_server), options=holder_options) as holder:
+        holder.execute("SELECT * FROM row_lock WHERE name = 'q' FOR UPDATE")
+        started = time.monotonic()
+        with pytest.raises(StateUnavailable, match=r"(?s)cancelled the call on queue 'q'.*statement timeout"):
+            limiter.acquire(timeout=0.5)
+        assert 0.3 <= time.monotonic() - started < 2.5
+        holder.rollback()
+    assert limiter.acquire(timeout=5) is not None
+    limiter.close()
 
 
 def test_asyncio_state_answers_and_closes(postgresql_server: Server) -> None:

@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from concurrent.futures import CancelledError
+from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import ratequeue
-from ratequeue import Queue, QueueClosed
+from ratequeue import Limiter, Queue, QueueClosed, StateUnavailable, TermsMismatch, aio
 from ratequeue.core.operation import Operation
 from ratequeue.core.protocol import Answer, Started
 from ratequeue.events import REPORTER_THREAD
 from ratequeue.state.memory import MemoryState
+from ratequeue.state.redis import AsyncRedisState, RedisState
+
+from .servers import free_port
 
 LONG = 30.0
+#: how long a queue whose group job failed may take to be idle, joined and closed: at once, on a
+#: host that may be busy (before the fix, join(5) returned False and close() never returned)
+PROMPT = 1.0
 
 
 def fresh(interval: float, **kwargs: object) -> Queue:
@@ -197,3 +214,80 @@ def test_starts_are_spaced_on_the_state_clock() -> None:
     assert queue.join(LONG)
     assert len(state.starts) == 20
     assert min(b - a for a, b in itertools.pairwise(state.starts)) >= 2000
+
+
+# ------------------------------------------- a group job failed by the state leaves no stuck queue
+
+#: what fails a job of group "bob" of queue "q", and the error its future fails with
+CAUSES = {"unreachable": StateUnavailable, "other terms": TermsMismatch}
+
+
+def group_state(cause: str, *, on_asyncio: bool = False) -> Any:
+    """A state on which group "bob" of queue "q" cannot have its place.
+
+    ``"unreachable"``: Redis on a closed port, through a client that does not
+    retry (the state's own clients retry for 2.6 s). ``"other terms"``: the
+    group's record ``q:group:bob`` made by a limiter of another interval.
+    """
+    if cause == "unreachable":
+        port = free_port()
+        if on_asyncio:
+            return AsyncRedisState(redis.asyncio.Redis(port=port, retry=AsyncRetry(NoBackoff(), 0)))
+        return RedisState(redis.Redis(port=port, retry=Retry(NoBackoff(), 0)))
+    state = MemoryState(private=True)
+    Limiter(state, name="q:group:bob", interval=5).acquire()
+    return state
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+def test_a_group_job_failed_by_the_state_leaves_its_queue_idle_and_closable(cause: str) -> None:
+    queue = Queue(group_state(cause), name="q", interval=0.01)
+    future = queue.add(lambda: "never", group="bob")
+    with pytest.raises(CAUSES[cause]):
+        future.result(LONG)
+    assert queue.pending == 0
+    began = time.monotonic()
+    assert queue.join(5)
+    closer = threading.Thread(target=queue.close, daemon=True)
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive(), "close() did not return"
+    assert time.monotonic() - began < PROMPT
+    for thread in queue_threads():  # the pacer, a non-daemon thread, ends: the interpreter may exit
+        thread.join(5)
+        assert not thread.is_alive(), thread.name
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+def test_the_interpreter_exits_after_a_group_job_failed_by_the_state(cause: str) -> None:
+    """No close(), no join(): a process whose group job failed ends (the pacer thread is no daemon)."""
+    script = f"""
+        import ratequeue
+        from tests.test_queue import group_state
+        queue = ratequeue.Queue(group_state({cause!r}), name="q", interval=0.01)
+        error = queue.add(lambda: "never", group="bob").exception(30)
+        print(type(error).__name__, queue.pending)
+    """
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=LONG
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [CAUSES[cause].__name__, "0"]
+    assert time.monotonic() - began < 10, "the process waited for a pacer to give up"
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+def test_aio_a_group_job_failed_by_the_state_leaves_its_queue_idle_and_closable(cause: str) -> None:
+    async def main() -> float:
+        queue = aio.Queue(group_state(cause, on_asyncio=True), name="q", interval=0.01)
+        future = queue.add(lambda: "never", group="bob")
+        with pytest.raises(CAUSES[cause]):
+            await asyncio.wait_for(future, LONG)
+        assert queue.pending == 0
+        began = time.monotonic()
+        assert await queue.join(5)
+        await asyncio.wait_for(queue.close(), 5)
+        return time.monotonic() - began
+
+    assert asyncio.run(main()) < PROMPT

@@ -86,7 +86,7 @@ def poke(backend: Backend, state: State, name: str, fields: dict[str, Any]) -> N
             key: str(int(value)) if isinstance(value, bool) else str(value) for key, value in fields.items()
         }
         stored["leases"] = (
-            ",".join(f"{t}:{e}" for t, e in fields["leases"])
+            ",".join(":".join(map(str, lease)) for lease in fields["leases"])
             if isinstance(fields["leases"], list)
             else str(fields["leases"])
         )
@@ -129,15 +129,19 @@ def raw(state: State, name: str) -> object:
     return state.collection.find_one({"_id": name}, {"answer": False})
 
 
-def operations(name: str, interval: int) -> dict[str, Callable[[State], object]]:
-    return {
-        "take": lambda s: do(s, "take", name, interval),
-        "take_and_try": lambda s: do(s, "take_and_try", name, interval, 0),
-        "try_start": lambda s: do(s, "try_start", name, interval, 2, 0),
-        "retime": lambda s: do(s, "retime", name, interval, 1, 0),
-        "set_paused": lambda s: do(s, "set_paused", name, interval, True),
+def operations(name: str, interval: int, **terms: Any) -> dict[str, Callable[[State], object]]:
+    calls: dict[str, Callable[[State], object]] = {
+        "take": lambda s: do(s, "take", name, interval, **terms),
+        "take_and_try": lambda s: do(s, "take_and_try", name, interval, 0, **terms),
+        "try_start": lambda s: do(s, "try_start", name, interval, 2, 0, **terms),
+        "retime": lambda s: do(s, "retime", name, interval, 1, 0, **terms),
+        "set_paused": lambda s: do(s, "set_paused", name, interval, True, **terms),
         "read": lambda s: s.read(name),
     }
+    if terms.get("max_running"):
+        calls["release"] = lambda s: do(s, "release", name, interval, 1, token=5, **terms)
+        calls["renew"] = lambda s: do(s, "renew", name, interval, 1, token=5, **terms)
+    return calls
 
 
 def assert_refused(
@@ -171,6 +175,57 @@ def test_a_far_future_at_is_refused_by_every_operation(backend: Backend) -> None
     pattern = rf"has at={at}, more than 3600 s ahead of the state clock \(now=\d+\).*reset the queue"
     assert_refused(state, name, operations(name, INTERVAL), pattern)
     assert_reset_clears(state, name)
+
+
+@pytest.mark.parametrize("field", ["held", "leases"])
+def test_a_far_future_held_or_lease_is_refused_by_every_operation(backend: Backend, field: str) -> None:
+    """``held``, or a lease's expiry, ten years ahead (issue 27): refused as ``at`` is; reset clears it.
+
+    Such a record stalled its queue silently before: every start waited for
+    the lease, or for the grace after ``held``, for ten years.
+    """
+    state = backend.open()
+    name = backend.fresh_name()
+    now = state.read(name).now
+    far = now + TEN_YEARS_US
+    fields: dict[str, Any] = {
+        "ticket": 3,
+        "pos": 1,
+        "at": now - INTERVAL,
+        "interval": INTERVAL,
+        "max_running": 2,
+    }
+    fields |= {"held": far} if field == "held" else {"leases": [[1, far, 5]]}
+    poke(backend, state, name, fields)
+    pattern = rf"has {field}={far}, more than \d+ s ahead of the state clock \(now=\d+\).*reset the queue"
+    assert_refused(state, name, operations(name, INTERVAL, max_running=2, lease_us=10**6), pattern)
+    assert_reset_clears(state, name)
+
+
+@pytest.mark.parametrize(
+    "leases",
+    [[[1, 0, 5], [1, 0, 6]], [[2, 0, 5]], [[1, 0]], [[1, 0, -1]]],
+    ids=["two leases on one ticket", "a lease on a ticket not started", "no token", "a negative token"],
+)
+def test_leases_the_protocol_could_not_have_written_are_refused(backend: Backend, leases: list[Any]) -> None:
+    """A lease on a ticket twice, on one not started (above ``pos``), or without a valid token: corrupt."""
+    if backend.kind == "memory":
+        pytest.skip("the memory state stores Record objects ratequeue made, never raw fields")
+    state = backend.open()
+    name = backend.fresh_name()
+    now = state.read(name).now
+    leases = [[t, now + 10**6, *rest[1:]] for t, *rest in leases]
+    fields = {
+        "ticket": 3,
+        "pos": 1,
+        "at": now - INTERVAL,
+        "interval": INTERVAL,
+        "max_running": 2,
+        "leases": leases,
+    }
+    poke(backend, state, name, fields)
+    assert_refused(state, name, operations(name, INTERVAL, max_running=2, lease_us=10**6), "leases")
+    assert state.reset(name) is True
 
 
 def test_the_lead_limit_is_exact(backend: Backend) -> None:

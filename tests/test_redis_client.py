@@ -426,7 +426,7 @@ def test_a_bad_burst_or_due_is_refused(
 
 
 def test_leases_are_three_fields_of_the_hash(redis_server: Server, admin: redis.Redis) -> None:
-    """max_running, leases ("t:e,...") and held are fields of every hash (no cap: 0, no lease, NEVER)."""
+    """max_running, leases ("t:e:k,...") and held are fields of every hash (no cap: 0, no lease, NEVER)."""
     t0 = 10**15
     now = [t0]
     state = clocked(redis_server, "lean:", now)
@@ -439,7 +439,7 @@ def test_leases_are_three_fields_of_the_hash(redis_server: Server, admin: redis.
         assert (stored[b"max_running"], stored[b"leases"], stored[b"paused"]) == (b"0", b"", b"0")
         assert stored[b"held"] == b"%d" % protocol.NEVER
         assert do(state, "take_and_try", capped, 1000, 0, **terms) == Started(1, t0, t0)
-        assert admin.hgetall(f"lean:{capped}")[b"leases"] == b"%d:%d" % (1, t0 + 5000)
+        assert admin.hgetall(f"lean:{capped}")[b"leases"] == b"%d:%d:0" % (1, t0 + 5000)
         assert admin.hgetall(f"lean:{capped}")[b"held"] == b"%d" % protocol.NEVER
         now[0] = t0 + 1000
         assert do(state, "take_and_try", capped, 1000, 0, **terms) == Started(2, t0 + 1000, t0 + 1000)
@@ -447,7 +447,7 @@ def test_leases_are_three_fields_of_the_hash(redis_server: Server, admin: redis.
         assert do(state, "take_and_try", capped, 1000, 0, **terms) == Wait(3, t0 + 5000, t0 + 2000)
         stored = admin.hgetall(f"lean:{capped}")
         assert stored[b"max_running"] == b"2"
-        assert stored[b"leases"] == b"1:%d,2:%d" % (t0 + 5000, t0 + 6000)
+        assert stored[b"leases"] == b"1:%d:0,2:%d:0" % (t0 + 5000, t0 + 6000)
         assert stored[b"held"] == b"%d" % (t0 + 2000)
         # the TTL runs from the latest of the leases' expiries and the grace after held (t0 + 302 ms),
         # 300 ms after now, plus the keep time (the TTL itself runs in real time)
@@ -457,7 +457,7 @@ def test_leases_are_three_fields_of_the_hash(redis_server: Server, admin: redis.
         assert do(state, "renew", capped, 1000, 2, **terms) is True
         record = state.read(capped).record
         assert record is not None
-        assert (record.leases, record.held) == (((2, t0 + 7000),), t0 + 2000)
+        assert (record.leases, record.held) == (((2, t0 + 7000, 0),), t0 + 2000)
         with pytest.raises(ConfigurationError, match="has max_running 2 in this state, not 3"):
             do(state, "release", capped, 1000, 2, max_running=3, lease_us=1)
         with pytest.raises(ConfigurationError, match="has max_running no cap"):
@@ -808,13 +808,13 @@ def test_the_script_serves_every_operation() -> None:
 @pytest.mark.parametrize(
     ("op", "args"),
     [
-        ("take", (0, 0, 1, 0)),
-        ("try_start", (7, 0, 3, 0)),
-        ("take_and_try", (0, 250, 2, 0)),
-        ("retime", (7, 9, 1, 0)),
-        ("set_paused", (0, 0, 1, 1)),
-        ("release", (7, 0, 1, 0)),
-        ("renew", (7, 0, 1, 0)),
+        ("take", (0, 0, 1, 0, 0)),
+        ("try_start", (7, 0, 3, 0, 2**52 - 1)),
+        ("take_and_try", (0, 250, 2, 0, 99)),
+        ("retime", (7, 9, 1, 0, 0)),
+        ("set_paused", (0, 0, 1, 1, 0)),
+        ("release", (7, 0, 1, 0, 12)),
+        ("renew", (7, 0, 1, 0, 12)),
         ("read", codec.READ_ARGUMENTS),
     ],
 )
@@ -841,10 +841,11 @@ def test_kept_heads_tell_terms_apart() -> None:
         Terms(10, 1, 0, 2, 8),
         Terms(10),
     )
-    packed = {terms: b"".join(commands.packed("take", "k", terms, 5, (0, 0, 1, 0))) for terms in every}
+    packed = {terms: b"".join(commands.packed("take", "k", terms, 5, (0, 0, 1, 0, 0))) for terms in every}
     assert len(set(packed.values())) == 5
     numbers = b"".join(
-        b"$%d\r\n%b\r\n" % (len(n), n) for n in (b"10", b"1", b"3", b"0", b"0", b"5", b"0", b"0", b"1", b"0")
+        b"$%d\r\n%b\r\n" % (len(n), n)
+        for n in (b"10", b"1", b"3", b"0", b"0", b"5", b"0", b"0", b"1", b"0", b"0")
     )
     assert packed[Terms(10, 1, 3)].endswith(numbers)
 
@@ -866,9 +867,9 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     reply = f"record 5 3 2 1 10 4 21 1 0 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused
     leased = Record(
-        ticket=3, pos=2, at=1, interval=10, due=1, max_running=2, leases=((1, 7), (2, -3)), held=4
+        ticket=3, pos=2, at=1, interval=10, due=1, max_running=2, leases=((1, 7, 0), (2, -3, 9)), held=4
     )
-    reply = b"record 5 3 2 1 10 1 1 0 2 4 1 7 2 -3"
+    reply = b"record 5 3 2 1 10 1 1 0 2 4 1 7 0 2 -3 9"
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == leased
     for reply in (b"set 1 5", "set 1 5"):
         assert codec.parse_changed(reply, "q", "k", TERMS) is True

@@ -34,8 +34,7 @@ from ratequeue.state.redis import AsyncRedisState, RedisState
 
 from . import _workers
 from .backends import Backend
-from .redis_cluster import Cluster, cluster, executables
-from .servers import unavailable
+from .redis_cluster import Cluster
 
 # the contract suite, collected again here with this module's ``backend`` (the cluster)
 from .test_contract import (  # noqa: F401
@@ -47,19 +46,6 @@ from .test_contract import (  # noqa: F401
 
 INTERVAL = 0.01
 WAIT = 120.0
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three Redis masters on loopback, joined in a cluster, for the whole session."""
-    found = executables()
-    if found is None:
-        unavailable(
-            "redis-server and redis-cli are needed for the Redis Cluster tests (Debian: redis-server)"
-        )
-        raise AssertionError("unreachable")
-    with cluster(tmp_path_factory.mktemp("redis-cluster"), *found) as made:
-        yield made
 
 
 @dataclass

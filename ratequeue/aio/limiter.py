@@ -18,8 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..core.flow import arun
+from ..core.leases import Held
 from ..core.shard import Turn
 from ..drivers import AsyncioDriver
+from ..fallback import PROBE_TASK
 from ..running import LimiterBase, ReservationBase, ShardRunner, Status, entered
 from ..settings import Options, Seconds, Settings
 from ..state import AsyncState, AsyncStateLike, State, open_async_state
@@ -80,22 +82,22 @@ class Limiter(LimiterBase):
 
     async def release(self, turn: Turn) -> bool:
         """End the job of ``turn``: give its place back now (see :meth:`ratequeue.Limiter.release`)."""
-        return await self._release(turn.ticket)
+        return await self._release((turn.ticket, turn.token))
 
-    async def _release(self, ticket: int) -> bool:
+    async def _release(self, held: Held) -> bool:
         leases = self._runner.leases
         if leases is None:
             return False
         try:
-            return await arun(leases.release_flow(ticket))
+            return await arun(leases.release_flow(held))
         except asyncio.CancelledError:
-            leases.release_later(ticket)  # the keeper releases it (again, if it was)
+            leases.release_later(held)  # the keeper releases it (again, if it was)
             raise
 
-    async def _release_quietly(self, ticket: int) -> None:
+    async def _release_quietly(self, held: Held) -> None:
         """:meth:`release`, a failure logged: the job's own outcome matters more, and its lease expires."""
         try:
-            await self._release(ticket)
+            await self._release(held)
         except Exception as exc:
             _log.warning("could not release a lease of queue %r: %s", self.name, exc)
 
@@ -131,7 +133,7 @@ class Limiter(LimiterBase):
                 return await result if is_coroutine else result
             finally:
                 if self.max_running:
-                    await self._release_quietly(turn.ticket)
+                    await self._release_quietly((turn.ticket, turn.token))
 
         return cast(F, wrapped)
 
@@ -141,19 +143,24 @@ class Limiter(LimiterBase):
     async def __aexit__(self, *exc: object) -> None:
         turn = entered(self)
         if turn is not None and self.max_running:
-            await self._release_quietly(turn.ticket)
+            await self._release_quietly((turn.ticket, turn.token))
 
     async def close(self) -> None:
         """Close the state if opened from a URL; with ``max_running``, release the leases held first."""
         runner = self._runner
         driver = cast(AsyncioDriver, runner.driver)
+        if runner.fallback is not None:
+            runner.fallback.stopped = True
+            for task in driver.tasks:  # a probe of a state that is down: nothing to finish
+                if task.get_name().startswith(PROBE_TASK):
+                    task.cancel()
         held = runner.leases.drain() if runner.leases is not None else []
         keepers = [task for task in driver.tasks if not task.done()]
         if keepers:  # the keeper finishes the call it may be making (a release taken off the book)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(asyncio.gather(*keepers)), _CLOSE_WAIT)
-        for ticket in held:
-            await self._release_quietly(ticket)
+        for lease in held:
+            await self._release_quietly(lease)
         if self._owns_state:
             await self.state.close()
         if runner.reporter.on:
@@ -179,4 +186,4 @@ class Reservation(ReservationBase):
         if turn is None:
             self.cancel()
         elif self._runner.leases is not None:
-            await cast(Limiter, self._limiter)._release_quietly(turn.ticket)
+            await cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))

@@ -119,16 +119,33 @@ _pause, _resume = functools.partial(_set_paused, paused=True), functools.partial
 
 
 def _keys(args: argparse.Namespace, out: TextIO) -> int:
+    """The names with a record beginning with ``PREFIX``; stored names that are not queue names on stderr."""
     prefix = check_prefix(args.prefix)
+    names: list[str] = []
+    unreadable: list[str] = []
     with opened_state(args.url) as state:
         where = redact(state.url)
-        names = state.names(prefix)
+        for name in state.names(prefix):
+            try:
+                names.append(check_name(name))
+            except ConfigurationError as exc:
+                unreadable.append(_not_a_name(where, name, exc))
     if args.json:
-        say_json(out, {"state": where, "prefix": prefix, "names": names})
-        return 0
-    say(out, *names)
-    say(sys.stderr, f"{len(names)} queue(s) with a record beginning with {prefix!r}")
-    return 0
+        say_json(out, {"state": where, "prefix": prefix, "names": names, "unreadable": unreadable})
+    else:
+        say(out, *names)
+        say(sys.stderr, f"{len(names)} queue(s) with a record beginning with {prefix!r}")
+    say(sys.stderr, *(f"ratequeue: error: {problem}" for problem in unreadable))
+    return 2 if unreadable else 0
+
+
+def _not_a_name(where: str, name: str, exc: ConfigurationError) -> str:
+    """What to say of a stored ``name`` no queue can have (a foreign key under a Redis prefix, say).
+
+    Its repr shows its control characters, and the bytes of a Redis key that
+    is not UTF-8 as lone surrogates (``\\xff`` as ``\\udcff``).
+    """
+    return f"{where} holds a record under {name!r}, not a valid queue name: {exc}"
 
 
 #: the columns of ``list``: heading, and the text of a queue's fields
@@ -163,9 +180,7 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
             except StateCorrupted as exc:
                 unreadable.append(scrub(str(exc), args.url))
             except ConfigurationError as exc:
-                # a stored name no queue can have (a foreign key under a Redis prefix, say): repr shows
-                # its control characters
-                unreadable.append(f"{where} holds a record under {name!r}, not a valid queue name: {exc}")
+                unreadable.append(_not_a_name(where, name, exc))
             else:
                 if snapshot.record is not None:  # else deleted since names() listed it
                     rows.append(queue_fields(name, snapshot))

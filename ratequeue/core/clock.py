@@ -19,7 +19,17 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["DIRECT_STEP", "DRIFT", "FEW_BOUNDS", "OFFSET_SLACK", "OFFSET_WINDOW", "OffsetEstimator"]
+from ..errors import ConfigurationError
+
+__all__ = [
+    "DIRECT_STEP",
+    "DRIFT",
+    "FEW_BOUNDS",
+    "OFFSET_SLACK",
+    "OFFSET_WINDOW",
+    "OffsetEstimator",
+    "to_float",
+]
 
 #: how fast (s per s) a state's clock may drift from this host's: 500 ppm, the fastest rate at
 #: which the kernel slews a clock that NTP corrects (undisciplined quartz differs by ~200 ppm)
@@ -130,3 +140,18 @@ class OffsetEstimator:
     def _stepped(self, by: float) -> None:
         self.steps += 1
         self.step = by
+
+
+def to_float(what: str, value: float) -> float:
+    """``value``, a number a user gave (seconds, a rate's period), as a float.
+
+    :class:`ConfigurationError` for an integer too large for a float
+    (``10**400``), where ``float()`` raises a bare ``OverflowError``.
+    """
+    try:
+        return float(value)
+    except OverflowError:
+        bits = int(value).bit_length()
+        raise ConfigurationError(
+            f"{what} must be a number a float can hold, got an integer of {bits} bits"
+        ) from None

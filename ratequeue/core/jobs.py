@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar, Union
 
 from ..errors import ConfigurationError
+from .clock import to_float
 
 __all__ = [
     "OVERFLOW_RULES",
@@ -79,6 +80,7 @@ class Backoff:
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
                 raise ConfigurationError(f"Backoff {name} must be a finite number >= {low:g}, got {value!r}")
+            to_float(f"Backoff {name}", value)  # (10**400: a delay added to a clock would overflow)
         if not isinstance(self.jitter, bool):
             raise ConfigurationError(f"Backoff jitter must be True or False, got {self.jitter!r}")
 
@@ -306,7 +308,7 @@ def delay_until(value: object, clock: Callable[[], float]) -> float | None:
     elif isinstance(value, datetime.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = to_float("not_before", value)
     else:
         raise ConfigurationError(
             f"not_before must be a datetime, a timedelta or seconds from now, got {type(value).__name__}"

@@ -18,6 +18,7 @@ from ..errors import ConfigurationError
 from .protocol import (
     MAX_BURST,
     MAX_LEAD_US,
+    MAX_LEASE_US,
     MAX_RUNNING,
     MAX_US,
     Answer,
@@ -54,12 +55,12 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 #: the arguments each kind takes beyond the queue's name and terms (the others keep their defaults)
 ARGUMENTS: dict[str, tuple[str, ...]] = {
     "take": ("cost",),
-    "try_start": ("ticket", "lead_us", "cost"),
-    "take_and_try": ("lead_us", "cost"),
+    "try_start": ("ticket", "lead_us", "cost", "token"),
+    "take_and_try": ("lead_us", "cost", "token"),
     "retime": ("ticket", "lead_us"),
     "set_paused": ("paused",),
-    "release": ("ticket",),
-    "renew": ("ticket",),
+    "release": ("ticket", "token"),
+    "renew": ("ticket", "token"),
 }
 
 
@@ -112,6 +113,8 @@ class Terms(NamedTuple):
             )
         _whole("keep_us", keep_us, 0)
         _whole("lease_us", lease_us, 0 if max_running is None else 1)
+        if lease_us > MAX_LEASE_US:
+            raise ConfigurationError(f"lease_us must be at most {MAX_LEASE_US} (a day), got {lease_us!r}")
         return cls(interval_us, burst, keep_us, max_running, lease_us)
 
 
@@ -132,6 +135,9 @@ class Operation(NamedTuple):
     cost: int = 1
     #: set_paused: pause (``True``) or resume
     paused: bool = False
+    #: the shard's number for the ticket (1 to ``MAX_US - 1``; 0: none), which names its lease on a
+    #: queue with ``max_running`` (:data:`~ratequeue.core.protocol.Lease`)
+    token: int = 0
 
 
 def operation(
@@ -143,6 +149,7 @@ def operation(
     lead_us: int = 0,
     cost: int = 1,
     paused: bool = False,
+    token: int = 0,
 ) -> Operation:
     """An :class:`Operation` of ``kind`` on queue ``name``, every argument checked.
 
@@ -166,13 +173,15 @@ def operation(
             f"cost must be a whole number from 1 to the burst ({terms.burst}), got {cost!r}"
             + ("; a cost above 1 needs a burst at least as large" if terms.burst == 1 else "")
         )
+    if "token" in takes:
+        _whole("token", token, 0)
     if "paused" in takes and not isinstance(paused, bool):
         raise ConfigurationError(f"paused must be True or False, got {paused!r}")
     if kind == "renew" and terms.max_running is None:
         raise ConfigurationError(
             "renew needs max_running: a queue without a cap on running jobs has no leases"
         )
-    return Operation(kind, check_name(name), terms, ticket, lead_us, cost, paused)
+    return Operation(kind, check_name(name), terms, ticket, lead_us, cost, paused, token)
 
 
 #: the longest queue name accepted, in characters
@@ -211,10 +220,14 @@ def apply(record: Record, op: Operation, now: Micros) -> tuple[Record, Answer]:
 #: each kind of operation as a step of the record (:func:`apply` without the call)
 STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] = {
     "take": lambda rec, op, now: take(rec, now, op.cost),
-    "try_start": lambda rec, op, now: try_start(rec, op.ticket, op.lead_us, now, op.cost, op.terms.lease_us),
-    "take_and_try": lambda rec, op, now: take_and_try(rec, op.lead_us, now, op.cost, op.terms.lease_us),
+    "try_start": lambda rec, op, now: try_start(
+        rec, op.ticket, op.lead_us, now, op.cost, op.terms.lease_us, op.token
+    ),
+    "take_and_try": lambda rec, op, now: take_and_try(
+        rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token
+    ),
     "retime": lambda rec, op, now: retime(rec, op.ticket, op.lead_us, now),
     "set_paused": lambda rec, op, now: set_paused(rec, op.paused, now),
-    "release": lambda rec, op, now: release(rec, op.ticket, now),
-    "renew": lambda rec, op, now: renew(rec, op.ticket, op.terms.lease_us, now),
+    "release": lambda rec, op, now: release(rec, op.ticket, now, op.token),
+    "renew": lambda rec, op, now: renew(rec, op.ticket, op.terms.lease_us, now, op.token),
 }

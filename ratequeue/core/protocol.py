@@ -20,6 +20,7 @@ __all__ = [
     "FULL_GRACE_US",
     "FULL_RECHECK_US",
     "MAX_BURST",
+    "MAX_LEASE_US",
     "MAX_LEAD_US",
     "MAX_RUNNING",
     "MAX_US",
@@ -27,6 +28,7 @@ __all__ = [
     "PAUSED_RECHECK_US",
     "US",
     "Answer",
+    "Lease",
     "Micros",
     "Outcome",
     "Passed",
@@ -72,6 +74,10 @@ MAX_BURST = 2**31
 #: the largest ``max_running``: its leases are kept in the record itself
 MAX_RUNNING = 1000
 
+#: the longest lease (a day): a lease expires at most this long after the start or renewal that
+#: took it, so one expiring further past ``now`` than this and :data:`MAX_LEAD_US` was not written
+MAX_LEASE_US = 86_400 * US
+
 #: how far ahead (us) a paused record answers :class:`Wait` at the least: a waiting shard asks
 #: again once a second while the queue is paused
 PAUSED_RECHECK_US = US
@@ -82,6 +88,13 @@ FULL_RECHECK_US = 100_000
 #: for how long (us) after a record was last found full no ticket may pass an earlier one: three
 #: rechecks, so that every holder waiting for a place has asked again before a later ticket goes
 FULL_GRACE_US = 3 * FULL_RECHECK_US
+
+
+#: a running job's lease: ``(ticket, expiry, token)``; the job holds one of ``max_running`` places
+#: until ``expiry`` (us, state clock). ``token`` is the number the ticket's shard gave the ticket
+#: (1 to ``MAX_US - 1``): only an operation naming it renews or releases the lease, and a start
+#: asked for again with it (its reply lost) is answered with this start (:func:`try_start`)
+Lease = tuple[int, Micros, int]
 
 
 class Record(NamedTuple):
@@ -104,8 +117,8 @@ class Record(NamedTuple):
     paused: bool = False
     #: how many jobs may run at once across every shard (``None``: no cap), fixed when created
     max_running: int | None = None
-    #: the leases of running jobs: ``(ticket, expiry)`` pairs in start order, expiry on the state clock
-    leases: tuple[tuple[int, Micros], ...] = ()
+    #: the leases of running jobs (:data:`Lease`), in start order (so in ticket order)
+    leases: tuple[Lease, ...] = ()
     #: when (state clock) a start was last refused for a full record; ``NEVER`` if never
     held: Micros = NEVER
 
@@ -185,7 +198,7 @@ class Unwritten(ValueError):
         super().__init__(f"{field}={value} at now={now}")
 
 
-def live_leases(record: Record, now: Micros) -> tuple[tuple[int, Micros], ...]:
+def live_leases(record: Record, now: Micros) -> tuple[Lease, ...]:
     """``record``'s leases that have not expired at state-clock time ``now``."""
     return tuple(lease for lease in record.leases if lease[1] > now)
 
@@ -194,11 +207,20 @@ def check(record: Record, now: Micros) -> Record:
     """``record``, if the protocol could have written it by ``now``; else :class:`Unwritten`.
 
     Every start lies at most :data:`MAX_LEAD_US` past the ``now`` it was
-    made at; a record whose ``at`` lies further ahead would stall every
-    shard until then, so it is refused. Every operation checks its record first.
+    made at, ``held`` is a ``now``, and a lease expires at most
+    :data:`MAX_LEASE_US` after a start or a ``now``: a record whose ``at``,
+    ``held`` or lease lies further ahead would stall every shard until then
+    (an hour of the state's clock stepping back is allowed for), so it is
+    refused. Every operation checks its record first.
     """
-    if record.at > now + MAX_LEAD_US:
+    horizon = now + MAX_LEAD_US
+    if record.at > horizon:
         raise Unwritten("at", record.at, now)
+    if record.held > horizon:
+        raise Unwritten("held", record.held, now)
+    for lease in record.leases:
+        if lease[1] > horizon + MAX_LEASE_US:
+            raise Unwritten("leases", lease[1], now)
     return record
 
 
@@ -219,8 +241,8 @@ def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
 def _taken(record: Record, now: Micros, cost: int) -> Record:
     """The record after :func:`take` (the ticket handed out is ``record.ticket``)."""
     ticket, pos, at, interval, due, burst, paused, max_running, leases, held = record
-    if at > now + MAX_LEAD_US:
-        raise Unwritten("at", at, now)
+    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or leases:
+        check(record, now)
     if ticket + cost >= MAX_US:
         raise Unwritten("ticket", ticket, now)
     last = ticket - 1
@@ -232,7 +254,7 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
 
 
 def try_start(
-    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0
+    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0, token: int = 0
 ) -> tuple[Record, Outcome]:
     """Start ``ticket``, taken for a job of ``cost``, if its earliest start is at most ``lead`` us away.
 
@@ -242,23 +264,30 @@ def try_start(
 
     * The latest start asked for again is started again, unchanged, while
       its interval has not run out (:func:`repeats_start`): a client that
-      re-sends a call whose reply was lost keeps its turn.
+      re-sends a call whose reply was lost keeps its turn. With
+      ``max_running``, a start asked for again with its lease's ``token``
+      is answered the same for as long as the lease lives (its start is
+      the expiry less ``lease``).
     * A ticket at or below ``pos``, or one never handed out (the record was
       reset), is :class:`Passed`.
     * Paused: nothing starts; :class:`Wait` until the earliest start or
       :data:`PAUSED_RECHECK_US` from now, whichever is later.
     * With ``max_running``: a start takes a lease on ``ticket`` until
-      ``start + lease``; while ``max_running`` leases are live nothing starts
+      ``start + lease``, naming ``token``; while ``max_running`` leases are live nothing starts
       (:class:`Wait` until the earliest start, or the first expiry or
       :data:`FULL_RECHECK_US`, whichever is sooner of those two) and the
       record notes ``held = now``. For :data:`FULL_GRACE_US` after ``held`` a
       ticket may not pass an earlier one.
     """
-    if record.at > now + MAX_LEAD_US:
-        raise Unwritten("at", record.at, now)
     ticket_next, pos, at, interval, due, burst, paused, max_running, leases, held = record
+    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or leases:  # (in full only where it can fail)
+        check(record, now)
     if pos == ticket < ticket_next and now < at + interval:
         return record, Started(ticket, at, now)
+    if token and leases:
+        repeated = _repeated(leases, token, now, lease)
+        if repeated is not None and repeated.ticket == ticket:
+            return record, repeated
     if pos >= ticket or ticket >= ticket_next:
         return record, Passed(ticket, pos, now)
     # (conditional expressions rather than max(): this runs on every acquire)
@@ -275,10 +304,10 @@ def try_start(
     if max_running:
         leases = live_leases(record, now)
         if len(leases) >= max_running:
-            recheck = min(min(expiry for _, expiry in leases), now + FULL_RECHECK_US)
+            recheck = min(min(lease[1] for lease in leases), now + FULL_RECHECK_US)
             full = record._replace(leases=leases, held=now)
             return full, Wait(ticket, max(earliest, recheck), now)
-        leases += ((ticket, start + lease),)
+        leases += ((ticket, start + lease, token),)
     due = slot if slot > start else start
     # (tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs on every start)
     started = tuple.__new__(
@@ -293,10 +322,28 @@ def repeats_start(record: Record, ticket: int, now: Micros) -> bool:
 
 
 def take_and_try(
-    record: Record, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0
+    record: Record, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0, token: int = 0
 ) -> tuple[Record, Outcome]:
-    """:func:`take` a ticket and :func:`try_start` it, as one atomic step."""
-    return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease)
+    """:func:`take` a ticket and :func:`try_start` it, as one atomic step.
+
+    With ``max_running``: asked again with the ``token`` of a live lease (the
+    reply to the first call was lost, and it started a ticket), it answers
+    that start again and changes nothing, so a lost reply never holds a
+    place that nobody uses.
+    """
+    if token and record.leases:
+        repeated = _repeated(check(record, now).leases, token, now, lease)
+        if repeated is not None:
+            return record, repeated
+    return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease, token)
+
+
+def _repeated(leases: tuple[Lease, ...], token: int, now: Micros, lease: Micros) -> Started | None:
+    """The start of the live lease named ``token``, answered again; ``None`` if there is none."""
+    for held, expiry, named in leases:
+        if named == token and expiry > now:
+            return Started(held, expiry - lease, now)
+    return None
 
 
 def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
@@ -312,36 +359,44 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
         return record, Passed(ticket, record.pos, now)
     start = max(record.at, now + lead)
     moved = start - record.at
-    leases = tuple((held, expiry + moved if held == ticket else expiry) for held, expiry in record.leases)
+    leases = tuple(
+        (held, expiry + moved if held == ticket else expiry, named) for held, expiry, named in record.leases
+    )
     retimed = record._replace(at=start, due=max(record.due, start), leases=leases)
     return retimed, Started(ticket, start, now)
 
 
-def release(record: Record, ticket: int, now: Micros) -> tuple[Record, bool]:
-    """``record`` without ``ticket``'s lease (its job has ended), and whether that lease was live.
+def release(record: Record, ticket: int, now: Micros, token: int = 0) -> tuple[Record, bool]:
+    """``record`` without ``ticket``'s lease named ``token`` (its job has ended), and whether it was live.
 
-    Expired leases are dropped as well; a lease that expired or was never
-    taken changes nothing else.
+    Expired leases are dropped as well; a lease that expired, was never
+    taken, or is named by another token changes nothing else: only the
+    shard that started a ticket can give its place back.
     """
     check(record, now)
     leases = live_leases(record, now)
-    kept = tuple(lease for lease in leases if lease[0] != ticket)
+    kept = tuple(lease for lease in leases if lease[0] != ticket or lease[2] != token)
     if kept == record.leases:
         return record, False
     return record._replace(leases=kept), len(kept) < len(leases)
 
 
-def renew(record: Record, ticket: int, lease: Micros, now: Micros) -> tuple[Record, bool]:
-    """``record`` with ``ticket``'s lease lasting until ``now + lease`` at least, and whether it was live.
+def renew(record: Record, ticket: int, lease: Micros, now: Micros, token: int = 0) -> tuple[Record, bool]:
+    """``record`` with ``ticket``'s lease named ``token`` lasting until ``now + lease`` at least.
 
-    An expired lease cannot be renewed: its place may have gone to another
-    job meanwhile. Expired leases are dropped as well.
+    Answers whether that lease was live. An expired lease cannot be
+    renewed: its place may have gone to another job meanwhile. Expired
+    leases are dropped as well.
     """
     check(record, now)
     leases = live_leases(record, now)
-    if not any(held == ticket for held, _ in leases):
+    mine = (ticket, token)
+    if not any((held, named) == mine for held, _, named in leases):
         return (record, False) if leases == record.leases else (record._replace(leases=leases), False)
-    renewed = tuple((held, max(expiry, now + lease) if held == ticket else expiry) for held, expiry in leases)
+    renewed = tuple(
+        (held, max(expiry, now + lease), named) if (held, named) == mine else (held, expiry, named)
+        for held, expiry, named in leases
+    )
     return record._replace(leases=renewed), True
 
 
@@ -368,4 +423,4 @@ def expires(record: Record) -> Micros:
     expire before those end (the states keep a paused one for ever).
     """
     ends = [record.slot(record.ticket) + record.interval, record.held + FULL_GRACE_US]
-    return max(ends + [expiry for _, expiry in record.leases])
+    return max(ends + [lease[1] for lease in record.leases])

@@ -22,12 +22,14 @@ state's answers carry state-clock times in microseconds, converted with the
 
 from __future__ import annotations
 
+import secrets
 from collections import deque
 from typing import NamedTuple, Union
 
 from .clock import OffsetEstimator
+from .leases import Held
 from .operation import Operation, Terms
-from .protocol import MAX_LEAD_US, US, Answer, Passed, Started, Wait
+from .protocol import FULL_GRACE_US, MAX_LEAD_US, MAX_US, US, Answer, Passed, Started, Wait
 
 __all__ = [
     "DEFAULT_JITTER",
@@ -84,6 +86,9 @@ class Turn(NamedTuple):
     start_us: int
     #: the same instant on this process's clock, in seconds
     local_start: float
+    #: the number this turn's shard gave its ticket (0 without ``max_running``): releasing the
+    #: turn names it, so a turn releases its own lease only
+    token: int = 0
 
     @property
     def start(self) -> float:
@@ -119,6 +124,8 @@ class Place:
     #: how much earlier (s) than ``turn.local_start`` the start may truly have been: the
     #: round-trip of the answer that started it, when that was the first offset bound; else 0
     doubt = 0.0
+    #: set on the turn that rejoins a state that was down (``ratequeue.fallback``): from the state only
+    rejoin = False
 
     def __init__(self, deadline: float | None = None, timeout: float | None = None, cost: int = 1) -> None:
         #: local time by which the turn must have begun, or ``None``; the timeout (s) it came from
@@ -203,7 +210,7 @@ class Shard:
         self._ticket: int | None = None
         self._ticket_cost = 1
         self._slot: float | None = None
-        self._recheck = False
+        self._recheck = self._full = False
         #: local time of the answer that gave the slot; when to ask again for another offset bound
         self._asked: float | None = None
         self._probe_at: float | None = None
@@ -214,9 +221,19 @@ class Shard:
         #: the latest turn begun here, and how late (s) it began (see :meth:`_turn`)
         self._last_turn: Turn | None = None
         self._last_lateness = 0.0
-        #: tickets started that no caller began (dropped, given up, nobody left): on a record with
-        #: ``max_running`` their leases are released. The driver empties it.
-        self.unused: list[int] = []
+        #: the held ticket's token, and the token the next ticket is taken with: a new one once a
+        #: take is answered, the same one again after a take whose answer was lost (its retry is
+        #: then answered with the start the lost one made, if it made one)
+        self._token = 0
+        self._next_token = self._new_token()
+        self._taking = False
+        #: tickets started that no caller began (dropped, given up, nobody left), with their
+        #: tokens: on a record with ``max_running`` their leases are released. The driver empties it.
+        self.unused: list[Held] = []
+
+    def _new_token(self) -> int:
+        """A fresh token for a ticket (0 without ``max_running``: only leases need one)."""
+        return 1 + secrets.randbelow(MAX_US - 1) if self.terms.max_running else 0
 
     @property
     def waiting(self) -> int:
@@ -232,6 +249,19 @@ class Shard:
     def idle(self) -> bool:
         """Whether nobody waits or holds an unbegun turn, no call is in flight, and it is not paused."""
         return not self._line and self._holder is None and self._in_flight is None and not self._paused
+
+    @property
+    def full(self) -> bool:
+        """Whether the held ticket may wait for a place: told to wait at most ``FULL_GRACE_US``, with a cap.
+
+        A full record answers so, and so does one whose earlier tickets wait
+        for places (a wait for a slot as near looks the same).
+
+        A place freed in another process reaches it only when it asks again
+        (within :data:`~ratequeue.core.protocol.FULL_RECHECK_US`), unless the
+        state tells of freed places (:meth:`ratequeue.state.State.watch`).
+        """
+        return self._full and self._slot is not None and bool(self._line)
 
     @property
     def paused(self) -> bool:
@@ -290,7 +320,7 @@ class Shard:
         if self._holder is place:
             self._holder = None
             if place.turn is not None:
-                self.unused.append(place.turn.ticket)
+                self.unused.append((place.turn.ticket, place.turn.token))
 
     def withdraw(self, place: Place) -> None:
         """Withdraw ``place`` for good (its reservation was cancelled), unless its turn has begun.
@@ -352,9 +382,11 @@ class Shard:
         if self._ticket is None:
             self._in_flight = place
             self._call_cost = place.cost
+            self._taking = True
             # (tuple.__new__: every field, without the NamedTuple's __new__, a Python function)
             return tuple.__new__(
-                Operation, ("take_and_try", self.name, self.terms, 0, lead_us, place.cost, False)
+                Operation,
+                ("take_and_try", self.name, self.terms, 0, lead_us, place.cost, False, self._next_token),
             )
         if self._slot is not None:
             if deadline is not None and self._slot > deadline:
@@ -371,7 +403,17 @@ class Shard:
         self._call_cost = self._ticket_cost
         self._probe_at = None
         return tuple.__new__(
-            Operation, ("try_start", self.name, self.terms, self._ticket, lead_us, self._ticket_cost, False)
+            Operation,
+            (
+                "try_start",
+                self.name,
+                self.terms,
+                self._ticket,
+                lead_us,
+                self._ticket_cost,
+                False,
+                self._token,
+            ),
         )
 
     def _started_step(self, place: Place, turn: Turn, now: float) -> Step | None:
@@ -424,7 +466,7 @@ class Shard:
     def _give_up(self, place: Place) -> None:
         """Put a place whose turn started back at the head of the line, to take a new ticket."""
         if place.turn is not None:
-            self.unused.append(place.turn.ticket)
+            self.unused.append((place.turn.ticket, place.turn.token))
         place.turn = None
         place.retimes = 0
         place.given_up += 1
@@ -447,6 +489,9 @@ class Shard:
         if self._in_flight is not place:
             raise ValueError("no call is in flight for this place")
         self._in_flight = None
+        if self._taking:  # a take was answered: its token is the ticket's, and the next take gets a new one
+            self._taking = False
+            self._token, self._next_token = self._next_token, self._new_token()
         rtt = received - sent if received > sent else 0.0
         smoothed = self._rtt
         self._new_rtt(rtt if smoothed is None else smoothed + _RTT_WEIGHT * (rtt - smoothed))
@@ -466,7 +511,7 @@ class Shard:
             if self._holder is not place or place.turn is None:
                 return  # the turn was abandoned meanwhile
             if isinstance(answer, Started):
-                place.turn = self._turn(answer, offset, sent)
+                place.turn = self._turn(answer, offset, sent, place.turn.token)
                 place.doubt = doubt
             elif self.burst > 1:
                 place.begins_late = True
@@ -477,11 +522,11 @@ class Shard:
             line = self._line
             if not line or line[0].cost > self._call_cost:
                 # the caller left and nobody else waits, or the next one costs more than the turn
-                self.unused.append(answer.ticket)
+                self.unused.append((answer.ticket, self._token))
                 return
             head = line.popleft()  # the caller itself, or the next one if it left meanwhile
             head.queued = False
-            head.turn = self._turn(answer, offset, sent)
+            head.turn = self._turn(answer, offset, sent, self._token)
             head.doubt = doubt
             self._holder = head
         elif isinstance(answer, Wait):
@@ -495,13 +540,18 @@ class Shard:
             # a slot within the lead asked with would have started, were only the rate in the
             # way: the record is paused or full, and the slot is when to ask again
             self._recheck = answer.slot - answer.now <= self._call_lead_us
+            # On a capped queue, a wait of at most FULL_GRACE_US may be for a place: the record is
+            # full (a wait of FULL_RECHECK_US at most), or tickets before this one wait for places
+            # (FULL_GRACE_US after it was last found full). A paused record's is a second or more;
+            # a wait for a slot as near looks the same, and is watched too.
+            self._full = bool(self.terms.max_running) and answer.slot - answer.now <= FULL_GRACE_US
             wake = slot if self._recheck else slot - self.lead
             if bounded and new_ticket and wake - received >= _PROBE_FROM and self.estimator.few(received):
                 self._probe_at = received + (wake - received) / 2  # once per ticket
         else:
             self._ticket = self._slot = None
 
-    def _turn(self, started: Started, offset: float, sent: float) -> Turn:
+    def _turn(self, started: Started, offset: float, sent: float, token: int) -> Turn:
         """The turn ``started`` gives, its start converted to local time with ``offset``.
 
         A tighter offset bound learnt since this shard's previous begun turn
@@ -516,10 +566,12 @@ class Shard:
             gap = (started.start - last.start_us) / US
             room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
             local = max(local, last.local_start + gap - max(0.0, room))
-        return tuple.__new__(Turn, (started.ticket, started.start, local))
+        return tuple.__new__(Turn, (started.ticket, started.start, local, token))
 
-    def convert(self, started: Started, sent: float, received: float, *, offset: float | None = None) -> Turn:
-        """The turn ``started`` gives, converted to local time as :meth:`receive` would (no place involved).
+    def convert(
+        self, started: Started, sent: float, received: float, *, offset: float | None = None, token: int = 0
+    ) -> Turn:
+        """The turn ``started`` gives (with ``token``), converted to local time as :meth:`receive` would.
 
         For a start moved outside the line (``all_of``); the answer bounds the offset too.
         """
@@ -527,7 +579,7 @@ class Shard:
             offset, _ = self.estimator.bound(received, started.now / US, max(0.0, received - sent))
         else:
             self.estimator.direct(offset)
-        return Turn(started.ticket, started.start, _to_local(started.start, started.now, offset, sent))
+        return Turn(started.ticket, started.start, _to_local(started.start, started.now, offset, sent), token)
 
     def learn_clock(self, other: Shard, now: float) -> None:
         """Start from what ``other``, a shard of the same state, knows of its clock (a group's new key)."""
@@ -535,15 +587,24 @@ class Shard:
         if self._rtt is None:
             self._new_rtt(other._rtt)
 
-    def failed(self, place: Place) -> None:
+    def failed(self, place: Place, *, answered_elsewhere: bool = False) -> None:
         """Report that the call made for ``place`` raised or was abandoned.
 
         Its answer is unknown: a ticket it may have taken is lost (costing
-        the others at most one interval), and the held ticket is kept. A
-        failed re-time leaves the turn as it was.
+        the others at most one interval), and the held ticket is kept, with
+        its token, as is a take's token: retried, the call is answered with
+        the start the lost one made, if it made one. With
+        ``answered_elsewhere`` (an asyncio call cancelled on its way, whose
+        answer gives its start's lease back) the call's ticket or token is
+        dropped instead. A failed re-time leaves the turn as it was.
         """
         self._finish_call(place)
-        self._retiming = False
+        if answered_elsewhere and not self._retiming:
+            if self._taking:
+                self._next_token = self._new_token()
+            else:
+                self._ticket = self._slot = None
+        self._retiming = self._taking = False
 
     def _finish_call(self, place: Place) -> None:
         if self._in_flight is not place:

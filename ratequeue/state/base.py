@@ -108,6 +108,17 @@ class StateBase:
         """The state's clock in seconds, read on this host without a call; ``None`` for a server's clock."""
         return None
 
+    def watch(self, name: str, freed: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``freed`` (from any thread) when a place of queue ``name`` may have been freed elsewhere.
+
+        For a shard waiting for a place on a full queue: it asks again at
+        once rather than at its next recheck. Returns the function that
+        stops the watch, or ``None`` where this state cannot tell (its
+        waiters ask again within ``FULL_RECHECK_US``). A watch costs no call
+        while nothing is freed.
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redact(self.url)!r})"
 
@@ -269,6 +280,9 @@ class ThreadedState(AsyncState):
 
     def local_now(self) -> float | None:
         return self.state.local_now()
+
+    def watch(self, name: str, freed: Callable[[], None]) -> Callable[[], None] | None:
+        return self.state.watch(name, freed)
 
     async def _execute(self, op: Operation) -> Answer:
         return await asyncio.to_thread(self.state.execute, op)

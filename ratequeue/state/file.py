@@ -22,18 +22,23 @@ file's ``flock`` in the kernel (see :class:`LockFile`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import functools
 import hashlib
 import json
+import logging
 import os
+import select
 import stat
+import struct
 import tempfile
 import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -46,7 +51,7 @@ except ImportError:  # pragma: no cover - Windows
     _HAS_FLOCK = False
 
 from ..core.operation import Operation
-from ..core.protocol import NEVER, Answer, Record
+from ..core.protocol import FULL_GRACE_US, NEVER, Answer, Record, Started, live_leases
 from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ._local import Clock, LocalState, keep_until
 from .base import Snapshot
@@ -79,6 +84,14 @@ OPTIMISTIC_TRIES = 3
 
 #: what a record that is not there reads as
 _MISSING: Any = object()
+
+#: the directory in ``PATH.d`` of the doorbells: a release that frees a place of a record found
+#: full lately (or a start that leaves one free) closes the empty file named as the record file
+#: without ``.json`` in it, and the shards of other processes waiting for a place hear it (by
+#: inotify, :meth:`FileState.watch`)
+DOORBELLS = "freed"
+
+_log = logging.getLogger("ratequeue.state.file")
 
 
 def default_path() -> Path:
@@ -139,6 +152,8 @@ class FileState(LocalState):
         self._lock = LockFile.of(f"{self.path}.lock")
         #: (device, inode, size, mtime) of the header last found to be of this layout
         self._header: tuple[int, int, int, int] | None = None
+        #: hears the doorbells of places freed elsewhere (made at the first watch)
+        self._doorbells: _Doorbells | None = None
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
@@ -163,6 +178,42 @@ class FileState(LocalState):
         key = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_DIGITS]
         return self.records / f"{key}.json", self.records / f"{key}.lock"
 
+    def watch(self, name: str, freed: Callable[[], None]) -> Callable[[], None] | None:
+        """As :meth:`ratequeue.state.State.watch`: by inotify on the doorbells (:data:`DOORBELLS`).
+
+        ``None`` where inotify is missing (not Linux) or cannot watch the
+        doorbells' directory: the waiters then recheck every ``FULL_RECHECK_US``.
+        """
+        bells = self._doorbells
+        if bells is None or bells.pid != os.getpid():
+            with _doorbells_guard:
+                bells = self._doorbells
+                if bells is None or bells.pid != os.getpid():
+                    try:
+                        bells = self._doorbells = _Doorbells(self.records / DOORBELLS)
+                    except OSError as exc:
+                        _log.debug("cannot watch for freed places in %s: %s", self.records, exc)
+                        return None
+        return bells.watch(self.record_files(name)[0].stem, freed)
+
+    def close(self) -> None:
+        if self._doorbells is not None:
+            self._doorbells.close()
+
+    def _ring(self, file: Path) -> None:
+        """Ring the doorbell of the record ``file``: close it, empty, opened for writing (no sync).
+
+        Where no one ever watched, its directory is missing and nothing is made.
+        """
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.records / DOORBELLS / file.stem, flags, 0o600))
+
+    def _silence(self, file: Path) -> None:
+        """Remove the doorbell of the record ``file`` (which is gone), if it has one."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.records / DOORBELLS / file.stem)
+
     # --- operations ---
 
     def _execute(self, op: Operation) -> Answer:
@@ -172,16 +223,39 @@ class FileState(LocalState):
         for _ in range(OPTIMISTIC_TRIES):
             seen = self._record_bytes(name, file)
             record, now, answer, content = self._decided(op, file, seen)
-            if content is None or self._write_if_unchanged(name, file, lock, seen, content):
+            if content is None:
+                break
+            bell = self._freeing(op, record, now, answer)
+            if self._write_if_unchanged(name, file, lock, seen, content, bell):
                 break
         else:  # the record kept changing under us: decide and write holding the lock
             with self._locked(self._name_lock(lock)):
                 record, now, answer, content = self._decided(op, file, self._record_bytes(name, file))
                 if content is not None:
                     self._replace(file, content, what=f"queue {name!r}")
+                    if self._freeing(op, record, now, answer):
+                        self._ring(file)
         if record is None and self._sweep_due(now):
             self._sweep()
         return answer
+
+    @staticmethod
+    def _freeing(op: Operation, record: Record | None, now: int, answer: Answer) -> bool:
+        """Whether ``op``, answered ``answer``, may let a waiting ticket start: its doorbell rings.
+
+        While ``record`` was found full within ``FULL_GRACE_US``: a release
+        that frees a place, and a start that leaves one free (the next
+        ticket, which the grace holds back, may take it).
+        """
+        if record is None or not record.max_running or record.held + FULL_GRACE_US <= now:
+            return False
+        if answer is True:
+            return op.kind == "release"
+        return (
+            type(answer) is Started
+            and op.kind != "retime"
+            and len(live_leases(record, now)) + 1 < record.max_running
+        )
 
     def _read(self, name: str) -> Snapshot:
         # A record file is replaced whole, never changed in place: reading needs no lock.
@@ -209,7 +283,7 @@ class FileState(LocalState):
         return record, now, answer, _record_bytes(op.name, _encode(updated), until)
 
     def _write_if_unchanged(
-        self, name: str, file: Path, lock: Path, seen: bytes | None, content: bytes
+        self, name: str, file: Path, lock: Path, seen: bytes | None, content: bytes, bell: bool = False
     ) -> bool:
         """Replace queue ``name``'s record file with ``content`` if it still holds ``seen``; whether it did.
 
@@ -220,6 +294,9 @@ class FileState(LocalState):
         read and a rename (microseconds), never for a disk sync, and a
         process stopped while it holds the lock stalls that name for no
         longer than that.
+
+        With ``bell``, the record's doorbell rings once it is renamed (a place
+        is free from then on, before the directory is synced).
         """
         tmp = self._write_synced(file, content, what=f"queue {name!r}")
         renamed = False
@@ -229,6 +306,8 @@ class FileState(LocalState):
                     return False  # another process wrote it meanwhile: decide again
                 os.replace(tmp, file)
                 renamed = True
+            if bell:
+                self._ring(file)  # after the lock, which a woken waiter may want at once
         except OSError as exc:
             raise self._cannot_write(f"queue {name!r}", file, exc) from exc
         finally:
@@ -257,6 +336,7 @@ class FileState(LocalState):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(file)
                     gone += 1
+                self._silence(file)
         if gone:
             _sync_directory(self.records)
         return gone
@@ -268,6 +348,7 @@ class FileState(LocalState):
         operations on its name report it.
         """
         try:
+            _refuse_others_directory(self.records, os.stat(self.records))
             entries = list(os.scandir(self.records))
         except FileNotFoundError:
             return []
@@ -299,6 +380,7 @@ class FileState(LocalState):
                 return False
             except OSError as exc:
                 raise self._unavailable(f"cannot delete the record of queue {name!r}, {file}: {exc}") from exc
+            self._silence(file)
             _sync_directory(self.records)
             return True
 
@@ -361,15 +443,21 @@ class FileState(LocalState):
         return _identity(seen)
 
     def _make_records_directory(self) -> None:
-        """Create ``PATH.d`` (mode 0700) if it is missing; refuse anything but a directory there."""
+        """Create ``PATH.d`` (mode 0700) if it is missing; refuse anything but a safe directory there.
+
+        Safe: owned by this process's user or root, and writable by no one else
+        (else another user could replace, delete or plant the records).
+        """
         directory = self.records
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            seen = os.lstat(directory)
+            if not stat.S_ISDIR(seen.st_mode):
                 raise ConfigurationError(
                     f"{str(directory)!r}, where the state's records go, is not a directory"
                 ) from None
+            _refuse_others_directory(directory, seen)
             return
         except OSError as exc:
             raise self._unavailable(f"cannot create the record directory {directory}: {exc}") from exc
@@ -497,6 +585,169 @@ class FileState(LocalState):
             yield
         finally:
             lock.release()
+
+
+# --------------------------------------------------------------------------- doorbells (inotify)
+
+#: inotify's flags and event bits (linux/inotify.h)
+_IN_CLOSE_WRITE = 0x00000008
+_IN_Q_OVERFLOW = 0x00004000
+_IN_ONLYDIR = 0x01000000
+_IN_DONT_FOLLOW = 0x02000000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: an inotify event's header: watch descriptor, mask, cookie, length of the name after it
+_EVENT = struct.Struct("iIII")
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    """The C library, if it has inotify (Linux); else ``None``."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _checked(result: int) -> int:
+    """A C call's result; -1 raised as the ``OSError`` of its ``errno``."""
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return result
+
+
+class _Doorbells:
+    """One inotify descriptor on a state's doorbells, read by a daemon thread that calls their watchers.
+
+    The directory is watched only while some doorbell has a watcher; the
+    thread blocks on the descriptor and its wake-up pipe (no call, no timer).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        libc = _libc()
+        if libc is None:
+            raise OSError(errno.ENOSYS, "no inotify here")
+        self._libc, self._directory = libc, directory
+        #: the process that made it: a forked child makes its own (the thread does not follow a fork)
+        self.pid = os.getpid()
+        self._fd = _checked(libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC))
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._lock = threading.Lock()
+        #: the watchers of each doorbell (a record file's name without ``.json``)
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._wd: int | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(self, bell: str, freed: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``freed`` (in the thread) each time ``bell`` rings, until unwatched; ``None``: it cannot."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._wd is None:  # the first watcher: the directory is watched from now on
+                try:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(self._directory, 0o700)
+                    path = os.fsencode(self._directory)
+                    mask = _IN_CLOSE_WRITE | _IN_ONLYDIR | _IN_DONT_FOLLOW
+                    self._wd = _checked(self._libc.inotify_add_watch(self._fd, path, mask))
+                except OSError as exc:
+                    _log.debug("cannot watch for freed places in %s: %s", self._directory, exc)
+                    return None
+            self._watchers.setdefault(bell, []).append(freed)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"ratequeue doorbells {self._directory}", daemon=True
+                )
+                self._thread.start()
+
+        def unwatch() -> None:
+            with self._lock:
+                kept = self._watchers.get(bell, [])
+                for index, watcher in enumerate(kept):
+                    if watcher is freed:
+                        del kept[index]
+                        break
+                if not kept:
+                    self._watchers.pop(bell, None)
+                if not self._watchers and self._wd is not None and not self._closed:
+                    self._libc.inotify_rm_watch(self._fd, self._wd)  # (fails only if already gone)
+                    self._wd = None
+
+        return unwatch
+
+    def watching(self) -> bool:
+        """Whether the directory is watched now (some doorbell has a watcher)."""
+        with self._lock:
+            return self._wd is not None
+
+    def close(self) -> None:
+        """Stop the thread and close the descriptor; no watcher is called after it returns."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"w")
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+            if thread.is_alive():
+                return  # (stuck: its descriptors are left open rather than closed under it)
+        for fd in (self._fd, self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _run(self) -> None:
+        """The thread: read the events, call the watchers of the doorbells rung."""
+        while True:
+            try:
+                readable, _, _ = select.select([self._fd, self._wake_read], [], [])
+                with self._lock:
+                    if self._closed:
+                        return
+                if self._fd not in readable:
+                    continue
+                try:
+                    data = os.read(self._fd, 65536)
+                except BlockingIOError:
+                    continue
+            except OSError as exc:  # (not expected) the waiters ask again within FULL_RECHECK_US
+                _log.debug("reading the doorbells of %s failed: %s", self._directory, exc)
+                return
+            rung: set[str] = set()
+            everyone = False
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                _, mask, _, length = _EVENT.unpack_from(data, offset)
+                name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
+                offset += _EVENT.size + length
+                if mask & _IN_Q_OVERFLOW:
+                    everyone = True  # events were lost: any place may have been freed
+                elif mask & _IN_CLOSE_WRITE:
+                    rung.add(os.fsdecode(name))
+            with self._lock:
+                watchers = [
+                    watcher
+                    for bell, kept in self._watchers.items()
+                    if everyone or bell in rung
+                    for watcher in kept
+                ]
+            for freed in watchers:
+                try:
+                    freed()
+                except Exception:  # a watcher's failure is its own; the others are still told
+                    _log.debug("a watcher of %s failed", self._directory, exc_info=True)
+
+
+#: guards the making of a state's doorbells
+_doorbells_guard = threading.Lock()
 
 
 class LockTimeout(Exception):
@@ -837,6 +1088,22 @@ def _make_directories(directory: Path) -> None:
     except OSError as exc:
         raise ConfigurationError(f"cannot create directory {str(directory)!r}: {exc}") from exc
     os.chmod(directory, 0o700)  # whatever the umask
+
+
+def _refuse_others_directory(directory: Path, seen: os.stat_result) -> None:
+    """Refuse a records directory owned by another user than this process's (or root), or others may write."""
+    if not hasattr(os, "geteuid"):
+        return  # Windows: no owners or modes to compare
+    user, wrong = os.geteuid(), []
+    if seen.st_uid not in (user, 0):
+        wrong.append(f"is owned by uid {seen.st_uid}, not by this process's user (uid {user}) or root")
+    if seen.st_mode & 0o022:
+        wrong.append(f"is writable by other users (mode {stat.S_IMODE(seen.st_mode):04o})")
+    if wrong:
+        raise ConfigurationError(
+            f"{str(directory)!r}, where the state's records go, {' and '.join(wrong)}: another user could "
+            "change the records; remove it (ratequeue makes it again, mode 0700) or give another path"
+        )
 
 
 def _refuse_link_or_directory(path: Path) -> None:

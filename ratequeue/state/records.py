@@ -13,7 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.operation import Terms
-from ..core.protocol import MAX_BURST, MAX_LEAD_US, MAX_RUNNING, MAX_US, NEVER, US, Record, Unwritten
+from ..core.protocol import (
+    MAX_BURST,
+    MAX_LEAD_US,
+    MAX_LEASE_US,
+    MAX_RUNNING,
+    MAX_US,
+    NEVER,
+    US,
+    Lease,
+    Record,
+    Unwritten,
+)
 from ..errors import StateCorrupted, TermsMismatch
 
 __all__ = ["FIELDS", "check_record", "check_terms", "mismatch", "unwritten"]
@@ -83,26 +94,30 @@ def check_record(fields: Any, *, where: str) -> Record:
     max_running = fields["max_running"]
     if not (_is_int(max_running) and 0 <= max_running <= MAX_RUNNING):
         raise refuse("max_running", f"a whole number from 0 (no cap) to {MAX_RUNNING}")
-    leases = _leases(fields["leases"], max_running, ticket)
+    leases = _leases(fields["leases"], max_running, pos)
     if leases is None:
-        raise refuse("leases", "at most max_running [ticket, expiry] pairs")
+        raise refuse("leases", "at most max_running [ticket, expiry, token], tickets rising to pos at most")
     if not (_is_int(held) and NEVER <= held < MAX_US):
         raise refuse("held", "whole microseconds or null")
     return Record(ticket, pos, at, interval, due, burst, fields["paused"], max_running or None, leases, held)
 
 
-def _leases(value: object, max_running: int, ticket: int) -> tuple[tuple[int, int], ...] | None:
+def _leases(value: object, max_running: int, pos: int) -> tuple[Lease, ...] | None:
+    """The leases in ``value``, if they are at most ``max_running`` of started tickets in start order."""
     if not isinstance(value, (list, tuple)) or len(value) > max_running:
         return None
-    pairs = []
+    leases: list[Lease] = []
     for lease in value:
-        if not (isinstance(lease, (list, tuple)) and len(lease) == 2):
+        if not (isinstance(lease, (list, tuple)) and len(lease) == 3):
             return None
-        held, expiry = lease
-        if not (_is_int(held) and 1 <= held < ticket and _is_int(expiry) and NEVER <= expiry < MAX_US):
+        held, expiry, token = lease
+        after = leases[-1][0] if leases else 0
+        if not (_is_int(held) and after < held <= pos and _is_int(expiry) and NEVER <= expiry < MAX_US):
             return None
-        pairs.append((held, expiry))
-    return tuple(pairs)
+        if not (_is_int(token) and 0 <= token < MAX_US):
+            return None
+        leases.append((held, expiry, token))
+    return tuple(leases)
 
 
 def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:
@@ -112,13 +127,14 @@ def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:
     ``where``; the message names the field, its value, the clock's ``now``
     and the way out (a reset).
     """
-    if exc.field == "at":
+    if exc.field == "ticket":
+        why = "the last ticket a record can hold: taking another would overflow it"
+    else:  # at, held or a lease's expiry, further ahead than a start, a now or a lease reaches
+        ahead = MAX_LEAD_US + (MAX_LEASE_US if exc.field == "leases" else 0)
         why = (
-            f"more than {MAX_LEAD_US // US} s ahead of the state clock (now={exc.now}): "
+            f"more than {ahead // US} s ahead of the state clock (now={exc.now}): "
             f"not a record ratequeue wrote"
         )
-    else:
-        why = "the last ticket a record can hold: taking another would overflow it"
     return StateCorrupted(f"{place} has {exc.field}={exc.value}, {why}; reset the queue", where=where)
 
 

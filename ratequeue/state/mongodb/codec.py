@@ -7,8 +7,8 @@ raises :class:`StateCorrupted` naming where it is), and the URL handling.
 
 A queue's document is ``{_id: name, ticket, pos, at, interval, due, burst,
 paused, max_running, leases, held, answer, expires}``: every field of its
-record (integers, microseconds; ``leases`` an array of ``[ticket, expiry]``
-arrays in start order; no cap is ``max_running`` 0). ``expires`` (a
+record (integers, microseconds; ``leases`` an array of ``[ticket, expiry,
+token]`` arrays in start order; no cap is ``max_running`` 0). ``expires`` (a
 ``Date``; on a test clock, whole microseconds on it) is there while the
 record is kept for a while only (``Terms.keep_us``): the collection's TTL
 index, and :func:`sweep_filter`, delete the document once it has passed.
@@ -33,6 +33,7 @@ from ...core.protocol import (
     FULL_GRACE_US,
     FULL_RECHECK_US,
     MAX_LEAD_US,
+    MAX_LEASE_US,
     MAX_US,
     NEVER,
     PAUSED_RECHECK_US,
@@ -63,7 +64,7 @@ EXPIRES = "expires"
 TTL_INDEX = "ratequeue_expires"
 
 #: the fields a pipeline works in, gone from the document it leaves
-_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live"]
+_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live", "_mine"]
 
 _WHOLE = ["int", "long"]
 
@@ -97,33 +98,61 @@ def _check_stages(op: Operation) -> Pipeline:
     document as read (``_was``) is put back after the operation's stages
     (in :func:`pipeline`) if it names something.
     """
-    cases: list[tuple[Any, str]] = [({"$gt": ["$at", {"$add": ["$_now", {"$literal": MAX_LEAD_US}]}]}, "at")]
+    horizon = {"$add": ["$_now", {"$literal": MAX_LEAD_US}]}
+    latest_expiry = {"$max": {"$map": {"input": "$leases", "as": "l", "in": _expiry("$$l")}}}
+    cases: list[tuple[Any, str, Any]] = [
+        ({"$gt": ["$at", horizon]}, "at", "$at"),
+        ({"$gt": ["$held", horizon]}, "held", "$held"),
+        ({"$gt": [latest_expiry, {"$add": [horizon, {"$literal": MAX_LEASE_US}]}]}, "leases", latest_expiry),
+    ]
     if op.kind in ("take", "take_and_try"):
-        cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": op.cost}]}, MAX_US]}, "ticket"))
+        cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": op.cost}]}, MAX_US]}, "ticket", "$ticket"))
     branches = [
-        {"case": case, "then": {"kind": "unwritten", "field": field, "value": f"${field}", "now": "$_now"}}
-        for case, field in cases
+        {"case": case, "then": {"kind": "unwritten", "field": field, "value": value, "now": "$_now"}}
+        for case, field, value in cases
     ]
     return [{"$set": {"_bad": {"$switch": {"branches": branches, "default": ""}}}}]
 
 
-def _take_stages(op: Operation) -> Pipeline:
+def _take_stages(op: Operation, unless: Any = False) -> Pipeline:
     """``take`` of ``op.cost``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``.
 
-    Not while a full queue's grace runs (``held``): the tickets' holders wait for a place.
+    Not while a full queue's grace runs (``held``): the tickets' holders wait
+    for a place. Nothing is taken where ``unless`` holds (a retried
+    ``take_and_try`` whose first call started a ticket: ``_t`` is that one).
     """
     last = {"$subtract": ["$ticket", 1]}
     stale = {
         "$and": [
+            {"$not": [unless]},
             {"$gt": [last, "$pos"]},
             {"$lte": [{"$add": [_slot(last), "$interval"]}, "$_now"]},
             {"$lte": [_GRACE_END, "$_now"]},
         ]
     }
+    taken = {"_t": "$ticket", "ticket": {"$add": ["$ticket", {"$literal": op.cost}]}}
     return [
         {"$set": _where(stale, {"pos": last})},
-        {"$set": {"_t": "$ticket", "ticket": {"$add": ["$ticket", {"$literal": op.cost}]}}},
+        {
+            "$set": {
+                **_where({"$not": [unless]}, taken),
+                "_t": {"$cond": [unless, _holder("$_mine"), "$ticket"]},
+            }
+        },
     ]
+
+
+def _lease_stages(op: Operation) -> Pipeline:
+    """With ``max_running``: the live leases into ``_live``, the one ``op.token`` names into ``_mine``."""
+    if not op.terms.max_running:
+        return []
+    named = _leases_where("$_live", {"$eq": [_token("$$l"), {"$literal": op.token}]})
+    mine = {"$arrayElemAt": [named, 0]} if op.token else "$$REMOVE"
+    return [{"$set": {"_live": _LIVE}}, {"$set": {"_mine": mine}}]
+
+
+#: whether ``_mine`` holds a lease (:func:`_lease_stages`): the operation was carried out before
+_ADOPTED = {"$eq": [{"$type": "$_mine"}, "array"]}
 
 
 def _try_stages(op: Operation) -> Pipeline:
@@ -154,8 +183,11 @@ def _try_stages(op: Operation) -> Pipeline:
     passed = {"$or": [{"$gte": ["$pos", "$_t"]}, {"$gte": ["$_t", "$ticket"]}]}
     paused_wait = {"$max": ["$_e", {"$add": ["$_now", {"$literal": PAUSED_RECHECK_US}]}]}
     can_start = {"$gte": [{"$add": ["$_now", {"$literal": op.lead_us}]}, "$_e"]}
+    # asked again with its lease's token (the reply to the first call lost): that start again
+    repeated = {"$and": [_ADOPTED, {"$eq": [_holder("$_mine"), "$_t"]}]}
+    repeated_start = {"$subtract": [_expiry("$_mine"), {"$literal": op.terms.lease_us}]}
     # a start, but not the same start again
-    started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}]}
+    started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}, {"$not": [repeated]}]}
     early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$interval"]}
     passing = {"$gt": ["$_t", {"$add": ["$pos", 1]}]}  # it would pass the tickets between
     earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", {"$cond": [passing, _GRACE_END, "$at"]}]}
@@ -164,7 +196,6 @@ def _try_stages(op: Operation) -> Pipeline:
     full_branches: list[dict[str, Any]] = []
     after: Pipeline = []
     if op.terms.max_running:
-        stages.append({"$set": {"_live": _LIVE}})
         full = {"$gte": [{"$size": "$_live"}, {"$literal": op.terms.max_running}]}
         first_expiry = {"$min": {"$map": {"input": "$_live", "as": "l", "in": _expiry("$$l")}}}
         recheck = {"$min": [first_expiry, {"$add": ["$_now", {"$literal": FULL_RECHECK_US}]}]}
@@ -172,11 +203,13 @@ def _try_stages(op: Operation) -> Pipeline:
             {"case": {"$and": [can_start, full]}, "then": _told("full", {"$max": ["$_e", recheck]})}
         ]
         expiry = {"$toLong": {"$add": ["$answer.value", {"$literal": op.terms.lease_us}]}}
-        start["leases"] = {"$concatArrays": ["$_live", [[{"$toLong": "$_t"}, expiry]]]}
+        lease = [{"$toLong": "$_t"}, expiry, {"$literal": op.token}]
+        start["leases"] = {"$concatArrays": ["$_live", [lease]]}
         when_full = {"answer.kind": "wait", "leases": "$_live", "held": {"$toLong": "$_now"}}
         after = [{"$set": _where({"$eq": ["$answer.kind", "full"]}, when_full)}]
     branches = [
         {"case": same_start, "then": _told("started", "$at")},
+        *([{"case": repeated, "then": _told("started", repeated_start)}] if op.terms.max_running else []),
         {"case": passed, "then": _told("passed", "$pos")},
         {"case": "$paused", "then": _told("wait", paused_wait)},
         *full_branches,
@@ -187,18 +220,28 @@ def _try_stages(op: Operation) -> Pipeline:
 
 
 def _expiry(lease: str) -> Any:
-    """The expiry of ``lease``, a ``[ticket, expiry]`` array."""
+    """The expiry of ``lease``, a ``[ticket, expiry, token]`` array."""
     return {"$arrayElemAt": [lease, 1]}
 
 
 def _holder(lease: str) -> Any:
-    """The ticket of ``lease``, a ``[ticket, expiry]`` array."""
+    """The ticket of ``lease``, a ``[ticket, expiry, token]`` array."""
     return {"$arrayElemAt": [lease, 0]}
 
 
-def _own(ticket: int) -> Any:
-    """Whether the lease ``$$l`` is ``ticket``'s."""
-    return {"$eq": [_holder("$$l"), {"$literal": ticket}]}
+def _token(lease: str) -> Any:
+    """The token of ``lease``, a ``[ticket, expiry, token]`` array."""
+    return {"$arrayElemAt": [lease, 2]}
+
+
+def _own(ticket: int, token: int) -> Any:
+    """Whether the lease ``$$l`` is ``ticket``'s, named by ``token``."""
+    return {
+        "$and": [
+            {"$eq": [_holder("$$l"), {"$literal": ticket}]},
+            {"$eq": [_token("$$l"), {"$literal": token}]},
+        ]
+    }
 
 
 def _leases_where(leases: str, cond: Any) -> Any:
@@ -206,10 +249,10 @@ def _leases_where(leases: str, cond: Any) -> Any:
     return {"$filter": {"input": leases, "as": "l", "cond": cond}}
 
 
-def _moved(leases: str, ticket: int, expiry: Callable[[Any], Any]) -> Any:
-    """The array ``leases`` with the expiry of ``ticket``'s lease ``e`` made ``expiry(e)``."""
-    own = {"$cond": [_own(ticket), expiry(_expiry("$$l")), _expiry("$$l")]}
-    return {"$map": {"input": leases, "as": "l", "in": [_holder("$$l"), own]}}
+def _moved(leases: str, own: Any, expiry: Callable[[Any], Any]) -> Any:
+    """The array ``leases`` with the expiry ``e`` of each lease ``$$l`` that is ``own`` made ``expiry(e)``."""
+    moved = {"$cond": [own, expiry(_expiry("$$l")), _expiry("$$l")]}
+    return {"$map": {"input": leases, "as": "l", "in": [_holder("$$l"), moved, _token("$$l")]}}
 
 
 #: the leases live at ``_now`` (:func:`ratequeue.core.protocol.live_leases`)
@@ -225,7 +268,7 @@ def _release_stages(op: Operation) -> Pipeline:
     released = {"$cond": [{"$lt": [{"$size": "$leases"}, {"$size": "$_live"}]}, 1, 0]}  # leases: kept
     return [
         {"$set": {"_live": _LIVE}},
-        {"$set": {"leases": _leases_where("$_live", {"$not": [_own(op.ticket)]})}},
+        {"$set": {"leases": _leases_where("$_live", {"$not": [_own(op.ticket, op.token)]})}},
         {"$set": {"answer": _told("set", released, {"$literal": op.ticket})}},
     ]
 
@@ -236,8 +279,9 @@ def _renew_stages(op: Operation) -> Pipeline:
     The answer's ``value`` is 1 if the lease was live (and renewed), else 0.
     """
     until = {"$toLong": {"$add": ["$_now", {"$literal": op.terms.lease_us}]}}
-    live = {"$cond": [{"$gt": [{"$size": _leases_where("$_live", _own(op.ticket))}, 0]}, 1, 0]}
-    renewed = _moved("$_live", op.ticket, lambda expiry: {"$max": [expiry, until]})
+    own = _own(op.ticket, op.token)
+    live = {"$cond": [{"$gt": [{"$size": _leases_where("$_live", own)}, 0]}, 1, 0]}
+    renewed = _moved("$_live", own, lambda expiry: {"$max": [expiry, until]})
     return [
         {"$set": {"_live": _LIVE}},
         {"$set": {"answer": _told("set", live, {"$literal": op.ticket}), "leases": renewed}},
@@ -263,7 +307,8 @@ def _retime_stages(op: Operation) -> Pipeline:
     latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
     start = {"$max": ["$at", {"$add": ["$_now", {"$literal": op.lead_us}]}]}
     moved = {"$subtract": [start, "$at"]}
-    shifted = _moved("$leases", ticket, lambda expiry: {"$toLong": {"$add": [expiry, moved]}})
+    own = {"$eq": [_holder("$$l"), {"$literal": ticket}]}
+    shifted = _moved("$leases", own, lambda expiry: {"$toLong": {"$add": [expiry, moved]}})
     told = {"$literal": ticket}
     answer = {"$cond": [latest, _told("started", start, told), _told("passed", "$pos", told)]}
     retimed = {"at": start, "due": {"$max": ["$due", start]}, "leases": shifted}
@@ -312,8 +357,12 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
 #: the stages of each kind of operation, between the checks and the keep time
 _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "take": lambda op: [*_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
-    "try_start": lambda op: [{"$set": {"_t": {"$literal": op.ticket}}}, *_try_stages(op)],
-    "take_and_try": lambda op: [*_take_stages(op), *_try_stages(op)],
+    "try_start": lambda op: [{"$set": {"_t": {"$literal": op.ticket}}}, *_lease_stages(op), *_try_stages(op)],
+    "take_and_try": lambda op: [
+        *_lease_stages(op),
+        *_take_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
+        *_try_stages(op),
+    ],
     "retime": _retime_stages,
     "set_paused": _set_paused_stages,
     "release": _release_stages,
@@ -386,16 +435,21 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
     :func:`~ratequeue.state.records.check_record`.
     """
     late = {"$literal": (terms.burst - 1) * terms.interval_us}
-    holder, expiry = _holder("$$l"), _expiry("$$l")
-    whole = [{"$in": [{"$type": value}, _WHOLE]} for value in (holder, expiry)]
-    pair = {
+    holder, expiry, token = _holder("$$this"), _expiry("$$this"), _token("$$this")
+    whole = [{"$in": [{"$type": value}, _WHOLE]} for value in (holder, expiry, token)]
+    lease = {
         "$and": [
-            {"$isArray": "$$l"},
-            {"$eq": [{"$size": "$$l"}, 2]},
+            {"$isArray": "$$this"},
+            {"$eq": [{"$size": "$$this"}, 3]},
             *whole,
-            *_within(1, holder, "$ticket"),
+            {"$gt": [holder, "$$value"]},  # tickets rising: leases are taken in start order
             *_within(NEVER, expiry, MAX_US),
+            *_within(0, token, MAX_US),
         ]
+    }
+    # the last lease's ticket if every lease is well formed (at most pos: a started ticket), else MAX_US
+    last_holder = {
+        "$reduce": {"input": "$leases", "initialValue": 0, "in": {"$cond": [lease, holder, MAX_US]}}
     }
     return {
         "_id": name,
@@ -414,7 +468,7 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
                 {"$lte": ["$due", {"$add": ["$at", late]}]},
                 *_within(NEVER, "$held", MAX_US),
                 {"$lte": [{"$size": "$leases"}, {"$literal": terms.max_running or 0}]},
-                {"$allElementsTrue": [{"$map": {"input": "$leases", "as": "l", "in": pair}}]},
+                {"$lte": [last_holder, "$pos"]},
             ]
         },
     }

@@ -5,7 +5,7 @@ another, in ``?schema=`` or the connection's search path)::
 
     name text PRIMARY KEY, ticket bigint, pos bigint, at_us bigint, interval_us bigint,
     burst bigint, due_us bigint, paused boolean, max_running integer,
-    leases bigint[]  -- (ticket, expiry) pairs flattened, in start order
+    leases bigint[]  -- (ticket, expiry, token) triples flattened, in start order
     held_us bigint, keep_until_us bigint  -- NULL: kept forever
 
 Every operation is **one call** of one server-side PL/pgSQL function
@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import re
 import uuid
 import weakref
@@ -74,6 +75,11 @@ _log = logging.getLogger("ratequeue.state.postgresql")
 
 #: seconds to wait for a connection unless the URL says (``connect_timeout``)
 CONNECT_TIMEOUT = 5
+#: how long a statement on the state's own connections may run, row lock waits included, unless
+#: the URL says (``?statement_timeout=``, a PostgreSQL duration; ``0``: no limit)
+STATEMENT_TIMEOUT = "10s"
+_DURATION = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,6})?)(us|ms|s|min|h|d)?\Z")
+_MS = {"us": 0.001, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 #: what a table or schema may be called: letters, digits and underscores, not starting with a
 #: digit; a table name leaves room for the function's suffix within PostgreSQL's 63 bytes
@@ -96,7 +102,7 @@ def split_url(url: str) -> tuple[str, str, str | None]:
     :raises ConfigurationError: for a table or schema name ratequeue does not
         accept, or a URL psycopg cannot read.
     """
-    client_url, ours = split_options(url, "table", "schema")
+    client_url, ours = split_options(url, "table", "schema", "statement_timeout")
     table, schema = ours.get("table", DEFAULT_TABLE), ours.get("schema")
     check_identifiers(table, schema)
     try:
@@ -114,6 +120,20 @@ def check_identifiers(table: str, schema: str | None) -> None:
                 f"bad PostgreSQL {what} name {name!r}: use letters, digits and underscores, not starting "
                 f"with a digit, at most {longest} characters (?{what}=NAME)"
             )
+
+
+def duration_ms(text: str) -> int:
+    """A PostgreSQL duration (``500ms``, ``10s``; a bare number is milliseconds) in whole milliseconds.
+
+    :raises ConfigurationError: for anything else, or more than PostgreSQL takes (2**31 - 1 ms).
+    """
+    match = _DURATION.match(text)
+    ms = float(match[1]) * _MS[match[2] or "ms"] if match else -1.0
+    if not 0 <= ms < 2**31:
+        raise ConfigurationError(
+            f"bad PostgreSQL statement_timeout {text!r}: give a duration (500ms, 10s) of at most 24 days"
+        )
+    return math.ceil(ms)
 
 
 def where_of(params: dict[str, Any]) -> str:
@@ -159,11 +179,16 @@ class PostgresBackend(StateBase):
         schema: str | None = None,
         url: str | None = None,
         clock: Clock | None = None,
+        statement_timeout: str = STATEMENT_TIMEOUT,
     ) -> None:
         """Use a ready connection (autocommit) or pool, or a ``conninfo``: exactly one of them.
 
         With ``conninfo`` the state opens its own connections as calls need
-        them (one per concurrent call, kept between calls).
+        them (one per concurrent call, kept between calls), each with
+        ``statement_timeout`` (a PostgreSQL duration, ``"500ms"``; an
+        ``options=-c statement_timeout=...`` in the conninfo wins). A call
+        that waits longer, for a row lock say, raises :class:`StateUnavailable`.
+        Ready connections and pools keep their own settings.
 
         :param table: the table holding one row per queue (created if missing).
         :param schema: its schema (default: the connection's search path).
@@ -180,13 +205,16 @@ class PostgresBackend(StateBase):
                 "a PostgreSQL connection given to ratequeue must be in autocommit mode "
                 "(psycopg.connect(..., autocommit=True)): each operation is its own transaction"
             )
+        timeout_ms = duration_ms(statement_timeout)
         params = describe(conninfo if connection is None else connection)
         #: the connection or pool given, or None (then the state opens its own with ``_connect``)
         self._source: Any = connection
-        #: opens a connection of the state's own: autocommit, a connect timeout unless the URL sets one
+        #: opens a connection of the state's own: autocommit, a connect timeout unless the URL sets one,
+        #: the statement timeout before the URL's own options (a later ``-c`` wins)
         timeout = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT}
+        options = f"-c statement_timeout={timeout_ms} {params.get('options') or ''}".rstrip()
         self._connect = functools.partial(
-            self._connection_class.connect, conninfo, autocommit=True, **timeout
+            self._connection_class.connect, conninfo, autocommit=True, options=options, **timeout
         )
         #: the connections this state opened, idle between calls (a list's pop and append are atomic)
         self._idle: list[Any] = []
@@ -212,9 +240,8 @@ class PostgresBackend(StateBase):
         )
         #: whether the table and the function are known to exist; when this state last swept
         self._ready = False
-        self._op_query = sql.SQL("SELECT * FROM {}(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)").format(
-            self._function
-        )
+        arguments = sql.SQL(", ".join(["%s"] * 13))
+        self._op_query = sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
         self._names_query = sql.SQL("SELECT name FROM {} WHERE left(name, %s) = %s").format(self._table)
         self._reset_query = sql.SQL("DELETE FROM {} WHERE name = %s").format(self._table)
         #: the connections (own, given or pooled) that have run :meth:`_warm_up_script`
@@ -263,7 +290,9 @@ class PostgresBackend(StateBase):
         if isinstance(exc, psycopg.errors.NumericValueOutOfRange):
             message = f"PostgreSQL at {self._where}: the record of queue {name!r} is out of range: {exc}"
             return StateCorrupted(scrub(message, self.url), where=self._record_where(name))
-        if isinstance(exc, psycopg.OperationalError):
+        if isinstance(exc, psycopg.errors.QueryCanceled):  # statement_timeout, or a cancel request
+            reason = f"cancelled the call on queue {name!r}" if name else "cancelled the call"
+        elif isinstance(exc, psycopg.OperationalError):
             reason = "is unreachable or failed"
         else:
             reason = f"failed on queue {name!r}" if name else "failed"
@@ -286,12 +315,14 @@ class PostgresBackend(StateBase):
         """Open ``postgresql://[user[:password]@][host][:port][/dbname][?table=T&schema=S&...]``.
 
         ``table`` (default ``ratequeue``) and ``schema`` choose where the rows
-        live; other options go to libpq (``sslmode``, ``connect_timeout``...).
+        live, ``statement_timeout`` bounds each call (default :data:`STATEMENT_TIMEOUT`);
+        other options go to libpq (``sslmode``, ``connect_timeout``...).
         Nothing is connected before the first operation.
         """
         with secrets_kept_out(url):
             conninfo, table, schema = split_url(url)
-            return cls(conninfo=conninfo, table=table, schema=schema, url=url)
+            timeout = split_options(url, "statement_timeout")[1].get("statement_timeout", STATEMENT_TIMEOUT)
+            return cls(conninfo=conninfo, table=table, schema=schema, url=url, statement_timeout=timeout)
 
     @property
     def table(self) -> sql.Composable:
@@ -378,7 +409,8 @@ class PostgresBackend(StateBase):
     def _setup_flow(self) -> Flow[None]:
         """Create the table and the function unless both exist (once per state)."""
         types = (
-            "(text, text, bigint, bigint, bigint, integer, bigint, bigint, bigint, bigint, bigint, boolean)"
+            "(text, text, bigint, bigint, bigint, integer, "
+            "bigint, bigint, bigint, bigint, bigint, boolean, bigint)"
         )
         exists = sql.SQL("SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL")
         table_text, function_text = self._quoted(self._table_name), self._quoted(self._function_name)
@@ -397,7 +429,7 @@ class PostgresBackend(StateBase):
         params = (
             kind, name, terms.interval_us, terms.burst, terms.keep_us, terms.max_running or 0, terms.lease_us,
             None if self._clock is None else self._clock(),
-            *((op.ticket, op.lead_us, op.cost, op.paused) if op is not None else (0, 0, 1, False)),
+            *((op.ticket, op.lead_us, op.cost, op.paused, op.token) if op else (0, 0, 1, False, 0)),
         )  # fmt: skip
         rows, _ = yield from self._query_flow(self._op_query, params)
         row: Row = rows[0]
@@ -408,7 +440,7 @@ class PostgresBackend(StateBase):
             if answer == "mismatch":
                 check_terms(name, record, terms)  # raises, naming the term
             raise StateCorrupted(f"record at {where} is malformed: {record}; reset the queue", where=where)
-        if answer in ("unwritten_at", "unwritten_ticket"):
+        if answer.startswith("unwritten_"):  # at, held, leases or ticket
             exc = Unwritten(answer.removeprefix("unwritten_"), int(row[1]), row[4])
             raise unwritten(exc, f"record at {redact(self.url)}#{name}", where)
         if row[5] and self._sweep_due():
@@ -461,12 +493,12 @@ _COLUMNS = {field: f"{field}_us" if field in ("at", "interval", "due", "held") e
 def stored_fields(stored: dict[str, Any]) -> dict[str, Any]:
     """A row as the function returned it (jsonb) as the fields :func:`check_record` reads.
 
-    ``leases``, a flat array in the row, is read as ``[ticket, expiry]`` pairs.
+    ``leases``, a flat array in the row, is read as ``[ticket, expiry, token]`` triples.
     """
     fields = {field: stored[column] for field, column in _COLUMNS.items() if column in stored}
     leases = fields.get("leases")
     if isinstance(leases, list) and all(not isinstance(item, list) for item in leases):
-        fields["leases"] = [leases[i : i + 2] for i in range(0, len(leases), 2)]
+        fields["leases"] = [leases[i : i + 3] for i in range(0, len(leases), 3)]
     return fields
 
 

@@ -6,8 +6,8 @@
 -- signature gives it a new name, so that older and newer clients never replace each other's.
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
--- ratequeue.core.protocol. leases holds the (ticket, expiry) pairs of running jobs flattened, in start
--- order: {ticket1, expiry1, ticket2, expiry2, ...}. keep_until_us is the state-clock time from
+-- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
+-- order: {ticket1, expiry1, token1, ticket2, expiry2, token2, ...}. keep_until_us is the state-clock time from
 -- which the row may be deleted (NULL: kept forever).
 CREATE TABLE IF NOT EXISTS @TABLE@ (
     name text PRIMARY KEY,
@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
 --                  the record written; 0 (or a paused record): forever
 --   p_lease        the lease (us) a start or a renewal takes, with max_running
 --   p_now          NULL for the server's clock_timestamp(), or a fixed now (us) set by a test
---   p_ticket, p_lead, p_cost, p_paused
+--   p_ticket, p_lead, p_cost, p_paused, p_token
 --                  the operation's own arguments (unused ones are ignored)
 --
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
@@ -51,21 +51,23 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
 -- and, changing nothing (the client words the error):
 --   a stored row the protocol could not have written          ("corrupt", stored = the row)
 --   a stored row with another interval, burst or max_running  ("mismatch", stored = the row)
---   `at` more than MAX_LEAD past now (protocol.check)         ("unwritten_at", AT)
+--   `at` or `held` more than MAX_LEAD past now, a lease's expiry more than MAX_LEAD + MAX_LEASE
+--   (protocol.check)                    ("unwritten_at", AT), ("unwritten_held", HELD), ("unwritten_leases", EXPIRY)
 --   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
 -- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
 -- can overflow them; every value stored stays below 2^54.
 CREATE OR REPLACE FUNCTION @FUNCTION@(
     p_op text, p_name text, p_interval bigint, p_burst bigint, p_keep bigint, p_max_running integer,
-    p_lease bigint, p_now bigint, p_ticket bigint, p_lead bigint, p_cost bigint, p_paused boolean
+    p_lease bigint, p_now bigint, p_ticket bigint, p_lead bigint, p_cost bigint, p_paused boolean,
+    p_token bigint
 ) RETURNS TABLE (
     o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean, o_stored jsonb
 )
 LANGUAGE plpgsql VOLATILE
 AS $ratequeue$
 DECLARE
-    -- ratequeue.core.protocol.NEVER, state.base.MAX_US, protocol.MAX_LEAD_US, state.base.MAX_BURST,
-    -- protocol.PAUSED_RECHECK_US, FULL_RECHECK_US, FULL_GRACE_US and MAX_RUNNING
+    -- ratequeue.core.protocol.NEVER, MAX_US, MAX_LEAD_US, MAX_BURST, PAUSED_RECHECK_US,
+    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING and MAX_LEASE_US
     c_never CONSTANT bigint := -4503599627370496;
     c_limit CONSTANT bigint := 4503599627370496;
     c_max_lead CONSTANT bigint := 3600000000;
@@ -74,6 +76,7 @@ DECLARE
     c_full_recheck CONSTANT bigint := 100000;
     c_full_grace CONSTANT bigint := 300000;
     c_max_running CONSTANT integer := 1000;
+    c_max_lease CONSTANT bigint := 86400000000;
     -- keep times past this (about 146,000 years) are as good as forever
     c_keep_cap CONSTANT numeric := 4611686018427387904;
     r @TABLE@%ROWTYPE;
@@ -100,6 +103,8 @@ DECLARE
     v_recheck numeric;
     v_start bigint;
     v_found boolean;
+    v_last bigint;
+    v_own integer;
     v_expires numeric;
     v_keep_until bigint;
     v_deleted bigint;
@@ -161,19 +166,24 @@ BEGIN
             AND 0 <= r.max_running AND r.max_running <= c_max_running
             AND c_never <= r.held_us AND r.held_us < c_limit
             AND (v_n = 0 OR (array_ndims(r.leases) = 1 AND array_lower(r.leases, 1) = 1))
-            AND v_n % 2 = 0 AND v_n / 2 <= r.max_running) THEN
+            AND v_n % 3 = 0 AND v_n / 3 <= r.max_running) THEN
         o_kind := 'corrupt'; o_stored := to_jsonb(r);
         RETURN NEXT;
         RETURN;
     END IF;
-    FOR v_i IN 1 .. v_n / 2 LOOP
-        IF r.leases[2 * v_i - 1] IS NULL OR r.leases[2 * v_i] IS NULL
-           OR NOT (1 <= r.leases[2 * v_i - 1] AND r.leases[2 * v_i - 1] < r.ticket
-                   AND c_never <= r.leases[2 * v_i] AND r.leases[2 * v_i] < c_limit) THEN
+    -- each lease: a started ticket (at most pos, rising: leases are taken in start order), an
+    -- expiry and a token
+    v_last := 0;
+    FOR v_i IN 1 .. v_n / 3 LOOP
+        IF r.leases[3 * v_i - 2] IS NULL OR r.leases[3 * v_i - 1] IS NULL OR r.leases[3 * v_i] IS NULL
+           OR NOT (v_last < r.leases[3 * v_i - 2] AND r.leases[3 * v_i - 2] <= r.pos
+                   AND c_never <= r.leases[3 * v_i - 1] AND r.leases[3 * v_i - 1] < c_limit
+                   AND 0 <= r.leases[3 * v_i] AND r.leases[3 * v_i] < c_limit) THEN
             o_kind := 'corrupt'; o_stored := to_jsonb(r);
             RETURN NEXT;
             RETURN;
         END IF;
+        v_last := r.leases[3 * v_i - 2];
     END LOOP;
     IF r.interval_us <> p_interval OR r.burst <> p_burst OR r.max_running <> p_max_running THEN
         o_kind := 'mismatch'; o_stored := to_jsonb(r);
@@ -186,19 +196,44 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    IF r.held_us > v_now + c_max_lead THEN
+        o_kind := 'unwritten_held'; o_a := r.held_us;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    FOR v_i IN 1 .. v_n / 3 LOOP
+        IF r.leases[3 * v_i - 1] > v_now + c_max_lead + c_max_lease THEN
+            o_kind := 'unwritten_leases'; o_a := r.leases[3 * v_i - 1];
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END LOOP;
 
     v_ticket := r.ticket; v_pos := r.pos; v_at := r.at_us; v_due := r.due_us; v_held := r.held_us;
     v_paused := r.paused;
     v_leases := CASE WHEN v_n = 0 THEN '{}'::bigint[] ELSE r.leases END;
     -- protocol.live_leases, for release, renew and a start on a queue with max_running
     v_live := '{}';
-    FOR v_i IN 1 .. v_n / 2 LOOP
-        IF v_leases[2 * v_i] > v_now THEN
-            v_live := v_live || ARRAY[v_leases[2 * v_i - 1], v_leases[2 * v_i]];
+    FOR v_i IN 1 .. v_n / 3 LOOP
+        IF v_leases[3 * v_i - 1] > v_now THEN
+            v_live := v_live || v_leases[3 * v_i - 2 : 3 * v_i];
         END IF;
     END LOOP;
+    -- the live lease named by p_token (a call retried after its reply was lost is answered with
+    -- the start it made): v_found, and its index in v_live, v_own
+    v_found := false;
+    IF p_token > 0 THEN
+        FOR v_i IN 1 .. cardinality(v_live) / 3 LOOP
+            IF v_live[3 * v_i] = p_token THEN
+                v_found := true; v_own := v_i;
+            END IF;
+        END LOOP;
+    END IF;
 
-    IF p_op = 'take' OR p_op = 'take_and_try' THEN
+    IF p_op = 'take_and_try' AND v_found THEN
+        -- protocol.take_and_try, asked again with the token of a live lease: its start again
+        o_kind := 'started'; o_a := v_live[3 * v_own - 2]; o_b := v_live[3 * v_own - 1] - p_lease;
+    ELSIF p_op = 'take' OR p_op = 'take_and_try' THEN
         -- protocol.take: pos jumps to the last ticket handed out when every ticket since pos is at
         -- least one interval past its slot (and no earlier one waits for a place)
         IF v_ticket + p_cost >= c_limit THEN
@@ -218,7 +253,9 @@ BEGIN
         END IF;
     END IF;
 
-    IF p_op = 'try_start' OR p_op = 'take_and_try' THEN
+    IF p_op = 'take_and_try' AND v_found THEN
+        NULL; -- answered above
+    ELSIF p_op = 'try_start' OR p_op = 'take_and_try' THEN
         IF p_op = 'try_start' THEN
             v_t := p_ticket;
         END IF;
@@ -226,6 +263,9 @@ BEGIN
         -- protocol.try_start
         IF v_pos = v_t AND v_t < v_ticket AND v_now < v_at + r.interval_us THEN
             o_kind := 'started'; o_a := v_t; o_b := v_at; -- the latest start asked for again
+        ELSIF v_found AND v_live[3 * v_own - 2] = v_t THEN
+            -- asked again with its lease's token: the same start
+            o_kind := 'started'; o_a := v_t; o_b := v_live[3 * v_own - 1] - p_lease;
         ELSIF v_pos >= v_t OR v_t >= v_ticket THEN
             o_kind := 'passed'; o_a := v_t; o_b := v_pos;
         ELSE
@@ -242,18 +282,18 @@ BEGIN
                 IF r.max_running > 0 THEN
                     v_leases := v_live;
                 END IF;
-                IF r.max_running > 0 AND cardinality(v_leases) / 2 >= r.max_running THEN
+                IF r.max_running > 0 AND cardinality(v_leases) / 3 >= r.max_running THEN
                     -- full: wait for the first lease's expiry, or recheck; note when it was found full
                     v_recheck := v_now + c_full_recheck;
-                    FOR v_i IN 1 .. cardinality(v_leases) / 2 LOOP
-                        v_recheck := least(v_recheck, v_leases[2 * v_i]);
+                    FOR v_i IN 1 .. cardinality(v_leases) / 3 LOOP
+                        v_recheck := least(v_recheck, v_leases[3 * v_i - 1]);
                     END LOOP;
                     v_held := v_now;
                     o_kind := 'wait'; o_a := v_t; o_b := greatest(v_earliest, v_recheck);
                 ELSE
                     v_start := greatest(v_earliest, v_now);
                     IF r.max_running > 0 THEN
-                        v_leases := v_leases || ARRAY[v_t, v_start + p_lease];
+                        v_leases := v_leases || ARRAY[v_t, v_start + p_lease, p_token];
                     END IF;
                     v_pos := v_t; v_at := v_start; v_due := greatest(v_strict, v_start);
                     o_kind := 'started'; o_a := v_t; o_b := v_start;
@@ -266,9 +306,9 @@ BEGIN
             o_kind := 'passed'; o_a := p_ticket; o_b := v_pos;
         ELSE
             v_start := greatest(v_at, v_now + p_lead);
-            FOR v_i IN 1 .. v_n / 2 LOOP
-                IF v_leases[2 * v_i - 1] = p_ticket THEN
-                    v_leases[2 * v_i] := v_leases[2 * v_i] + (v_start - v_at);
+            FOR v_i IN 1 .. v_n / 3 LOOP
+                IF v_leases[3 * v_i - 2] = p_ticket THEN
+                    v_leases[3 * v_i - 1] := v_leases[3 * v_i - 1] + (v_start - v_at);
                 END IF;
             END LOOP;
             v_at := v_start; v_due := greatest(v_due, v_start);
@@ -279,21 +319,23 @@ BEGIN
         o_kind := 'set'; o_a := CASE WHEN v_paused <> p_paused THEN 1 ELSE 0 END;
         v_paused := p_paused;
     ELSIF p_op = 'release' THEN
-        -- protocol.release: drop the ticket's lease and the expired ones; whether its lease was live
+        -- protocol.release: drop the ticket's lease named by p_token, and the expired ones; whether
+        -- it was live
         v_kept := '{}';
-        FOR v_i IN 1 .. cardinality(v_live) / 2 LOOP
-            IF v_live[2 * v_i - 1] <> p_ticket THEN
-                v_kept := v_kept || ARRAY[v_live[2 * v_i - 1], v_live[2 * v_i]];
+        FOR v_i IN 1 .. cardinality(v_live) / 3 LOOP
+            IF v_live[3 * v_i - 2] <> p_ticket OR v_live[3 * v_i] <> p_token THEN
+                v_kept := v_kept || v_live[3 * v_i - 2 : 3 * v_i];
             END IF;
         END LOOP;
         o_kind := 'live'; o_a := CASE WHEN cardinality(v_kept) < cardinality(v_live) THEN 1 ELSE 0 END;
         v_leases := v_kept;
     ELSIF p_op = 'renew' THEN
-        -- protocol.renew: the ticket's live lease lasts until now + lease at least; expired ones go
+        -- protocol.renew: the ticket's live lease named by p_token lasts until now + lease at least;
+        -- expired ones go
         v_found := false;
-        FOR v_i IN 1 .. cardinality(v_live) / 2 LOOP
-            IF v_live[2 * v_i - 1] = p_ticket THEN
-                v_live[2 * v_i] := greatest(v_live[2 * v_i], v_now + p_lease);
+        FOR v_i IN 1 .. cardinality(v_live) / 3 LOOP
+            IF v_live[3 * v_i - 2] = p_ticket AND v_live[3 * v_i] = p_token THEN
+                v_live[3 * v_i - 1] := greatest(v_live[3 * v_i - 1], v_now + p_lease);
                 v_found := true;
             END IF;
         END LOOP;
@@ -309,8 +351,8 @@ BEGIN
     IF p_keep > 0 AND NOT v_paused THEN
         v_expires := greatest(v_due::numeric + (v_ticket - v_pos)::numeric * r.interval_us + r.interval_us,
                               v_held::numeric + c_full_grace);
-        FOR v_i IN 1 .. coalesce(cardinality(v_leases), 0) / 2 LOOP
-            v_expires := greatest(v_expires, v_leases[2 * v_i]);
+        FOR v_i IN 1 .. coalesce(cardinality(v_leases), 0) / 3 LOOP
+            v_expires := greatest(v_expires, v_leases[3 * v_i - 1]);
         END LOOP;
         v_keep_until := least(greatest(v_expires, v_now) + p_keep, c_keep_cap);
     ELSE

@@ -23,8 +23,12 @@ the user's own) go through redis-py's own ``Script`` calls.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import os
+import threading
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar, Union
 from urllib.parse import quote, urlencode
 
@@ -34,6 +38,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.client import NEVER_DECODE
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
@@ -56,6 +61,7 @@ from .codec import (
     parse_snapshot,
     script_args,
 )
+from .freed import FreedListener, channel_of
 from .lean import (
     BACKOFF_BASE,
     BACKOFF_CAP,
@@ -71,6 +77,9 @@ __all__ = ["AsyncRedisState", "RedisBackend", "RedisState"]
 
 #: writes retried on a cluster after a connection failure, writes short of their replicas (WARNING)
 _log = logging.getLogger("ratequeue.state.redis")
+
+#: what makes redis-py hand a reply over as bytes, whatever the client's ``decode_responses``
+_RAW: dict[str, Any] = {NEVER_DECODE: True}
 
 #: the key prefix used unless one is given
 DEFAULT_PREFIX = "ratequeue:"
@@ -229,6 +238,9 @@ class RedisBackend(StateBase, Generic[C]):
         self._lean = None if wait else self._lean_class.of(client)
         #: the script as redis-py calls it, for clients the lean calls do not suit
         self._script: Script | AsyncScript = client.register_script(SCRIPT)
+        #: hears of places freed elsewhere (made at the first watch), and what guards its making
+        self._freed: FreedListener | None = None
+        self._freed_guard = threading.Lock()
 
     @classmethod
     def from_url(cls: type[S], url: str) -> S:
@@ -274,8 +286,32 @@ class RedisBackend(StateBase, Generic[C]):
         """The Redis key holding queue ``name``."""
         return self._prefix + name
 
+    def watch(self, name: str, freed: Callable[[], None]) -> Callable[[], None] | None:
+        """As :meth:`ratequeue.state.State.watch`: by pub/sub, on the channel ``KEY#freed`` (:mod:`.freed`).
+
+        ``None`` on a Redis Cluster (its waiters recheck every ``FULL_RECHECK_US``).
+        """
+        listener = self._freed_listener()
+        return None if listener is None else listener.watch(channel_of(self._prefix + name), freed)
+
+    def _freed_listener(self) -> FreedListener | None:
+        """This process's listener for freed places, made at first use; ``None`` on a cluster."""
+        listener = self._freed
+        if listener is None or listener.pid != os.getpid():
+            if is_cluster(self._client):
+                return None
+            with self._freed_guard:
+                listener = self._freed
+                if listener is None or listener.pid != os.getpid():
+                    listener = self._freed = FreedListener(self._pubsub_maker(), self._where)
+        return listener
+
+    def _pubsub_maker(self) -> Callable[[], Any]:
+        """What makes the listener's pub/sub connection: a thread-API ``PubSub``, unconnected."""
+        raise NotImplementedError
+
     def _keys(self, pattern: str) -> Any:
-        """The keys matching ``pattern``, by ``SCAN`` (on every master of a cluster); asyncio: a coroutine."""
+        """The keys matching ``pattern`` (bytes), by ``SCAN`` (every master of a cluster); asyncio: async."""
         raise NotImplementedError
 
     def _error_for(self, exc: Exception, name: str) -> RateQueueError:
@@ -399,14 +435,16 @@ class RedisBackend(StateBase, Generic[C]):
         """The names of the keys under the state's prefix that begin with ``prefix`` (``SCAN MATCH``).
 
         Keys Redis has expired are not listed; a key SCAN meets twice (the
-        keyspace was rehashed meanwhile) is listed once.
+        keyspace was rehashed meanwhile) is listed once. The keys are read
+        as bytes and decoded as the client encodes names (a cluster's as
+        UTF-8); a byte that does not decode becomes a lone surrogate
+        (``\\xff`` is ``\\udcff``: PEP 383's ``surrogateescape``), so that
+        a key another program wrote is listed, as no queue name can be.
         """
         pattern = glob_escape(self._prefix + prefix) + "*"
         keys = yield Call(self._keys, (pattern,))
-        # decoded as the client decodes (a cluster's keys as UTF-8)
         kwargs = {} if is_cluster(self._client) else self._client.connection_pool.connection_kwargs
-        encoding, errors = kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict")
-        texts = (key.decode(encoding, errors) if isinstance(key, bytes) else str(key) for key in keys)
+        texts = (key.decode(kwargs.get("encoding", "utf-8"), "surrogateescape") for key in keys)
         return list({text[len(self._prefix) :] for text in texts})
 
     def _sweep_flow(self) -> Flow[int]:
@@ -423,15 +461,20 @@ class RedisState(RedisBackend[redis.Redis], State):
     _lean_class = LeanScripts
 
     def close(self) -> None:
+        if self._freed is not None:
+            self._freed.close()
         if self._lean is not None:
             self._lean.close()  # the kept connections go back to the pool first
         for node in [*self._node_clients.values(), *self._retired_clients]:
             node.close()
         self._client.close()
 
+    def _pubsub_maker(self) -> Callable[[], Any]:
+        return self._client.pubsub
+
     def _keys(self, pattern: str) -> list[Any]:
         client: Any = self._client
-        return list(client.scan_iter(match=pattern, count=1000))
+        return list(client.scan_iter(match=pattern, count=1000, **_RAW))
 
 
 class AsyncRedisState(RedisBackend[redis.asyncio.Redis], AsyncState):
@@ -445,7 +488,14 @@ class AsyncRedisState(RedisBackend[redis.asyncio.Redis], AsyncState):
     _retry_class = AsyncRetry
     _lean_class = AsyncLeanScripts
 
+    #: the thread-API client the listener of freed places connects with (made with it)
+    _listener_client: redis.Redis | None = None
+
     async def close(self) -> None:
+        if self._freed is not None:
+            await asyncio.to_thread(self._freed.close)
+        if self._listener_client is not None:
+            self._listener_client.close()
         lean: Any = self._lean
         if lean is not None:
             await lean.close()  # the kept connections go back to the pool first
@@ -453,6 +503,12 @@ class AsyncRedisState(RedisBackend[redis.asyncio.Redis], AsyncState):
             await node.aclose()
         await self._client.aclose()
 
+    def _pubsub_maker(self) -> Callable[[], Any]:
+        # The listener is a thread (its messages reach the loop by the driver's from_any_thread):
+        # it connects with a thread-API client made from the state's URL.
+        client = self._listener_client = redis.Redis.from_url(split_url(self.url)[0], **_TIMEOUTS)
+        return client.pubsub
+
     async def _keys(self, pattern: str) -> list[Any]:
         client: Any = self._client
-        return [key async for key in client.scan_iter(match=pattern, count=1000)]
+        return [key async for key in client.scan_iter(match=pattern, count=1000, **_RAW)]

@@ -47,12 +47,12 @@ Parser = Callable[[Reply, str, str, Terms], R]
 
 #: the terms and arguments a read sends (the script reads and checks none of them)
 READ_TERMS = Terms(1)
-READ_ARGUMENTS = (0, 0, 1, 0)
+READ_ARGUMENTS = (0, 0, 1, 0, 0)
 
 
-def arguments(op: Operation) -> tuple[int, int, int, int]:
-    """The script's ARGV[8..11]: the operation's own arguments, each at its place."""
-    return op.ticket, op.lead_us, op.cost, int(op.paused)
+def arguments(op: Operation) -> tuple[int, int, int, int, int]:
+    """The script's ARGV[8..12]: the operation's own arguments, each at its place."""
+    return op.ticket, op.lead_us, op.cost, int(op.paused), op.token
 
 
 def script_args(kind: str, terms: Terms, now_us: int | None, args: tuple[int, ...]) -> list[str | int]:
@@ -95,7 +95,7 @@ class Commands:
     def packed(
         self, kind: str, key: str, terms: Terms, now_us: int | None, args: tuple[int, ...]
     ) -> list[bytes]:
-        """The command running ``kind`` on ``key``, for ``send_packed_command`` (``args``: ARGV[8..11])."""
+        """The command running ``kind`` on ``key``, for ``send_packed_command`` (``args``: ARGV[8..12])."""
         head = self._heads.get((kind, key, terms))
         if head is None:
             head = self._head(kind, key, terms)
@@ -106,7 +106,7 @@ class Commands:
 
     def _head(self, kind: str, key: str, terms: Terms) -> bytes:
         parts = (b"EVALSHA", SHA.encode(), b"1", key.encode(self._encoding, self._errors), kind.encode())
-        head = b"*15\r\n%b%b" % (
+        head = b"*16\r\n%b%b" % (
             b"".join(map(_bulk, parts)),
             b"".join(_bulk(b"%d" % number) for number in _numbers(terms)),
         )
@@ -158,11 +158,11 @@ def _flag(flag: int, now: int) -> bool:
 
 
 def _snapshot(now: int, *fields: int) -> Snapshot:
-    """The :class:`Snapshot` of a ``record`` reply: the record's fields, then ``TICKET EXPIRY`` per lease."""
-    ticket, pos, at, interval, burst, due, paused, max_running, held, *leases = fields
-    pairs = tuple(zip(leases[::2], leases[1::2], strict=True))
+    """The :class:`Snapshot` of a ``record`` reply: its fields, then ``TICKET EXPIRY TOKEN`` per lease."""
+    ticket, pos, at, interval, burst, due, paused, max_running, held, *numbers = fields
+    leases = tuple(zip(numbers[::3], numbers[1::3], numbers[2::3], strict=True))
     record = Record(
-        ticket, pos, at, interval, due, burst, _flag(paused, now), max_running or None, pairs, held
+        ticket, pos, at, interval, due, burst, _flag(paused, now), max_running or None, leases, held
     )
     return Snapshot(record=record, now=now)
 
@@ -180,7 +180,7 @@ parse_changed: Parser[bool] = _parser(set=_flag)
 parse_live: Parser[bool] = _parser(live=_flag)
 
 #: the answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED MAX_RUNNING HELD``
-#: followed by ``TICKET EXPIRY`` for each lease, or ``none NOW`` (a read checks no terms)
+#: followed by ``TICKET EXPIRY TOKEN`` for each lease, or ``none NOW`` (a read checks no terms)
 parse_snapshot: Parser[Snapshot] = _parser(record=_snapshot, none=lambda now: Snapshot(record=None, now=now))
 
 

@@ -8,7 +8,7 @@ are written once, and there is one SHA to send and one SCRIPT LOAD after a NOSCR
 
 KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole number in decimal:
           ticket, pos, at, interval, due, burst, paused ("1" or "0"), max_running ("0": no cap),
-          held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY" pairs
+          held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY:TOKEN"
           joined by commas ("" for none)
 ARGV[1]   the operation (core/operation.py's Kind), or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
@@ -23,6 +23,7 @@ ARGV[8]   the ticket (try_start, retime, release, renew)
 ARGV[9]   the lead (us) (try_start, take_and_try, retime)
 ARGV[10]  the cost (take, try_start, take_and_try)
 ARGV[11]  set_paused: 1 to pause, 0 to resume
+ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
 
 The reply is one string of words separated by single spaces (a client parses one bulk string in
 a fraction of the CPU an array costs it); numbers are whole, in decimal:
@@ -32,15 +33,21 @@ a fraction of the CPU an array costs it); numbers are whole, in decimal:
   set_paused                         "set CHANGED NOW", CHANGED 1 if the flag changed, else 0
   release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
   read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
-                                     MAX_RUNNING HELD" then each lease as "TICKET EXPIRY",
+                                     MAX_RUNNING HELD" then each lease as "TICKET EXPIRY TOKEN",
                                      or "none NOW"
 and, changing nothing:
   any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
                                                                      (interval, burst, max_running)
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
-  any operation, when `at` lies more than MAX_LEAD past now (no start the protocol makes
-  does; see protocol.check):                                         "unwritten at AT NOW"
+  any operation, when `at` or `held` lies more than MAX_LEAD past now, or a lease's expiry
+  more than MAX_LEAD + MAX_LEASE (no start, now or lease the protocol makes does; see
+  protocol.check):                                                   "unwritten FIELD VALUE NOW"
   take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
+
+While a record was found full within FULL_GRACE (held + FULL_GRACE > now), a release that frees
+a live lease, and a start that leaves a place free (the next ticket, held back by the grace, may
+take it), also PUBLISH an empty message on the channel KEYS[1] .. "#freed", which the shards of
+other processes waiting for a place listen on (freed.py); nothing else publishes.
 
 Every operation but read creates a missing record (protocol.new_record) and writes the whole
 record back; read never writes. Numbers stay below 2^53, so every one is exact in a double.
@@ -55,6 +62,7 @@ local PAUSED_RECHECK = 1000000    -- PAUSED_RECHECK_US: a paused record answers 
 local FULL_RECHECK = 100000       -- FULL_RECHECK_US: a full record answers wait at most this far ahead
 local FULL_GRACE = 300000         -- FULL_GRACE_US: after a record was full, no ticket passes another
 local MAX_RUNNING = 1000          -- MAX_RUNNING: the largest max_running
+local MAX_LEASE = 86400000000     -- MAX_LEASE_US: no lease expires further past the now it was taken at
 
 local op = ARGV[1]
 
@@ -77,7 +85,7 @@ local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS))
 local ticket, pos, at, interval, due, burst, max_running, held
 -- whether the queue is paused for every shard
 local paused = false
--- the leases of running jobs as {ticket, expiry} pairs in start order
+-- the leases of running jobs as {ticket, expiry, token} in start order
 local leases = {}
 if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
         or stored[8] or stored[9] or stored[10]) then
@@ -123,15 +131,18 @@ else
     return "corrupt leases (missing)"
   end
   if stored[10] ~= "" then
-    -- "TICKET:EXPIRY" pairs joined by commas: each item up to a comma (one is added at the end)
+    -- "TICKET:EXPIRY:TOKEN" joined by commas: each item up to a comma (one is added at the end);
+    -- tickets of started jobs (at most pos), rising (leases are taken in start order)
+    local last = 0
     for item in string.gmatch(stored[10] .. ",", "([^,]*),") do
-      local t, expiry = string.match(item, "^(%d+):(%-?%d+)$")
-      t, expiry = tonumber(t), tonumber(expiry)
-      if not (t and expiry and 1 <= t and t < ticket and NEVER <= expiry and expiry < LIMIT
-              and #leases < max_running) then
+      local t, expiry, token = string.match(item, "^(%d+):(%-?%d+):(%d+)$")
+      t, expiry, token = tonumber(t), tonumber(expiry), tonumber(token)
+      if not (t and expiry and token and last < t and t <= pos and NEVER <= expiry and expiry < LIMIT
+              and token < LIMIT and #leases < max_running) then
         return "corrupt leases " .. stored[10]
       end
-      leases[#leases + 1] = {t, expiry}
+      leases[#leases + 1] = {t, expiry, token}
+      last = t
     end
   end
   if op ~= "read" then
@@ -148,12 +159,21 @@ else
   if at > now + MAX_LEAD then
     return "unwritten at " .. stored[3] .. " " .. decimal(now)
   end
+  if held > now + MAX_LEAD then
+    return "unwritten held " .. stored[8] .. " " .. decimal(now)
+  end
+  for _, lease in ipairs(leases) do
+    if lease[2] > now + MAX_LEAD + MAX_LEASE then
+      return "unwritten leases " .. decimal(lease[2]) .. " " .. decimal(now)
+    end
+  end
   if op == "read" then
     local words = {"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
       decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held)}
     for _, lease in ipairs(leases) do
       words[#words + 1] = decimal(lease[1])
       words[#words + 1] = decimal(lease[2])
+      words[#words + 1] = decimal(lease[3])
     end
     return table.concat(words, " ")
   end
@@ -161,6 +181,21 @@ end
 
 -- the lease a start or a renewal takes (us), used only with max_running
 local lease_us = tonumber(ARGV[6])
+-- the token naming the ticket's lease (0: none)
+local token = tonumber(ARGV[12])
+
+-- the start of the live lease named by token, answered again (a call retried after its reply
+-- was lost): its ticket and start, or nil
+local function repeated()
+  if token > 0 then
+    for _, lease in ipairs(leases) do
+      if lease[3] == token and lease[2] > now then
+        return lease[1], lease[2] - lease_us
+      end
+    end
+  end
+  return nil
+end
 
 -- protocol.live_leases: the leases that have not expired at now, in start order
 local function live_leases()
@@ -197,6 +232,10 @@ local function try_start(t, lead, cost)
   if pos == t and t < ticket and now < at + interval then
     return "started", t, at -- the latest start asked for again (a lost reply): the same start
   end
+  local own, start = repeated() -- a start asked for again with its lease's token: the same start
+  if own == t then
+    return "started", t, start
+  end
   if pos >= t or t >= ticket then
     return "passed", t, pos
   end
@@ -224,7 +263,7 @@ local function try_start(t, lead, cost)
   end
   local start = math.max(earliest, now)
   if max_running > 0 then
-    leases[#leases + 1] = {t, start + lease_us}
+    leases[#leases + 1] = {t, start + lease_us, token}
   end
   pos, at, due = t, start, math.max(strict, start)
   return "started", t, start
@@ -246,12 +285,12 @@ local function retime(t, lead)
   return "started", t, at
 end
 
--- protocol.release: drop ticket t's lease and the expired ones; whether t's lease was live
+-- protocol.release: drop ticket t's lease named by token, and the expired ones; whether it was live
 local function release(t)
   local live = live_leases()
   local kept = {}
   for _, lease in ipairs(live) do
-    if lease[1] ~= t then
+    if lease[1] ~= t or lease[3] ~= token then
       kept[#kept + 1] = lease
     end
   end
@@ -259,18 +298,23 @@ local function release(t)
   return #kept < #live
 end
 
--- protocol.renew: make ticket t's lease last until now + lease_us at least, dropping the expired
--- ones; whether t's lease was live
+-- protocol.renew: make ticket t's lease named by token last until now + lease_us at least,
+-- dropping the expired ones; whether it was live
 local function renew(t)
   leases = live_leases()
   local found = false
   for _, lease in ipairs(leases) do
-    if lease[1] == t then
+    if lease[1] == t and lease[3] == token then
       lease[2] = math.max(lease[2], now + lease_us)
       found = true
     end
   end
   return found
+end
+
+-- tell the shards of other processes waiting for a place that one may be free (freed.py)
+local function tell_freed()
+  redis.call("PUBLISH", KEYS[1] .. "#freed", "")
 end
 
 local reply
@@ -283,6 +327,9 @@ elseif op == "release" or op == "renew" then
   local live
   if op == "release" then
     live = release(tonumber(ARGV[8]))
+    if live and held + FULL_GRACE > now then -- a place freed while a ticket may wait for one
+      tell_freed()
+    end
   else
     live = renew(tonumber(ARGV[8]))
   end
@@ -299,15 +346,22 @@ else
     kind, t, value = try_start(tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]))
   elseif op == "take_and_try" then
     local cost = tonumber(ARGV[10])
-    t = take(cost)
+    kind, t, value = "started", repeated() -- the call retried after its reply was lost: its start
     if not t then
-      return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+      t = take(cost)
+      if not t then
+        return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+      end
+      kind, t, value = try_start(t, tonumber(ARGV[9]), cost)
     end
-    kind, t, value = try_start(t, tonumber(ARGV[9]), cost)
   elseif op == "retime" then
     kind, t, value = retime(tonumber(ARGV[8]), tonumber(ARGV[9]))
   else
     return redis.error_reply("ratequeue: unknown operation " .. tostring(op))
+  end
+  if kind == "started" and op ~= "retime" and max_running > 0 and #leases < max_running
+      and held + FULL_GRACE > now then
+    tell_freed() -- a place is left, and the next ticket, which the grace held back, may take it
   end
   reply = {kind, decimal(t), decimal(value), decimal(now)}
 end
@@ -317,7 +371,7 @@ end
 local expires = math.max(slot(ticket) + interval, held + FULL_GRACE)
 local pairs_text = {}
 for i, lease in ipairs(leases) do
-  pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2])
+  pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2]) .. ":" .. decimal(lease[3])
   expires = math.max(expires, lease[2])
 end
 redis.call("HSET", KEYS[1], "ticket", decimal(ticket), "pos", decimal(pos), "at", decimal(at),

@@ -1,0 +1,171 @@
+"""What a limiter does while its state is down: raise (the default), or begin turns locally.
+
+A limiter's ``when_down`` setting chooses (docs/operating.md, "When the
+state is down"):
+
+- ``"raise"`` (the default): a call the state cannot answer raises
+  :class:`~ratequeue.StateUnavailable` after the state's own retries.
+- ``"open"``: calls go through. Each process begins its turns at most at
+  the limiter's own rate (one per interval, no burst): across N processes
+  at most N times the rate.
+- a share ``s`` (``0 < s < 1``): each process begins its turns at ``s``
+  times the rate, so N processes begin at most ``N * s`` times it (give
+  ``1 / N`` to stay within the rate).
+
+The first call the state fails puts the limiter *down*: that caller, the
+ones waiting behind it and every later one get a local turn, spaced on this
+host's clock in the order they came (:data:`LOCAL_TICKET`, its start on
+this host's clock). Meanwhile a probe reads the state every
+:data:`PROBE_EVERY` seconds, in the background. Once the state answers, the
+limiter **rejoins without a burst**: it first takes one turn of the whole
+burst through the state (so the record's burst credit, built up while
+nobody used it, is spent), its callers still beginning locally until that
+turn begins, and then uses the state again. That turn costs the fleet
+``burst`` starts per process rejoining.
+
+Each change is reported: a ``"state_down"`` event (``outcome`` names the
+mode) and a WARNING; a ``"state_back"`` event (``wait``: seconds down) and
+an INFO line. Leases need the state, so ``max_running`` takes no
+``when_down`` but ``"raise"``, and ``all_of`` takes limiters with ``"raise"`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Literal, Union
+
+from .core.flow import Call, Flow, Sleep
+from .core.protocol import US
+from .core.shard import Place, Turn
+from .errors import AcquireTimeout, ConfigurationError, StateUnavailable
+from .reporting import QUIET_STARTS
+
+if TYPE_CHECKING:
+    from .running import ShardRunner
+
+__all__ = ["LOCAL_TICKET", "PROBE_EVERY", "PROBE_TASK", "Fallback", "WhenDown", "check_when_down"]
+
+#: what ``when_down`` may be: ``"raise"``, ``"open"``, or the share of the rate each process keeps
+WhenDown = Union[Literal["raise", "open"], float]
+
+#: the ticket of a turn begun locally while the state was down (no state gave it)
+LOCAL_TICKET = -1
+
+#: seconds between two reads of a state that is down
+PROBE_EVERY = 1.0
+#: how the probe's thread or task is named (then the queue name)
+PROBE_TASK = "ratequeue-probe-"
+
+_log = logging.getLogger("ratequeue.limiter")
+_DOWN = (
+    "queue %r: the state is down (%s); turns begin locally, %s, until it answers again "
+    "(when_down=%r; probed every %g s)"
+)
+_BACK = "queue %r: the state answers again after %.1f s; turns come from it again"
+
+
+def check_when_down(value: object) -> WhenDown:
+    """``value`` as a ``when_down`` setting: ``"raise"``, ``"open"``, or a share of the rate in (0, 1)."""
+    if value in ("raise", "open") and isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    raise ConfigurationError(
+        f'when_down must be "raise", "open" or the share of the rate each process keeps while the state '
+        f"is down (a number between 0 and 1, such as 0.25), got {value!r}"
+    )
+
+
+class Fallback:
+    """The local turns of one limiter while its state is down, and the probe that ends them."""
+
+    def __init__(self, when_down: WhenDown, interval: float) -> None:
+        self.when_down = when_down
+        self.mode = "open" if when_down == "open" else "local"
+        #: seconds between two local begins (of cost 1)
+        self.spacing = interval if when_down == "open" else interval / float(when_down)
+        #: when (local time) the state went down, while it is
+        self.down_since: float | None = None
+        #: set once the state answered the probe: new callers queue for the state (behind the rejoin)
+        self.rejoining = False
+        #: the earliest local time the next local turn may begin
+        self._next = -math.inf
+        #: set by the limiter's close: the probe stops
+        self.stopped = False
+
+    def went_down(self, runner: ShardRunner, error: Exception) -> None:
+        """The state failed a call (holding the driver's lock): begin locally, probe in the background."""
+        if self.down_since is not None:
+            return
+        self.down_since = runner.clock()
+        pace = f"one every {self.spacing:g} s" if self.mode == "local" else "at this limiter's own rate"
+        _log.warning(_DOWN, runner.name, error, pace, self.when_down, PROBE_EVERY)
+        runner.reporter.state_down(self.mode, type(error).__name__)
+        runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
+
+    def turn_flow(
+        self, runner: ShardRunner, place: Place, since: float, *, attempt: bool = False
+    ) -> Flow[Turn | None]:
+        """``place``'s turn begun locally (holding the lock), spaced on this host's clock, in order."""
+        now = runner.clock()
+        at = max(now, self._next)
+        if place.deadline is not None and at > place.deadline:
+            if not attempt:  # (a try_acquire that gets no turn is no timeout)
+                runner.reporter.timeout(place, now - since)
+            raise AcquireTimeout(
+                f"no turn in queue {runner.name!r} within {place.timeout} s (the state is down: "
+                f"turns begin locally, one every {self.spacing:g} s)",
+                name=runner.name,
+                timeout=place.timeout,
+            )
+        self._next = at + self.spacing * place.cost
+        if at > now:
+            yield Call(runner.driver.wait_until, (at, False, False))
+        turn = Turn(LOCAL_TICKET, round(at * US), at)
+        if runner.reporter.begins:
+            runner.reporter.begin(turn, runner.clock(), since)
+        return turn
+
+    def _probe_flow(self, runner: ShardRunner) -> Flow[None]:
+        """Read the state every :data:`PROBE_EVERY` s until it answers, then rejoin (holding no lock)."""
+        while not self.stopped:
+            yield Sleep(PROBE_EVERY)
+            try:
+                yield Call(runner.state.read, (runner.name,))
+            except StateUnavailable as exc:
+                _log.debug("queue %r: the state is still down: %s", runner.name, exc)
+                continue
+            except Exception:  # it answers, with an error of the record: its callers will see it
+                pass
+            runner.driver.start(self._rejoin_flow(runner), f"ratequeue-rejoin-{runner.name}")
+            return
+
+    def _rejoin_flow(self, runner: ShardRunner) -> Flow[None]:
+        """Take one turn of the whole burst through the state, then leave the fallback (holding the lock).
+
+        New callers queue behind that turn, which is taken no sooner than
+        the last local turn's spacing allows: so the first turn from the
+        state comes at least an interval after the last local one, and
+        ``burst`` intervals after the record's last start.
+        """
+        QUIET_STARTS.set(True)  # (this thread's or task's own context) the rejoin is no caller's begin
+        place = runner.place(None, runner.settings.burst)
+        place.rejoin = self.rejoining = True
+        try:
+            if self._next > runner.clock():
+                yield Call(runner.driver.wait_until, (self._next, False, False))
+            yield from runner.acquire_flow(place)
+        except Exception as exc:  # down again: probe again
+            _log.debug("queue %r: rejoining failed: %s", runner.name, exc)
+            self.rejoining = False
+            runner.changed()
+            if not self.stopped:
+                runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
+            return
+        self.rejoining = False
+        since, self.down_since = self.down_since, None
+        down_for = 0.0 if since is None else runner.clock() - since
+        _log.info(_BACK, runner.name, down_for)
+        runner.reporter.state_back(down_for)
+        runner.changed()
