@@ -56,6 +56,7 @@ from ..errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ._local import Clock, LocalState, keep_until
 from .base import Snapshot
 from .records import check_record
+from .watchers import Watchers
 
 __all__ = ["FileState", "LockFile", "LockTimeout", "default_path"]
 
@@ -621,7 +622,7 @@ def _checked(result: int) -> int:
     return result
 
 
-class _Doorbells:
+class _Doorbells(Watchers):
     """One inotify descriptor on a state's doorbells, read by a daemon thread that calls their watchers.
 
     The directory is watched only while some doorbell has a watcher; the
@@ -633,85 +634,45 @@ class _Doorbells:
         if libc is None:
             raise OSError(errno.ENOSYS, "no inotify here")
         self._libc, self._directory = libc, directory
-        #: the process that made it: a forked child makes its own (the thread does not follow a fork)
-        self.pid = os.getpid()
         self._fd = _checked(libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC))
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
-        self._lock = threading.Lock()
-        #: the watchers of each doorbell (a record file's name without ``.json``)
-        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        #: the watch on the directory, while a doorbell (a record file's name, no ``.json``) has a watcher
         self._wd: int | None = None
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        super().__init__(f"ratequeue doorbells {directory}")
 
-    def watch(self, bell: str, freed: Callable[[], None]) -> Callable[[], None] | None:
-        """Call ``freed`` (in the thread) each time ``bell`` rings, until unwatched; ``None``: it cannot."""
-        with self._lock:
-            if self._closed:
-                return None
-            if self._wd is None:  # the first watcher: the directory is watched from now on
-                try:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(self._directory, 0o700)
-                    path = os.fsencode(self._directory)
-                    mask = _IN_CLOSE_WRITE | _IN_ONLYDIR | _IN_DONT_FOLLOW
-                    self._wd = _checked(self._libc.inotify_add_watch(self._fd, path, mask))
-                except OSError as exc:
-                    _log.debug("cannot watch for freed places in %s: %s", self._directory, exc)
-                    return None
-            self._watchers.setdefault(bell, []).append(freed)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"ratequeue doorbells {self._directory}", daemon=True
-                )
-                self._thread.start()
+    def _watching(self, name: str) -> bool:
+        if self._wd is None:  # the first watcher: the directory is watched from now on
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self._directory, 0o700)
+                path = os.fsencode(self._directory)
+                mask = _IN_CLOSE_WRITE | _IN_ONLYDIR | _IN_DONT_FOLLOW
+                self._wd = _checked(self._libc.inotify_add_watch(self._fd, path, mask))
+            except OSError as exc:
+                _log.debug("cannot watch for freed places in %s: %s", self._directory, exc)
+                return False
+        return True
 
-        def unwatch() -> None:
-            with self._lock:
-                kept = self._watchers.get(bell, [])
-                for index, watcher in enumerate(kept):
-                    if watcher is freed:
-                        del kept[index]
-                        break
-                if not kept:
-                    self._watchers.pop(bell, None)
-                if not self._watchers and self._wd is not None and not self._closed:
-                    self._libc.inotify_rm_watch(self._fd, self._wd)  # (fails only if already gone)
-                    self._wd = None
+    def _left(self, name: str) -> bool:
+        if not self._watchers and self._wd is not None and not self._closed:
+            self._libc.inotify_rm_watch(self._fd, self._wd)  # (fails only if already gone)
+            self._wd = None
+        return False
 
-        return unwatch
+    def _descriptors(self) -> tuple[int, ...]:
+        return (self._fd,)
 
     def watching(self) -> bool:
         """Whether the directory is watched now (some doorbell has a watcher)."""
         with self._lock:
             return self._wd is not None
 
-    def close(self) -> None:
-        """Stop the thread and close the descriptor; no watcher is called after it returns."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            thread = self._thread
-        with contextlib.suppress(OSError):
-            os.write(self._wake_write, b"w")
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
-            if thread.is_alive():
-                return  # (stuck: its descriptors are left open rather than closed under it)
-        for fd in (self._fd, self._wake_read, self._wake_write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
     def _run(self) -> None:
         """The thread: read the events, call the watchers of the doorbells rung."""
         while True:
             try:
                 readable, _, _ = select.select([self._fd, self._wake_read], [], [])
-                with self._lock:
-                    if self._closed:
-                        return
+                if self.closed:
+                    return
                 if self._fd not in readable:
                     continue
                 try:
@@ -732,18 +693,7 @@ class _Doorbells:
                     everyone = True  # events were lost: any place may have been freed
                 elif mask & _IN_CLOSE_WRITE:
                     rung.add(os.fsdecode(name))
-            with self._lock:
-                watchers = [
-                    watcher
-                    for bell, kept in self._watchers.items()
-                    if everyone or bell in rung
-                    for watcher in kept
-                ]
-            for freed in watchers:
-                try:
-                    freed()
-                except Exception:  # a watcher's failure is its own; the others are still told
-                    _log.debug("a watcher of %s failed", self._directory, exc_info=True)
+            self._ring(None if everyone else rung)
 
 
 #: guards the making of a state's doorbells

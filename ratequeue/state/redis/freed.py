@@ -20,10 +20,11 @@ import contextlib
 import logging
 import os
 import select
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ..watchers import Watchers
 
 __all__ = ["CHANNEL_SUFFIX", "FreedListener", "channel_of"]
 
@@ -48,7 +49,7 @@ def channel_of(key: str) -> str:
     return key + CHANNEL_SUFFIX
 
 
-class FreedListener:
+class FreedListener(Watchers):
     """One pub/sub connection and its daemon thread, calling the watchers of the channels it hears on.
 
     ``make_pubsub`` makes a redis-py (thread API) ``PubSub``, unconnected;
@@ -56,86 +57,32 @@ class FreedListener:
     """
 
     def __init__(self, make_pubsub: Callable[[], Any], where: str) -> None:
+        super().__init__(f"ratequeue freed places {where}")
         self._make_pubsub = make_pubsub
         self._where = where
-        #: the process that made it: a forked child makes its own (the thread does not follow a fork)
-        self.pid = os.getpid()
-        self._lock = threading.Lock()
-        #: the watchers of each channel, and when the channels left without any were left
-        self._watchers: dict[str, list[Callable[[], None]]] = {}
-        self._left: dict[str, float] = {}
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        #: written to wake the thread when the channels wanted change or the listener closes
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
+        #: when the channels left without watchers were left (they linger, subscribed, for LINGER s)
+        self._left_at: dict[str, float] = {}
 
-    def watch(self, channel: str, freed: Callable[[], None]) -> Callable[[], None] | None:
-        """Call ``freed`` (in the listener's thread) on each message of ``channel``, until unwatched.
+    def _first(self, name: str) -> bool:
+        self._left_at.pop(name, None)
+        return True  # the thread subscribes
 
-        ``None`` once the listener is closed.
-        """
-        with self._lock:
-            if self._closed:
-                return None
-            watchers = self._watchers.setdefault(channel, [])
-            watchers.append(freed)
-            self._left.pop(channel, None)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"ratequeue freed places {self._where}", daemon=True
-                )
-                self._thread.start()
-        if len(watchers) == 1:
-            self._wake()
-
-        def unwatch() -> None:
-            with self._lock:
-                kept = self._watchers.get(channel, [])
-                for index, watcher in enumerate(kept):
-                    if watcher is freed:
-                        del kept[index]
-                        break
-                if kept or channel not in self._watchers:
-                    return
-                del self._watchers[channel]
-                self._left[channel] = time.monotonic()
-            self._wake()
-
-        return unwatch
+    def _left(self, name: str) -> bool:
+        self._left_at[name] = time.monotonic()
+        return True  # the thread unsubscribes, once it has lingered
 
     def wanted(self) -> set[str]:
         """The channels to be subscribed now: those watched, and those left under :data:`LINGER` s ago."""
         with self._lock:
             return self._wanted(time.monotonic())[0]
 
-    def close(self) -> None:
-        """Stop the thread and close the connection; no watcher is called after it returns."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            thread = self._thread
-        self._wake()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
-            if thread.is_alive():
-                return  # (stuck: its pipe is left open rather than closed under it)
-        for fd in (self._wake_read, self._wake_write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
-            os.write(self._wake_write, b"w")
-
     def _wanted(self, now: float) -> tuple[set[str], float | None]:
         """The channels wanted at ``now`` (holding the lock), and when the next lingering one expires."""
-        for channel, left in list(self._left.items()):
+        for channel, left in list(self._left_at.items()):
             if now - left >= LINGER:
-                del self._left[channel]
-        expiry = min((left + LINGER for left in self._left.values()), default=None)
-        return set(self._watchers) | set(self._left), expiry
+                del self._left_at[channel]
+        expiry = min((left + LINGER for left in self._left_at.values()), default=None)
+        return set(self._watchers) | set(self._left_at), expiry
 
     def _run(self) -> None:
         """The thread: keep the subscriptions as wanted, hand messages to the watchers, survive errors."""
@@ -201,13 +148,7 @@ class FreedListener:
             channel = message["channel"]
             if isinstance(channel, bytes):
                 channel = channel.decode("utf-8", "surrogateescape")
-            with self._lock:
-                watchers = list(self._watchers.get(channel, ()))
-            for freed in watchers:
-                try:
-                    freed()
-                except Exception:  # a watcher's failure is its own; the others are still told
-                    _log.debug("a watcher of %s failed", channel, exc_info=True)
+            self._ring((channel,))
 
 
 def _socket_of(pubsub: Any) -> Any:
