@@ -33,21 +33,36 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Literal, Union
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .core.flow import Call, Flow, Sleep
 from .core.protocol import US
 from .core.shard import Place, Turn
-from .errors import AcquireTimeout, ConfigurationError, StateUnavailable
-from .reporting import QUIET_STARTS
+from .drivers import Driver
+from .errors import AcquireTimeout, StateUnavailable
+from .reporting import QUIET_STARTS, Reporter
+from .settings import Settings, WhenDown
 
-if TYPE_CHECKING:
-    from .running import ShardRunner
 
-__all__ = ["LOCAL_TICKET", "PROBE_EVERY", "PROBE_TASK", "Fallback", "WhenDown", "check_when_down"]
+class Runner(Protocol):
+    """What the fallback uses of a shard's runner (``running.ShardRunner``; named here, not imported)."""
 
-#: what ``when_down`` may be: ``"raise"``, ``"open"``, or the share of the rate each process keeps
-WhenDown = Union[Literal["raise", "open"], float]
+    name: str
+    settings: Settings
+    state: Any
+    driver: Driver
+    reporter: Reporter
+    clock: Callable[[], float]
+
+    def place(self, timeout: float | None, cost: int) -> Place: ...
+
+    def acquire_flow(self, place: Place, *, attempt: bool = False) -> Flow[Turn | None]: ...
+
+    def changed(self) -> None: ...
+
+
+__all__ = ["LOCAL_TICKET", "PROBE_EVERY", "PROBE_TASK", "Fallback", "Runner"]
 
 #: the ticket of a turn begun locally while the state was down (no state gave it)
 LOCAL_TICKET = -1
@@ -63,18 +78,6 @@ _DOWN = (
     "(when_down=%r; probed every %g s)"
 )
 _BACK = "queue %r: the state answers again after %.1f s; turns come from it again"
-
-
-def check_when_down(value: object) -> WhenDown:
-    """``value`` as a ``when_down`` setting: ``"raise"``, ``"open"``, or a share of the rate in (0, 1)."""
-    if value in ("raise", "open") and isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
-        return float(value)
-    raise ConfigurationError(
-        f'when_down must be "raise", "open" or the share of the rate each process keeps while the state '
-        f"is down (a number between 0 and 1, such as 0.25), got {value!r}"
-    )
 
 
 class Fallback:
@@ -94,7 +97,7 @@ class Fallback:
         #: set by the limiter's close: the probe stops
         self.stopped = False
 
-    def went_down(self, runner: ShardRunner, error: Exception) -> None:
+    def went_down(self, runner: Runner, error: Exception) -> None:
         """The state failed a call (holding the driver's lock): begin locally, probe in the background."""
         if self.down_since is not None:
             return
@@ -105,7 +108,7 @@ class Fallback:
         runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
 
     def turn_flow(
-        self, runner: ShardRunner, place: Place, since: float, *, attempt: bool = False
+        self, runner: Runner, place: Place, since: float, *, attempt: bool = False
     ) -> Flow[Turn | None]:
         """``place``'s turn begun locally (holding the lock), spaced on this host's clock, in order."""
         now = runner.clock()
@@ -127,7 +130,7 @@ class Fallback:
             runner.reporter.begin(turn, runner.clock(), since)
         return turn
 
-    def _probe_flow(self, runner: ShardRunner) -> Flow[None]:
+    def _probe_flow(self, runner: Runner) -> Flow[None]:
         """Read the state every :data:`PROBE_EVERY` s until it answers, then rejoin (holding no lock)."""
         while not self.stopped:
             yield Sleep(PROBE_EVERY)
@@ -141,7 +144,7 @@ class Fallback:
             runner.driver.start(self._rejoin_flow(runner), f"ratequeue-rejoin-{runner.name}")
             return
 
-    def _rejoin_flow(self, runner: ShardRunner) -> Flow[None]:
+    def _rejoin_flow(self, runner: Runner) -> Flow[None]:
         """Take one turn of the whole burst through the state, then leave the fallback (holding the lock).
 
         New callers queue behind that turn, which is taken no sooner than

@@ -13,7 +13,7 @@ import datetime
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict, Union
+from typing import Any, Literal, TypedDict, Union
 
 from .core.clock import to_float
 from .core.jobs import Backoff, DeadLetter
@@ -22,7 +22,6 @@ from .core.protocol import MAX_LEAD_US, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
 from .events import EventHook, check_hook
-from .fallback import WhenDown, check_when_down
 from .rates import RateLike, parse_rate
 
 __all__ = [
@@ -55,6 +54,10 @@ FOREVER = 1e9
 #: the longest single wait (s) a driver blocks for before it looks at its deadline again: well
 #: under ``threading.TIMEOUT_MAX`` everywhere, so that any timeout works
 MAX_WAIT = 3600.0
+
+
+#: what ``when_down`` may be: ``"raise"``, ``"open"``, or the share of the rate each process keeps
+WhenDown = Union[Literal["raise", "open"], float]
 
 
 class Options(TypedDict, total=False):
@@ -240,6 +243,18 @@ def _interval_us(interval: float) -> int:
     if micros >= MAX_US:
         raise ConfigurationError(f"interval must be under about 142 years, got {interval!r} s")
     return micros
+
+
+def check_when_down(value: object) -> WhenDown:
+    """``value`` as a ``when_down`` setting: ``"raise"``, ``"open"``, or a share of the rate in (0, 1)."""
+    if value in ("raise", "open") and isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    raise ConfigurationError(
+        f'when_down must be "raise", "open" or the share of the rate each process keeps while the state '
+        f"is down (a number between 0 and 1, such as 0.25), got {value!r}"
+    )
 
 
 def check_cost(value: object, burst: int) -> int:
