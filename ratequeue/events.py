@@ -132,7 +132,8 @@ class Event(NamedTuple):
                           retried): ``error``, ``attempt``
     ``"state_down"``      the state failed a call and turns begin locally now (``when_down``):
                           ``outcome`` (``"open"`` or ``"local"``), ``error``
-    ``"state_back"``      the state answers again and turns come from it: ``wait`` (seconds down)
+    ``"state_back"``      the state answers again and turns come from it, or the limiter closed
+                          while it was down: ``wait`` (seconds down), ``outcome`` (the mode)
     ====================  ==========================================================================
 
     Times are seconds on this process's clock (``time.monotonic`` unless a

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .core.flow import Call, Flow, Sleep
 from .core.protocol import US
-from .core.shard import Place, Turn
+from .core.shard import Place, Shard, Turn
 from .drivers import Driver
 from .errors import AcquireTimeout, StateUnavailable
 from .reporting import QUIET_STARTS, Reporter
@@ -50,6 +51,7 @@ class Runner(Protocol):
 
     name: str
     settings: Settings
+    shard: Shard
     state: Any
     driver: Driver
     reporter: Reporter
@@ -62,15 +64,16 @@ class Runner(Protocol):
     def changed(self) -> None: ...
 
 
-__all__ = ["LOCAL_TICKET", "PROBE_EVERY", "PROBE_TASK", "Fallback", "Runner"]
+__all__ = ["LOCAL_TICKET", "PROBE_EVERY", "PROBE_TASK", "REJOIN_TASK", "Fallback", "Runner"]
 
 #: the ticket of a turn begun locally while the state was down (no state gave it)
 LOCAL_TICKET = -1
 
 #: seconds between two reads of a state that is down
 PROBE_EVERY = 1.0
-#: how the probe's thread or task is named (then the queue name)
+#: how the probe's and the rejoin's threads or tasks are named (then the queue name)
 PROBE_TASK = "ratequeue-probe-"
+REJOIN_TASK = "ratequeue-rejoin-"
 
 _log = logging.getLogger("ratequeue.limiter")
 _DOWN = (
@@ -94,8 +97,10 @@ class Fallback:
         self.rejoining = False
         #: the earliest local time the next local turn may begin
         self._next = -math.inf
-        #: set by the limiter's close: the probe stops
+        #: set by the limiter's close: the probe and the rejoin stop
         self.stopped = False
+        #: the process whose probe runs (a child forked while down starts its own)
+        self._probing: int | None = None
 
     def went_down(self, runner: Runner, error: Exception) -> None:
         """The state failed a call (holding the driver's lock): begin locally, probe in the background."""
@@ -105,15 +110,30 @@ class Fallback:
         pace = f"one every {self.spacing:g} s" if self.mode == "local" else "at this limiter's own rate"
         _log.warning(_DOWN, runner.name, error, pace, self.when_down, PROBE_EVERY)
         runner.reporter.state_down(self.mode, type(error).__name__)
-        runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
+        self._probe(runner)
+
+    def stop(self, runner: Runner) -> None:
+        """The limiter closes: no probe, no rejoin; while down, ``state_back`` says it runs no longer."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.down_since is not None:
+            runner.reporter.state_back(self.mode, runner.clock() - self.down_since)
 
     def turn_flow(
         self, runner: Runner, place: Place, since: float, *, attempt: bool = False
     ) -> Flow[Turn | None]:
-        """``place``'s turn begun locally (holding the lock), spaced on this host's clock, in order."""
+        """``place``'s turn begun locally (holding the lock), spaced on this host's clock, in order.
+
+        ``None`` if the place is withdrawn (its reservation cancelled) before
+        it begins; a slot given up so, or by an interruption, goes back if
+        nobody took a later one.
+        """
+        if self._probing != os.getpid() and not self.stopped:
+            self._probe(runner)  # a child forked while the state was down
         now = runner.clock()
         at = max(now, self._next)
-        if place.deadline is not None and at > place.deadline:
+        if place.deadline is not None and at > max(now, place.deadline):
             if not attempt:  # (a try_acquire that gets no turn is no timeout)
                 runner.reporter.timeout(place, now - since)
             raise AcquireTimeout(
@@ -122,18 +142,39 @@ class Fallback:
                 name=runner.name,
                 timeout=place.timeout,
             )
-        self._next = at + self.spacing * place.cost
-        if at > now:
-            yield Call(runner.driver.wait_until, (at, False, False))
-        turn = Turn(LOCAL_TICKET, round(at * US), at)
+        self._next = end = at + self.spacing * place.cost
+        try:
+            while not place.withdrawn:
+                now = runner.clock()
+                if now >= at:
+                    break
+                yield Call(runner.driver.wait_for_change, (at - now,))  # (a cancel wakes it)
+            else:
+                self._give_back(at, end)
+                return None
+        except BaseException:
+            self._give_back(at, end)
+            raise
+        place.turn = turn = Turn(LOCAL_TICKET, round(at * US), at)
         if runner.reporter.begins:
             runner.reporter.begin(turn, runner.clock(), since)
         return turn
 
+    def _give_back(self, at: float, end: float) -> None:
+        """A local slot from ``at`` to ``end`` was not used: free it, if it is still the last one."""
+        if self._next == end:
+            self._next = at
+
+    def _probe(self, runner: Runner) -> None:
+        self._probing = os.getpid()
+        runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
+
     def _probe_flow(self, runner: Runner) -> Flow[None]:
         """Read the state every :data:`PROBE_EVERY` s until it answers, then rejoin (holding no lock)."""
-        while not self.stopped:
+        while True:
             yield Sleep(PROBE_EVERY)
+            if self.stopped:
+                return
             try:
                 yield Call(runner.state.read, (runner.name,))
             except StateUnavailable as exc:
@@ -141,7 +182,8 @@ class Fallback:
                 continue
             except Exception:  # it answers, with an error of the record: its callers will see it
                 pass
-            runner.driver.start(self._rejoin_flow(runner), f"ratequeue-rejoin-{runner.name}")
+            if not self.stopped:
+                runner.driver.start(self._rejoin_flow(runner), f"{REJOIN_TASK}{runner.name}")
             return
 
     def _rejoin_flow(self, runner: Runner) -> Flow[None]:
@@ -152,23 +194,35 @@ class Fallback:
         state comes at least an interval after the last local one, and
         ``burst`` intervals after the record's last start.
         """
+        if self.stopped:
+            return
         QUIET_STARTS.set(True)  # (this thread's or task's own context) the rejoin is no caller's begin
         place = runner.place(None, runner.settings.burst)
         place.rejoin = self.rejoining = True
         try:
             if self._next > runner.clock():
                 yield Call(runner.driver.wait_until, (self._next, False, False))
+            if self.stopped:
+                raise _Stopped
             yield from runner.acquire_flow(place)
-        except Exception as exc:  # down again: probe again
-            _log.debug("queue %r: rejoining failed: %s", runner.name, exc)
+        except BaseException as exc:  # down again: probe again; closed or cancelled: stop
+            runner.shard.abandon(place)  # (the callers behind it go on)
             self.rejoining = False
             runner.changed()
+            if not isinstance(exc, Exception):
+                raise
+            if not isinstance(exc, _Stopped):
+                _log.debug("queue %r: rejoining failed: %s", runner.name, exc)
             if not self.stopped:
-                runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
+                self._probe(runner)
             return
         self.rejoining = False
         since, self.down_since = self.down_since, None
         down_for = 0.0 if since is None else runner.clock() - since
         _log.info(_BACK, runner.name, down_for)
-        runner.reporter.state_back(down_for)
+        runner.reporter.state_back(self.mode, down_for)
         runner.changed()
+
+
+class _Stopped(Exception):
+    """The limiter closed while its rejoin waited."""

@@ -37,6 +37,7 @@ class LimiterGroup(GroupBase[Limiter]):
 
     def close(self) -> None:
         """Close the state if this group opened it from a URL; deliver its keys' events (up to 1 s)."""
+        self._stop_fallbacks()
         if self._owns_state:
             self.state.close()
         if self._hook is not None:

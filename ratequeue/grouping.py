@@ -147,6 +147,13 @@ class GroupBase(Generic[L]):
         start = len(self.name) + len(SEPARATOR)
         return sorted(key for key in map(key_of, (name[start:] for name in names)) if key is not None)
 
+    def _stop_fallbacks(self) -> None:
+        """The group closes: the keys whose state is down stop probing it (``when_down``)."""
+        for limiter in self.limiters():
+            runner = runner_of(limiter)
+            if runner.fallback is not None:
+                runner.fallback.stop(runner)
+
     def _forget_idle(self) -> None:
         """Drop the least recently used limiters beyond ``max_keys`` that nobody waits on (holding the guard).
 

@@ -229,7 +229,7 @@ class Limiter(LimiterBase):
         """
         runner = self._runner
         if runner.fallback is not None:
-            runner.fallback.stopped = True  # a probe of a state that is down ends within a second
+            runner.fallback.stop(runner)  # a probe of a state that is down ends within a second
         held: list[Held] = []
         if runner.leases is not None:
             driver = cast(ThreadDriver, runner.driver)

@@ -109,8 +109,8 @@ class PrometheusMetrics:
         self._label: Callable[[str], str] = queue_label or str
         #: the labelled children made so far, by (metric, label values): as many as the series
         self._children: dict[tuple[Any, ...], Any] = {}
-        #: the mode of each queue whose state is down now
-        self._down: dict[str, str] = {}
+        #: how many limiters of each (queue label, mode) run without their state now
+        self._down: dict[tuple[str, str], int] = {}
         # made unregistered, then registered all together below, or none: a clash leaves the registry as is
         common: dict[str, Any] = {"namespace": namespace, "registry": None}
 
@@ -195,11 +195,10 @@ class PrometheusMetrics:
             self._child(self.retries, queue).inc()
         elif kind == "dead_letter":
             self._child(self.dead_letters, queue).inc()
-        elif kind == "state_down":
-            self._down[queue] = mode = event.outcome or ""
-            self._child(self.state_down, queue, mode).set(1)
-        elif kind == "state_back":
-            self._child(self.state_down, queue, self._down.pop(queue, "")).set(0)
+        elif kind in ("state_down", "state_back"):
+            key = (self._label(queue), event.outcome or "")
+            down = self._down[key] = max(0, self._down.get(key, 0) + (1 if kind == "state_down" else -1))
+            self._child(self.state_down, queue, key[1]).set(1 if down else 0)
 
     def _child(self, metric: Any, queue: str, *labels: str) -> Any:
         """``metric.labels(queue's label, *labels)``, kept: a dict look-up, not prometheus_client's checks."""

@@ -117,10 +117,10 @@ class Reporter:
         if self.on:
             self.emit(Event("state_down", self.name, outcome=mode, error=error))
 
-    def state_back(self, down_for: float) -> None:
-        """The state answers again after ``down_for`` s, and turns come from it (a ``"state_back"`` event)."""
+    def state_back(self, mode: str, down_for: float) -> None:
+        """After ``down_for`` s down, turns come from the state again, or the limiter closed."""
         if self.on:
-            self.emit(Event("state_back", self.name, wait=down_for))
+            self.emit(Event("state_back", self.name, wait=down_for, outcome=mode))
 
     def passed(self, outcome: Passed) -> None:
         """A held ticket was answered as passed; the shard takes a new one.

@@ -167,8 +167,12 @@ class ShardRunner:
 
     @property
     def idle(self) -> bool:
-        """Whether nobody waits here and no call, begin or lease is under way (a group may drop it)."""
-        return self.shard.idle and (self.leases is None or not self.leases.busy)
+        """Whether nobody waits, no call, begin or lease runs, the state is up (a group may drop it)."""
+        return (
+            self.shard.idle
+            and (self.leases is None or not self.leases.busy)
+            and (self.fallback is None or self.fallback.down_since is None)  # (its probe runs)
+        )
 
     def place(self, timeout: Seconds | None, cost: int) -> Place:
         """A new place at the back of the line, its arguments checked."""

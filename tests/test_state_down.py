@@ -12,15 +12,32 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ratequeue import AcquireTimeout, ConfigurationError, Event, Limiter, Queue, StateUnavailable, aio, all_of
+from ratequeue import (
+    AcquireTimeout,
+    ConfigurationError,
+    Event,
+    Limiter,
+    LimiterGroup,
+    Queue,
+    StateUnavailable,
+    aio,
+    all_of,
+)
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import Answer
 from ratequeue.core.shard import Turn
-from ratequeue.fallback import LOCAL_TICKET
+from ratequeue.fallback import LOCAL_TICKET, PROBE_EVERY, PROBE_TASK
+from ratequeue.running import runner_of
+from ratequeue.state.base import Snapshot, ThreadedState
+from ratequeue.state.memory import MemoryState
 
 from . import servers
 
@@ -83,7 +100,7 @@ def test_turns_begin_locally_while_the_state_is_down_and_rejoin_without_a_burst(
     finally:
         limiter.close()
     mode = "open" if when_down == "open" else "local"
-    assert [(event.kind, event.outcome) for event in events] == [("state_down", mode), ("state_back", None)]
+    assert [(event.kind, event.outcome) for event in events] == [("state_down", mode), ("state_back", mode)]
     assert (events[1].wait or 0) > 0
 
 
@@ -191,3 +208,134 @@ def test_the_prometheus_gauge_says_while_the_state_is_down(server: servers.Serve
     finally:
         limiter.close()
     assert seen == [1.0, 0.0]
+
+
+# ------------------------------------------------------------ an outage injected into a memory state
+
+
+class DownState(MemoryState):
+    """A memory state whose calls raise ``StateUnavailable`` while ``down`` is set (an injected outage)."""
+
+    def __init__(self) -> None:
+        super().__init__(private=True)
+        self.down = False
+        self.calls = 0
+
+    def _execute(self, op: Operation) -> Answer:
+        self.calls += 1
+        if self.down:
+            raise StateUnavailable("down (injected)")
+        return super()._execute(op)
+
+    def _read(self, name: str) -> Snapshot:
+        self.calls += 1
+        if self.down:
+            raise StateUnavailable("down (injected)")
+        return super()._read(name)
+
+
+def _probes(name: str) -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == f"{PROBE_TASK}{name}"]
+
+
+def test_a_try_while_down_takes_a_free_local_slot_and_only_that() -> None:
+    state, now = DownState(), [100.0]
+    limiter = Limiter(state, name="try", interval=0.05, when_down="open", clock=lambda: now[0])
+    try:
+        limiter.acquire()
+        state.down = True
+        first = limiter.acquire(0)  # found down: begins locally at once
+        assert first.ticket == LOCAL_TICKET
+        assert limiter.try_acquire() is None  # the next local slot is 50 ms away
+        now[0] += 0.05
+        second = limiter.try_acquire()
+        assert second is not None
+        assert second.local_start == pytest.approx(first.local_start + 0.05)
+    finally:
+        limiter.close()
+
+
+def test_a_closed_limiter_neither_probes_nor_rejoins() -> None:
+    """Closed while its state is down, it takes no turn when the state comes back."""
+    state = DownState()
+    limiter = Limiter(state, name="closed", interval=0.01, burst=5, when_down="open")
+    limiter.acquire()
+    before = state.read("closed").record
+    state.down = True
+    assert limiter.acquire().ticket == LOCAL_TICKET
+    probes = _probes("closed")
+    assert len(probes) == 1
+    limiter.close()
+    probes[0].join(PROBE_EVERY + LONG)
+    assert not probes[0].is_alive()
+    state.down = False  # back, after the close: nothing of the limiter is left to take a turn
+    assert state.read("closed").record == before  # no rejoin turn of the burst
+
+
+def test_an_asyncio_limiter_closes_while_its_state_is_down() -> None:
+    async def main() -> list[str]:
+        state = DownState()
+        limiter = aio.Limiter(ThreadedState(state), name="aclosed", interval=0.05, when_down="open")
+        await limiter.acquire()
+        state.down = True
+        assert (await limiter.acquire()).ticket == LOCAL_TICKET
+        await limiter.close()  # cancels its probe: no CancelledError comes out of it
+        driver = runner_of(limiter).driver
+        return [task.get_name() for task in driver.tasks if not task.done()]  # type: ignore[attr-defined]
+
+    assert asyncio.run(main()) == []
+
+
+def test_a_reservation_cancelled_while_down_gives_its_slot_back() -> None:
+    state = DownState()
+    limiter = Limiter(state, name="cancel", interval=0.2, when_down="open")
+    try:
+        limiter.acquire()
+        state.down = True
+        first = limiter.acquire()
+        reservation = limiter.reserve()
+        waited: list[Turn | None] = []
+        waiter = threading.Thread(target=lambda: waited.append(reservation.wait(LONG)))
+        waiter.start()
+        driver = runner_of(limiter).driver
+        deadline = time.monotonic() + LONG
+        while driver.waiters == 0 and time.monotonic() < deadline:  # until the waiter waits for its slot
+            time.sleep(0.001)
+        reservation.cancel()
+        waiter.join(LONG)
+        assert waited == [None]
+        assert reservation.turn is None
+        again = limiter.acquire(LONG)
+        assert again.local_start == pytest.approx(first.local_start + 0.2)  # the slot it gave back
+    finally:
+        limiter.close()
+
+
+def test_a_group_keeps_the_limiter_of_a_key_whose_state_is_down_and_stops_it_on_close() -> None:
+    state = DownState()
+    group = LimiterGroup(state, name="g", interval=0.01, when_down="open", max_keys=1)
+    group["a"].acquire()
+    state.down = True
+    down = group["a"]
+    assert down.acquire().ticket == LOCAL_TICKET
+    group["b"]  # beyond max_keys: "a" would be dropped if it were idle, and a second probe start
+    assert group["a"] is down
+    probes = _probes("g:a")
+    assert len(probes) == 1
+    group.close()
+    probes[0].join(PROBE_EVERY + LONG)
+    assert not probes[0].is_alive()
+
+
+def test_the_gauge_stays_up_while_any_limiter_of_the_queue_is_down() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from ratequeue.prometheus import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+    seen = []
+    for kind in ("state_down", "state_down", "state_back", "state_back"):
+        metrics(Event(kind, "api", outcome="local"))  # type: ignore[arg-type]
+        seen.append(registry.get_sample_value("ratequeue_state_down", {"queue": "api", "mode": "local"}))
+    assert seen == [1.0, 1.0, 1.0, 0.0]

@@ -27,6 +27,7 @@ class LimiterGroup(GroupBase[Limiter]):
 
     async def close(self) -> None:
         """Close the state if this group opened it from a URL; deliver its keys' events on the loop."""
+        self._stop_fallbacks()
         if self._owns_state:
             await self.state.close()
         await asyncio.sleep(0)  # the events its keys scheduled on this loop run now

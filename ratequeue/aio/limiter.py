@@ -21,7 +21,7 @@ from ..core.flow import arun
 from ..core.leases import Held
 from ..core.shard import Turn
 from ..drivers import AsyncioDriver
-from ..fallback import PROBE_TASK
+from ..fallback import PROBE_TASK, REJOIN_TASK
 from ..running import LimiterBase, ReservationBase, ShardRunner, Status, entered
 from ..settings import Options, Seconds, Settings
 from ..state import AsyncState, AsyncStateLike, State, open_async_state
@@ -150,10 +150,12 @@ class Limiter(LimiterBase):
         runner = self._runner
         driver = cast(AsyncioDriver, runner.driver)
         if runner.fallback is not None:
-            runner.fallback.stopped = True
-            for task in driver.tasks:  # a probe of a state that is down: nothing to finish
-                if task.get_name().startswith(PROBE_TASK):
-                    task.cancel()
+            runner.fallback.stop(runner)
+            # the probe of a state that is down, or a rejoin under way: nothing to finish
+            ended = [task for task in driver.tasks if task.get_name().startswith((PROBE_TASK, REJOIN_TASK))]
+            for task in ended:
+                task.cancel()
+            await asyncio.gather(*ended, return_exceptions=True)
         held = runner.leases.drain() if runner.leases is not None else []
         keepers = [task for task in driver.tasks if not task.done()]
         if keepers:  # the keeper finishes the call it may be making (a release taken off the book)

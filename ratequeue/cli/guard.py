@@ -24,14 +24,14 @@ A crash of the whole host still leaves the pause on: ``ratequeue resume``.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from typing import IO
 
 from .._redact import redact
 from ..errors import RateQueueError
-from ..state import open_state
-from .common import say, set_paused
+from .common import opened_state, say, set_paused
 
 __all__ = ["Guard", "main"]
 
@@ -60,14 +60,17 @@ class Guard:
         self._tell("done")
         stdin: IO[str] | None = self._process.stdin
         if stdin is not None:
-            stdin.close()
+            with contextlib.suppress(OSError):
+                stdin.close()
         self._process.wait()
 
     def _tell(self, *lines: str) -> None:
+        """Write ``lines`` to the guard; a guard that died (a broken pipe) costs the command nothing."""
         stdin = self._process.stdin
         assert stdin is not None
-        stdin.write("".join(f"{line}\n" for line in lines))
-        stdin.flush()
+        with contextlib.suppress(OSError):
+            stdin.write("".join(f"{line}\n" for line in lines))
+            stdin.flush()
 
 
 def main() -> int:
@@ -83,7 +86,7 @@ def main() -> int:
         return 0
     killed = f"ratequeue: set-interval was killed; queue {name!r} in {redact(url)}"
     try:
-        state = open_state(url)
+        state = opened_state(url)
         try:
             record = state.read(name).record
             if record is None or not record.paused:

@@ -68,6 +68,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             if guard is not None:
                 guard.pausing()
             pause.set()
+            if guard is not None and not pause.ours:  # paused by someone else meanwhile: not ours to lift
+                guard.done()
+                guard = None
             record, waited = pause.wait_for_spacing(sys.stderr if args.json else out, new_us)
             if not state.reset(name):
                 raise ConfigurationError(f"queue {name!r} lost its record in {where} meanwhile; run again")
