@@ -6,7 +6,8 @@ runs its share of 320 jobs (``--jobs``), each sleeping a uniformly drawn 10
 to 40 ms (``--job-ms``) between its turn and its release. A place freed in
 one process is wanted by waiters in the others: it reaches them at once
 where the state tells of freed places (``State.watch``: Redis pub/sub, the
-file state's inotify doorbells), else at their next recheck (100 ms).
+file state's inotify doorbells, PostgreSQL's LISTEN/NOTIFY), else at their
+next recheck (100 ms).
 
 Reported per state: the place use, (sum of the jobs' durations) / (cap x
 wall time), the wall time from the first begin to the last end, the starts
@@ -14,6 +15,7 @@ per second, and the most jobs seen running at once (never above the cap).
 
     python bench/cap_use.py                        # file and Redis (a redis-server of its own)
     python bench/cap_use.py --before /tmp/base     # an older checkout timed beside, same servers
+    python bench/cap_use.py --states file,redis,postgresql   # and a PostgreSQL of its own (initdb)
 
 ``--before DIR`` runs this script again with ``--rq-path DIR`` (DIR first on
 ``sys.path``, so that its workers import that checkout's ratequeue).
@@ -41,6 +43,7 @@ if RQ_PATH and (not sys.path or sys.path[0] != RQ_PATH):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (RQ_PATH, os.environ.get("PYTHONPATH")) if p)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import random  # noqa: E402
@@ -56,7 +59,9 @@ import _common  # noqa: E402
 INTERVAL = 0.001
 #: the longest any wait of a run may take before it is declared broken
 WAIT = 300.0
-STATES = ("file", "redis")
+STATES = ("file", "redis", "postgresql")
+#: the states run unless --states says
+DEFAULT_STATES = ("file", "redis")
 
 
 def worker(
@@ -132,7 +137,7 @@ def run(url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     }
 
 
-def measure(args: argparse.Namespace, redis_url: str) -> dict[str, list[dict[str, Any]]]:
+def measure(args: argparse.Namespace, redis_url: str, postgresql_url: str) -> dict[str, list[dict[str, Any]]]:
     """Every run on every state asked for."""
     results: dict[str, list[dict[str, Any]]] = {}
     for state in args.states:
@@ -140,13 +145,16 @@ def measure(args: argparse.Namespace, redis_url: str) -> dict[str, list[dict[str
             if state == "file":
                 directory = tempfile.mkdtemp(prefix="ratequeue-cap-use-")
                 url = (Path(directory) / "state.json").as_uri()
+            elif state == "postgresql":
+                # (a table per process: the checkout run beside has a function of its own)
+                url = f"{postgresql_url}?table=cap_use_{os.getpid()}"
             else:
                 url = f"{redis_url}?prefix=cap-use:"
             results.setdefault(state, []).append(run(url, args, seed=index))
     return results
 
 
-def before(args: argparse.Namespace, redis_url: str) -> dict[str, list[dict[str, Any]]]:
+def before(args: argparse.Namespace, redis_url: str, postgresql_url: str) -> dict[str, list[dict[str, Any]]]:
     """The same runs with the checkout at ``--before``, in a process of its own."""
     with tempfile.NamedTemporaryFile(suffix=".json") as written:
         command = [
@@ -158,6 +166,8 @@ def before(args: argparse.Namespace, redis_url: str) -> dict[str, list[dict[str,
             written.name,
             "--redis-url",
             redis_url,
+            # (a checkout older than the PostgreSQL runs knows no --postgresql-url)
+            *(["--postgresql-url", postgresql_url] if "postgresql" in args.states else []),
             "--states",
             ",".join(args.states),
             "--runs",
@@ -206,13 +216,16 @@ def table(rows: dict[str, dict[str, list[dict[str, Any]]]], args: argparse.Names
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--states", default=",".join(STATES), help="comma-separated: file, redis")
+    parser.add_argument(
+        "--states", default=",".join(DEFAULT_STATES), help="comma-separated: file, redis, postgresql"
+    )
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--cap", type=int, default=3, help="max_running")
     parser.add_argument("--jobs", type=int, default=320, help="jobs in all, shared by the processes")
     parser.add_argument("--job-ms", type=float, nargs=2, default=[10.0, 40.0], metavar=("LOW", "HIGH"))
     parser.add_argument("--runs", type=int, default=1, help="runs per state (the median is shown)")
     parser.add_argument("--redis-url", help="a Redis to use (default: a redis-server of its own)")
+    parser.add_argument("--postgresql-url", help="a PostgreSQL to use (default: a cluster of its own)")
     parser.add_argument("--before", metavar="DIR", help="time the checkout at DIR beside this one")
     parser.add_argument("--rq-path", metavar="DIR", help="import ratequeue from DIR (first on sys.path)")
     parser.add_argument("--json", help="write the figures here as JSON")
@@ -221,11 +234,18 @@ def main() -> None:
     unknown = set(args.states) - set(STATES)
     if unknown:
         parser.error(f"unknown states: {', '.join(sorted(unknown))}")
-    with _common.redis_server(args.redis_url if "redis" in args.states else "unused") as redis_url:
+    with contextlib.ExitStack() as servers:
+        redis_url = servers.enter_context(
+            _common.redis_server(args.redis_url if "redis" in args.states else "unused")
+        )
+        postgresql_url = args.postgresql_url or "unused"
+        if "postgresql" in args.states and not args.postgresql_url:
+            postgresql_url = servers.enter_context(_common.postgresql_server())
         rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
         if args.before:
-            rows[f"before ({Path(args.before).name})"] = before(args, redis_url)
-        rows["this checkout" if not args.rq_path else args.rq_path] = results = measure(args, redis_url)
+            rows[f"before ({Path(args.before).name})"] = before(args, redis_url, postgresql_url)
+        this = "this checkout" if not args.rq_path else args.rq_path
+        rows[this] = results = measure(args, redis_url, postgresql_url)
     if args.json:
         Path(args.json).write_text(json.dumps(results))
     _common.print_machine()

@@ -20,6 +20,13 @@ IF NOT EXISTS``) are created at a state's first call if missing, under a
 transaction-scoped advisory lock so that racing first users do not collide.
 Their text is ``function.sql`` beside this module.
 
+A shard waiting for a place on a full queue hears of a place freed by another
+process at once (:meth:`PostgresBackend.watch`): the function NOTIFYs, and the
+state LISTENs on one connection of its own, opened while some shard waits
+(:mod:`.freed`). Only a state made from a conninfo (or URL) does; one given a
+ready connection or pool cannot open one of its own, and its waiters recheck
+every ``FULL_RECHECK_US``.
+
 A write with a keep time (``keep_us``) sets ``keep_until_us`` in the same
 call; :meth:`~ratequeue.state.State.sweep` deletes the rows past it, and a
 state sweeps by itself now and then (:attr:`PostgresBackend.sweep_every_us`)
@@ -40,13 +47,17 @@ connections, :class:`AsyncPostgresState` with its asyncio ones.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
 import math
+import os
 import re
+import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, ClassVar, TypeVar, Union
 from urllib.parse import quote, urlencode
@@ -63,6 +74,7 @@ from ...errors import ConfigurationError, RateQueueError, StateCorrupted, StateU
 from .._retries import RetryLog
 from ..base import AsyncState, Clock, Snapshot, State, StateBase, split_options
 from ..records import FIELDS, check_record, check_terms, unwritten
+from .freed import FreedListener, channel_of
 
 __all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"]
 
@@ -211,11 +223,20 @@ class PostgresBackend(StateBase):
         self._source: Any = connection
         #: opens a connection of the state's own: autocommit, a connect timeout unless the URL sets one,
         #: the statement timeout before the URL's own options (a later ``-c`` wins)
-        timeout = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT}
+        timeout: dict[str, Any] = {} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT}
         options = f"-c statement_timeout={timeout_ms} {params.get('options') or ''}".rstrip()
         self._connect = functools.partial(
             self._connection_class.connect, conninfo, autocommit=True, options=options, **timeout
         )
+        #: opens the connection that LISTENs for freed places (thread API, whatever the state's), or
+        #: None for a ready connection or pool; the listener (made at the first watch), its guard
+        self._listen_connect: Callable[[], Any] | None = None
+        if conninfo is not None:
+            self._listen_connect = functools.partial(
+                psycopg.Connection.connect, conninfo, autocommit=True, options=options, **timeout
+            )
+        self._freed: FreedListener | None = None
+        self._freed_guard = threading.Lock()
         #: the connections this state opened, idle between calls (a list's pop and append are atomic)
         self._idle: list[Any] = []
         self._closed = False
@@ -323,6 +344,30 @@ class PostgresBackend(StateBase):
             conninfo, table, schema = split_url(url)
             timeout = split_options(url, "statement_timeout")[1].get("statement_timeout", STATEMENT_TIMEOUT)
             return cls(conninfo=conninfo, table=table, schema=schema, url=url, statement_timeout=timeout)
+
+    def watch(self, name: str, freed: Callable[[], None]) -> Callable[[], None] | None:
+        """As :meth:`ratequeue.state.State.watch`: by LISTEN/NOTIFY, on a connection of its own (.freed).
+
+        ``None`` for a state given a ready connection or pool (its waiters
+        recheck every ``FULL_RECHECK_US``): the listening connection is opened
+        from the state's conninfo.
+        """
+        listener = self._freed_listener()
+        channel = channel_of(self._quoted(self._table_name), name)
+        return None if listener is None else listener.watch(channel, freed)
+
+    def _freed_listener(self) -> FreedListener | None:
+        """This process's listener for freed places, made at first use; ``None`` without a conninfo."""
+        listener = self._freed
+        if listener is None or listener.pid != os.getpid():
+            connect = self._listen_connect
+            if connect is None or self._closed:
+                return None
+            with self._freed_guard:
+                listener = self._freed
+                if listener is None or listener.pid != os.getpid():
+                    listener = self._freed = FreedListener(connect, self._where)
+        return listener
 
     @property
     def table(self) -> sql.Composable:
@@ -549,6 +594,8 @@ class PostgresState(PostgresBackend, State):
 
     def close(self) -> None:
         self._closed = True
+        if self._freed is not None and self._freed.pid == os.getpid():
+            self._freed.close()
         while self._idle:
             self._idle.pop().close()
 
@@ -563,5 +610,7 @@ class AsyncPostgresState(PostgresBackend, AsyncState):
 
     async def close(self) -> None:
         self._closed = True
+        if self._freed is not None and self._freed.pid == os.getpid():
+            await asyncio.to_thread(self._freed.close)
         while self._idle:
             await self._idle.pop().close()

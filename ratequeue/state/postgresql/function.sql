@@ -56,6 +56,12 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
 --   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
 -- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
 -- can overflow them; every value stored stays below 2^54.
+--
+-- While a row was found full within FULL_GRACE (held_us + FULL_GRACE > now), a release that frees
+-- a live lease, and a start that leaves a place free (the next ticket, held back by the grace, may
+-- take it), also NOTIFY (pg_notify, delivered at commit) the channel 'ratequeue_freed_' followed by
+-- the md5 of the table's quoted name, '/' and the queue's name (UTF-8), which the shards of other
+-- processes waiting for a place LISTEN on (freed.py); nothing else notifies.
 CREATE OR REPLACE FUNCTION @FUNCTION@(
     p_op text, p_name text, p_interval bigint, p_burst bigint, p_keep bigint, p_max_running integer,
     p_lease bigint, p_now bigint, p_ticket bigint, p_lead bigint, p_cost bigint, p_paused boolean,
@@ -108,6 +114,7 @@ DECLARE
     v_expires numeric;
     v_keep_until bigint;
     v_deleted bigint;
+    v_freed boolean := false;
 BEGIN
     IF p_op = 'read' OR p_op = 'sweep' THEN
         v_ts := clock_timestamp();
@@ -329,6 +336,8 @@ BEGIN
         END LOOP;
         o_kind := 'live'; o_a := CASE WHEN cardinality(v_kept) < cardinality(v_live) THEN 1 ELSE 0 END;
         v_leases := v_kept;
+        -- a place freed while a ticket may wait for one
+        v_freed := o_a = 1 AND v_held + c_full_grace > v_now;
     ELSIF p_op = 'renew' THEN
         -- protocol.renew: the ticket's live lease named by p_token lasts until now + lease at least;
         -- expired ones go
@@ -343,6 +352,13 @@ BEGIN
         o_kind := 'live'; o_a := CASE WHEN v_found THEN 1 ELSE 0 END;
     ELSIF p_op <> 'take' AND p_op <> 'take_and_try' THEN
         RAISE EXCEPTION 'ratequeue: unknown operation %', p_op;
+    END IF;
+    IF (p_op = 'try_start' OR p_op = 'take_and_try') AND o_kind = 'started' AND r.max_running > 0
+       AND coalesce(cardinality(v_leases), 0) / 3 < r.max_running AND v_held + c_full_grace > v_now THEN
+        v_freed := true; -- a place is left, and the next ticket, which the grace held back, may take it
+    END IF;
+    IF v_freed THEN -- tell the shards of other processes waiting for a place (freed.py)
+        PERFORM pg_notify('ratequeue_freed_' || md5(convert_to('@TABLE@/' || p_name, 'UTF8')), '');
     END IF;
 
     -- the keep time (see ratequeue.state._local.keep_until): p_keep after the later of now and
