@@ -34,8 +34,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
+import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from .core.flow import Call, Flow, Sleep
 from .core.protocol import US
@@ -166,25 +168,14 @@ class Fallback:
             self._next = at
 
     def _probe(self, runner: Runner) -> None:
+        """Have the state probed until it answers, then rejoin: one probe per state, however many wait."""
         self._probing = os.getpid()
-        runner.driver.start(self._probe_flow(runner), f"{PROBE_TASK}{runner.name}", locked=False)
+        _Probe.of(runner.state).wait(self, runner)
 
-    def _probe_flow(self, runner: Runner) -> Flow[None]:
-        """Read the state every :data:`PROBE_EVERY` s until it answers, then rejoin (holding no lock)."""
-        while True:
-            yield Sleep(PROBE_EVERY)
-            if self.stopped:
-                return
-            try:
-                yield Call(runner.state.read, (runner.name,))
-            except StateUnavailable as exc:
-                _log.debug("queue %r: the state is still down: %s", runner.name, exc)
-                continue
-            except Exception:  # it answers, with an error of the record: its callers will see it
-                pass
-            if not self.stopped:
-                runner.driver.start(self._rejoin_flow(runner), f"{REJOIN_TASK}{runner.name}")
-            return
+    def rejoin(self, runner: Runner) -> None:
+        """The state answered the probe: rejoin it, in the background (unless the limiter closed)."""
+        if not self.stopped:
+            runner.driver.start(self._rejoin_flow(runner), f"{REJOIN_TASK}{runner.name}")
 
     def _rejoin_flow(self, runner: Runner) -> Flow[None]:
         """Take one turn of the whole burst through the state, then leave the fallback (holding the lock).
@@ -222,6 +213,79 @@ class Fallback:
         _log.info(_BACK, runner.name, down_for)
         runner.reporter.state_back(self.mode, down_for)
         runner.changed()
+
+
+class _Probe:
+    """The probe of one state object (in one process): it reads the state for every limiter down on it.
+
+    A group's keys share one state: while it is down, one thread (or task)
+    reads it once a second, not one per key. The probe runs on the driver
+    of the limiter that asked first; if that one stops it (closed, its task
+    cancelled), the next limiter waiting starts it again on its own.
+    """
+
+    _of: ClassVar[weakref.WeakKeyDictionary[Any, _Probe]] = weakref.WeakKeyDictionary()
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        #: the limiters waiting for the state, and whether a probe runs for them
+        self._waiting: dict[int, tuple[Fallback, Runner]] = {}
+        self._running = False
+
+    @classmethod
+    def of(cls, state: Any) -> _Probe:
+        """The probe of ``state`` in this process."""
+        with cls._guard:
+            probe = cls._of.get(state)
+            if probe is None or probe.pid != os.getpid():
+                probe = cls._of[state] = cls()
+            return probe
+
+    def wait(self, fallback: Fallback, runner: Runner) -> None:
+        """``fallback`` waits for the state: it rejoins once the state answers."""
+        with self._lock:
+            self._waiting[id(fallback)] = (fallback, runner)
+            start, self._running = not self._running, True
+        if start:
+            runner.driver.start(self._flow(fallback, runner), f"{PROBE_TASK}{runner.name}", locked=False)
+
+    def _flow(self, owner: Fallback, runner: Runner) -> Flow[None]:
+        """Read the state every :data:`PROBE_EVERY` s until it answers; then the waiting rejoin (no lock)."""
+        answered = False
+        try:
+            while True:
+                yield Sleep(PROBE_EVERY)
+                with self._lock:
+                    waiting = [item for item in self._waiting.values() if not item[0].stopped]
+                    if not waiting:
+                        self._waiting.clear()
+                        return
+                try:
+                    yield Call(runner.state.read, (waiting[0][1].name,))
+                except StateUnavailable as exc:
+                    _log.debug("queue %r: the state is still down: %s", runner.name, exc)
+                    continue
+                except Exception:  # it answers, with an error of the record: its callers will see it
+                    pass
+                answered = True
+                return
+        finally:
+            # Also when the task running it was cancelled: if its limiter closed, another one
+            # waiting goes on probing on its own driver (a loop that ends cancels them all).
+            with self._lock:
+                ready = list(self._waiting.values()) if answered else []
+                if answered:
+                    self._waiting.clear()
+                left = [item for item in self._waiting.values() if not item[0].stopped]
+                go_on = left[0] if left and owner.stopped else None
+                self._running = go_on is not None
+            for fallback, waiter in ready:
+                fallback.rejoin(waiter)
+            if go_on is not None:
+                fallback, waiter = go_on
+                waiter.driver.start(self._flow(fallback, waiter), f"{PROBE_TASK}{waiter.name}", locked=False)
 
 
 class _Stopped(Exception):

@@ -339,3 +339,29 @@ def test_the_gauge_stays_up_while_any_limiter_of_the_queue_is_down() -> None:
         metrics(Event(kind, "api", outcome="local"))  # type: ignore[arg-type]
         seen.append(registry.get_sample_value("ratequeue_state_down", {"queue": "api", "mode": "local"}))
     assert seen == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_the_keys_of_a_group_share_one_probe_and_all_rejoin() -> None:
+    """A group's keys share one state: while it is down one thread reads it, not one per key."""
+    state = DownState()
+    group = LimiterGroup(state, name="many", interval=0.01, when_down="open")
+    keys = "abcde"
+    for key in keys:
+        group[key].acquire()
+    state.down = True
+    for key in keys:
+        assert group[key].acquire().ticket == LOCAL_TICKET
+    probes = [thread for thread in threading.enumerate() if thread.name.startswith(f"{PROBE_TASK}many:")]
+    assert len(probes) == 1
+    state.down = False
+    try:
+        for key in keys:
+            for _ in range(int(LONG / 0.01)):  # local turns until this key has rejoined
+                turn = group[key].acquire(LONG)
+                if turn.ticket != LOCAL_TICKET:
+                    break
+            assert turn.ticket > 0, f"key {key!r} never rejoined the state"
+    finally:
+        group.close()
+    probes[0].join(LONG)
+    assert not probes[0].is_alive()
