@@ -11,7 +11,6 @@ watched.
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import threading
 import time
@@ -19,14 +18,24 @@ import time
 import psycopg
 import pytest
 
-from ratequeue import Limiter, aio
+from ratequeue import Limiter
 from ratequeue.core.protocol import FULL_RECHECK_US, US, Started, Wait
 from ratequeue.state.postgresql import AsyncPostgresState, PostgresState
 from ratequeue.state.postgresql.freed import LINGER, channel_of
 
 from . import servers
 from .ops import do
-from .test_wakeups import PROMPT, TRIES, WAIT, Counting, _expect, _found_full, _until, waiter
+from .test_wakeups import (
+    PROMPT,
+    TRIES,
+    WAIT,
+    Counting,
+    _expect,
+    _found_full,
+    _until,
+    asyncio_wake_up,
+    waiter,
+)
 
 #: the table of these tests' queues, and its name as the function quotes it (in the channel's md5)
 TABLE = "wakeups"
@@ -200,25 +209,7 @@ def test_a_start_that_leaves_a_place_free_wakes_the_next_ticket(url: str) -> Non
 
 def test_an_asyncio_waiter_is_woken_by_a_release_in_another_process(url: str) -> None:
     """The asyncio PostgreSQL state listens in a thread too; the driver hands the wake-up to the loop."""
-    name = f"async-{time.monotonic_ns()}"
-    holder = Limiter(url, name=name, interval=0.001, max_running=1)
-    turn = holder.acquire(timeout=WAIT)
-
-    async def main() -> float:
-        state = AsyncPostgresState.from_url(url)
-        limiter = aio.Limiter(state, name=name, interval=0.001, max_running=1)
-        waited = asyncio.ensure_future(limiter.acquire(timeout=WAIT))
-        await asyncio.to_thread(_until, lambda: _listening(url, name) == 1, "the LISTEN")
-        released = time.monotonic()
-        assert await asyncio.to_thread(holder.release, turn)
-        await limiter.release(await waited)
-        delay = time.monotonic() - released
-        await limiter.close()
-        await state.close()
-        return delay
-
-    assert asyncio.run(main()) < PROMPT
-    holder.close()
+    assert asyncio_wake_up(url, AsyncPostgresState, lambda name: _listening(url, name) == 1) < PROMPT
 
 
 def test_a_state_on_a_ready_connection_cannot_watch(url: str) -> None:
