@@ -11,7 +11,6 @@ watched.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 
@@ -27,14 +26,12 @@ from . import servers
 from .ops import do
 from .test_wakeups import (
     PROMPT,
-    TRIES,
     WAIT,
     Counting,
-    _expect,
     _found_full,
     _until,
     asyncio_wake_up,
-    waiter,
+    cross_process_delays,
 )
 
 #: the table of these tests' queues, and its name as the function quotes it (in the channel's md5)
@@ -92,31 +89,7 @@ def test_the_channel_is_the_one_the_function_notifies(url: str) -> None:
 
 
 def test_a_release_wakes_a_waiter_in_another_process_at_once(url: str) -> None:
-    name = f"wake-{time.monotonic_ns()}"
-    limiter = Limiter(url, name=name, interval=0.001, max_running=1)
-    turn = limiter.acquire(timeout=WAIT)
-    parent, child = multiprocessing.get_context("spawn").Pipe()
-    process = multiprocessing.get_context("spawn").Process(target=waiter, args=(child, url, name, TRIES))
-    process.start()
-    delays = []
-    try:
-        _expect(parent, "ready")
-        for _ in range(TRIES):
-            _, watching = _expect(parent, "watching")  # told the queue is full: it waits for a place
-            assert watching
-            _until(lambda: _listening(url, name) >= 1, "the LISTEN")  # (made in the listener's thread)
-            released = time.monotonic()
-            assert limiter.release(turn)
-            _, started = _expect(parent, "started")
-            delays.append(started - released)
-            turn = limiter.acquire(timeout=WAIT)  # once the waiter released its place
-            parent.send("next")
-        process.join(WAIT)
-        assert process.exitcode == 0
-    finally:
-        if process.is_alive():
-            process.kill()
-        limiter.close()
+    delays = cross_process_delays(url, lambda name: _listening(url, name) >= 1)
     # each woken by the release (a recheck would come some 100 ms after it was told to wait)
     assert max(delays) < PROMPT, delays
     assert PROMPT < FULL_RECHECK_US / US
