@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratequeue.core import protocol
 from ratequeue.core.clock import OffsetEstimator
 from ratequeue.core.operation import Kind, Operation, Terms, operation
-from ratequeue.core.protocol import US, Answer
+from ratequeue.core.protocol import US, Answer, Record
 from ratequeue.core.shard import Shard
 
-__all__ = ["POSITIONAL", "Step", "ado", "do", "is_step", "make_shard", "op", "stored_fields"]
+__all__ = ["POSITIONAL", "Step", "ado", "do", "flag_step", "is_step", "make_shard", "op", "stored_fields"]
 
 #: the arguments of each kind, in the order the tests pass them after the name and interval
 POSITIONAL: dict[str, tuple[str, ...]] = {
@@ -26,6 +27,8 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "set_paused": ("paused",),
     "release": ("ticket",),
     "renew": ("ticket",),
+    "hold": ("lead_us",),
+    "lift": (),
 }
 
 _TERMS = ("burst", "keep_us", "max_running", "lease_us")
@@ -44,6 +47,27 @@ def do(state: Any, kind: Kind, name: str, interval_us: int, *args: Any, **kwargs
     """``state.execute`` of :func:`op`."""
     answer: Answer = state.execute(op(kind, name, interval_us, *args, **kwargs))
     return answer
+
+
+def flag_step(
+    reference: Record, step: tuple[object, ...], now: int
+) -> tuple[Record, Kind, tuple[Any, ...], bool]:
+    """A generated ``("pause",)``, ``("resume",)``, ``("hold", lead)`` or ``("lift",)`` step on the reference.
+
+    The new reference record, and the kind and positional arguments for
+    :func:`do` with the answer it must give.
+    """
+    kind = step[0]
+    if kind in ("pause", "resume"):
+        record, changed = protocol.set_paused(reference, kind == "pause", now)
+        return record, "set_paused", (kind == "pause",), changed
+    if kind == "hold":
+        lead = int(step[1])  # type: ignore[call-overload]
+        record, changed = protocol.hold(reference, lead, now)
+        return record, "hold", (lead,), changed
+    assert kind == "lift", kind
+    record, changed = protocol.lift(reference, now)
+    return record, "lift", (), changed
 
 
 async def ado(state: Any, kind: Kind, name: str, interval_us: int, *args: Any, **kwargs: Any) -> Any:
@@ -93,5 +117,6 @@ def stored_fields(ticket: int, pos: Any, at: int | None, interval: int, **fields
         "max_running": 0,
         "leases": [],
         "held": None,
+        "not_before": None,
         **fields,
     }

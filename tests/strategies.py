@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ratequeue.core.protocol import MAX_HOLD_US
+
+#: the operations on a queue's pause and hold that ``pauses`` adds (see :func:`tests.ops.flag_step`)
+FLAGS = ("pause", "resume", "hold", "lift")
+
 #: intervals in microseconds: from 1 us to 10 s, biased to small and round values
 intervals_us = st.one_of(st.sampled_from([1, 1000, 20_000, 100_000, 1_000_000]), st.integers(1, 10_000_000))
 
@@ -17,8 +22,14 @@ epochs_us = st.one_of(st.integers(0, 10**9), st.integers(1_700_000_000_000_000, 
 clock_steps_us = st.one_of(st.integers(0, 200_000), st.integers(-2_000_000, 0))
 
 
-#: ``("pause",)`` and ``("resume",)``: the queue paused, or resumed, for every shard (``set_paused``)
-_pauses = [st.tuples(st.just("pause")), st.tuples(st.just("resume"))]
+#: ``("pause",)`` and ``("resume",)``: the queue paused, or resumed, for every shard (``set_paused``);
+#: ``("hold", lead)`` and ``("lift",)``: no start before ``now + lead``, or no hold (``hold``, ``lift``)
+_pauses = [
+    st.tuples(st.just("pause")),
+    st.tuples(st.just("resume")),
+    st.tuples(st.just("hold"), st.one_of(st.integers(0, 300_000), st.just(MAX_HOLD_US))),
+    st.tuples(st.just("lift")),
+]
 
 
 def operations(
@@ -28,7 +39,8 @@ def operations(
 
     Each is ``("take",)``, ``("try", n, lead)`` (``n`` picks a ticket among those
     handed out, or one more), ``("take_and_try", lead)``, ``("clock", step)``,
-    with ``reads`` ``("read",)``, and with ``pauses`` ``("pause",)`` and ``("resume",)``.
+    with ``reads`` ``("read",)``, and with ``pauses`` ``("pause",)``, ``("resume",)``,
+    ``("hold", lead)`` and ``("lift",)`` (:data:`FLAGS`).
     """
     kinds = [
         st.tuples(st.just("take")),

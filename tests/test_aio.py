@@ -20,8 +20,8 @@ from ratequeue.state.memory import MemoryState
 
 from . import _workers
 from .backends import Backend
-from .ops import ado
-from .strategies import epochs_us, intervals_us
+from .ops import ado, flag_step
+from .strategies import FLAGS, epochs_us, intervals_us
 from .strategies import operations as ops_strategy
 
 LONG = 30.0
@@ -45,9 +45,9 @@ def test_async_backend_answers_as_the_reference(
             kind, now = op[0], clock[0]
             if kind == "clock":
                 clock[0] = max(0, now + int(op[1]))  # type: ignore[call-overload]
-            elif kind in ("pause", "resume"):
-                reference, changed = protocol.set_paused(reference, kind == "pause", now)
-                assert await ado(state, "set_paused", name, interval, kind == "pause") is changed
+            elif kind in FLAGS:
+                reference, step, args, changed = flag_step(reference, op, now)
+                assert await ado(state, step, name, interval, *args) is changed
             elif kind == "take":
                 reference, taken = protocol.take(reference, now)
                 assert await ado(state, "take", name, interval) == taken

@@ -31,6 +31,7 @@ CONSTANTS = [
     ("FULL_GRACE_US", "FULL_GRACE", "c_full_grace"),
     ("MAX_RUNNING", "MAX_RUNNING", "c_max_running"),
     ("MAX_LEASE_US", "MAX_LEASE", "c_max_lease"),
+    ("MAX_HOLD_US", "MAX_HOLD", "c_max_hold"),
 ]
 
 

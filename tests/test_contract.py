@@ -27,8 +27,9 @@ from ratequeue.state.redis import RedisState
 
 from . import _workers
 from .backends import Backend
-from .ops import ado, do
+from .ops import ado, do, flag_step
 from .strategies import (
+    FLAGS,
     Tokens,
     burst_operations,
     bursts,
@@ -64,9 +65,9 @@ def test_backend_answers_as_the_reference(
             assert snapshot.now == now
             assert snapshot.record == (reference if created else None)
             continue
-        elif kind in ("pause", "resume"):
-            reference, changed = protocol.set_paused(reference, kind == "pause", now)
-            assert do(state, "set_paused", name, interval, kind == "pause") is changed
+        elif kind in FLAGS:
+            reference, step, args, changed = flag_step(reference, op, now)
+            assert do(state, step, name, interval, *args) is changed
         elif kind == "take":
             reference, expected_taken = protocol.take(reference, now)
             assert do(state, "take", name, interval) == expected_taken
@@ -117,11 +118,9 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
             assert snapshot.now == now
             assert snapshot.record == (reference if created else None)
             continue
-        if kind in ("pause", "resume"):
-            reference, changed = protocol.set_paused(reference, kind == "pause", now)
-            assert (
-                do(state, "set_paused", name, interval, kind == "pause", burst=burst, keep_us=keep) is changed
-            )
+        if kind in FLAGS:
+            reference, step, args, changed = flag_step(reference, op, now)
+            assert do(state, step, name, interval, *args, burst=burst, keep_us=keep) is changed
         elif kind == "take":
             cost = 1 + int(op[1]) % burst  # type: ignore[call-overload]
             reference, expected_taken = protocol.take(reference, now, cost)
@@ -184,9 +183,9 @@ def test_backend_answers_as_the_reference_with_leases(
             assert snapshot.now == now
             assert snapshot.record == (reference if created else None)
             continue
-        if kind in ("pause", "resume"):
-            reference, changed = protocol.set_paused(reference, kind == "pause", now)
-            assert do(state, "set_paused", name, interval, kind == "pause", **terms) is changed
+        if kind in FLAGS:
+            reference, step, args, changed = flag_step(reference, op, now)
+            assert do(state, step, name, interval, *args, **terms) is changed
         elif kind == "take":
             reference, expected_taken = protocol.take(reference, now)
             assert do(state, "take", name, interval, **terms) == expected_taken

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from ratequeue.core import protocol
 from ratequeue.core.protocol import FULL_GRACE_US, FULL_RECHECK_US, Passed, Record, Started, Wait
 
+from .ops import flag_step
 from .strategies import (
+    FLAGS,
     Tokens,
     epochs_us,
     intervals_us,
@@ -61,8 +63,8 @@ def test_never_more_running_than_the_cap(
         kind = op[0]
         if kind == "clock":
             now = max(0, now + int(op[1]))  # type: ignore[call-overload]
-        elif kind in ("pause", "resume"):
-            record, _ = protocol.set_paused(record, kind == "pause", now)
+        elif kind in FLAGS:
+            record = flag_step(record, op, now)[0]
         elif kind == "take":
             record, _ = protocol.take(record, now)
         elif kind in ("try", "take_and_try"):

@@ -185,12 +185,13 @@ def test_every_document_holds_every_field(state: MongoState) -> None:
     """Every field of the record is stored, whatever the terms; ``due`` is the last start's strict slot."""
     do(state, "take_and_try", "one", 1000, 0)
     document = stored(state, "one") or {}
-    assert set(document) == {"_id", *FIELDS}
+    assert set(document) == {"_id", *FIELDS, "not_before"}
     assert (document["burst"], document["due"], document["max_running"]) == (1, document["at"], 0)
     assert (document["paused"], document["leases"], document["held"]) == (False, [], NEVER)
+    assert document["not_before"] == NEVER
     do(state, "take_and_try", "three", US, 0, burst=3, cost=3)
     document = stored(state, "three") or {}
-    assert set(document) == {"_id", *FIELDS}
+    assert set(document) == {"_id", *FIELDS, "not_before"}
     assert (document["burst"], document["due"] - document["at"]) == (3, 0)
     # ticket 4: its slot is 3 s after the first start, and it may start 2 s early
     do(state, "take_and_try", "three", US, 2 * US, burst=3)

@@ -97,7 +97,7 @@ def test_schema_and_table_are_where_the_rows_go(postgresql_server: Server) -> No
         assert row.fetchall() == [(2, 1)]
         function = connection.execute(
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-            " WHERE n.nspname = 'rq_schema' AND p.proname = 'MixedCase_op_v1'"
+            " WHERE n.nspname = 'rq_schema' AND p.proname = 'MixedCase_op_v2'"
         )
         assert function.fetchone() == (1,)
 

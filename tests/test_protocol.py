@@ -39,6 +39,16 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
             record, changed = protocol.set_paused(record, kind == "pause", now)
             assert changed is (before.paused != (kind == "pause"))
             assert record == before._replace(paused=kind == "pause"), "only the flag changes"
+        elif kind == "hold":
+            lead = int(op[1])  # type: ignore[call-overload]
+            record, changed = protocol.hold(record, lead, now)
+            assert record.not_before == max(before.not_before, now + lead), "a hold only grows"
+            assert changed is (record != before)
+            assert record == before._replace(not_before=record.not_before), "only the hold changes"
+        elif kind == "lift":
+            record, changed = protocol.lift(record, now)
+            assert changed is (before.not_before > now)
+            assert record == before._replace(not_before=NEVER), "only the hold changes"
         elif kind == "take":
             record, taken = protocol.take(record, now)
             assert taken.ticket == before.ticket
@@ -80,6 +90,7 @@ def check_outcome(
     elif isinstance(outcome, Started):
         assert outcome.ticket == ticket
         assert now <= outcome.start <= now + lead, "a start lies between now and now + lead"
+        assert outcome.start >= before.not_before, "no start before a hold's end"
         assert (after.pos, after.at) == (ticket, outcome.start)
         history.starts.append((ticket, outcome.start))
     elif isinstance(outcome, Wait):
@@ -98,7 +109,13 @@ def check_retime(
         assert before.pos == ticket, "only the latest start moves"
         assert outcome.start == max(before.at, now + lead), "forward only, to now + lead at the earliest"
         assert after == Record(
-            before.ticket, before.pos, outcome.start, before.interval, outcome.start, paused=before.paused
+            before.ticket,
+            before.pos,
+            outcome.start,
+            before.interval,
+            outcome.start,
+            paused=before.paused,
+            not_before=before.not_before,
         )
         if history.starts and history.starts[-1][0] == ticket:
             history.starts[-1] = (ticket, outcome.start)

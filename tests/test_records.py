@@ -94,7 +94,8 @@ def poke(backend: Backend, state: State, name: str, fields: dict[str, Any]) -> N
     elif isinstance(state, PostgresState):
         state.read(name)  # the table exists
         row = {
-            f"{key}_us" if key in ("at", "interval", "due", "held") else key: v for key, v in fields.items()
+            f"{key}_us" if key in ("at", "interval", "due", "held", "not_before") else key: v
+            for key, v in fields.items()
         }
         row["leases"] = [number for lease in row["leases"] for number in lease]
         run(state._fetch_flow(sql.SQL("DELETE FROM {} WHERE name = %s").format(state.table), (name,)))

@@ -859,18 +859,24 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     taken = codec.parse_taken(f"taken 1 0 {never} 9", "q", "k", TERMS)
     assert taken == Taken(ticket=1, pos=0, at=never, now=9)
     assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
-    for reply in (f"record 5 3 2 1 10 4 21 0 0 {never}".encode(), f"record 5 3 2 1 10 4 21 0 0 {never}"):
+    for reply in (
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never}".encode(),
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never}",
+    ):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
             record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
         )
     paused = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21, paused=True)
-    reply = f"record 5 3 2 1 10 4 21 1 0 {never}".encode()
+    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused
     leased = Record(
         ticket=3, pos=2, at=1, interval=10, due=1, max_running=2, leases=((1, 7, 0), (2, -3, 9)), held=4
     )
-    reply = b"record 5 3 2 1 10 1 1 0 2 4 1 7 0 2 -3 9"
+    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 1 7 0 2 -3 9".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == leased
+    on_hold = Record(ticket=3, pos=2, at=1, interval=10, due=1, held=4, not_before=70)
+    reply = b"record 5 3 2 1 10 1 1 0 0 4 70"
+    assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == on_hold
     for reply in (b"set 1 5", "set 1 5"):
         assert codec.parse_changed(reply, "q", "k", TERMS) is True
     assert codec.parse_changed(b"set 0 5", "q", "k", TERMS) is False
@@ -928,8 +934,10 @@ def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
         b"record 5 3 2 1 10 1 1 1",
         b"record 5 3 2 1 10 1 1 1 1",
         b"record 5 3 2 1 10 1 1 2 0 0",
-        b"record 5 3 2 1 10 1 1 1 2 0 1",  # half a lease
-        b"record 5 3 2 1 10 1 1 1 2 0 1 x",
+        b"record 5 3 2 1 10 1 1 1 2 0",  # no not_before
+        b"record 5 3 2 1 10 1 1 1 2 0 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 1",  # half a lease
+        b"record 5 3 2 1 10 1 1 1 2 0 0 1 x",
         b"?",
     ],
 )

@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple, get_args
 from ..errors import ConfigurationError
 from .protocol import (
     MAX_BURST,
+    MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
     MAX_RUNNING,
@@ -24,6 +25,8 @@ from .protocol import (
     Answer,
     Micros,
     Record,
+    hold,
+    lift,
     release,
     renew,
     retime,
@@ -47,7 +50,9 @@ __all__ = [
 ]
 
 #: the operations a state carries out
-Kind = Literal["take", "try_start", "take_and_try", "retime", "set_paused", "release", "renew"]
+Kind = Literal[
+    "take", "try_start", "take_and_try", "retime", "set_paused", "release", "renew", "hold", "lift"
+]
 
 #: every kind of operation
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -61,6 +66,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "set_paused": ("paused",),
     "release": ("ticket", "token"),
     "renew": ("ticket", "token"),
+    "hold": ("lead_us",),
+    "lift": (),
 }
 
 
@@ -129,7 +136,7 @@ class Operation(NamedTuple):
     terms: Terms
     #: the ticket tried, re-timed, released or renewed
     ticket: int = 0
-    #: how far ahead (us) a start may lie (try_start, take_and_try) or moved (retime)
+    #: how far ahead (us) a start may lie (try_start, take_and_try), be moved (retime) or be held (hold)
     lead_us: int = 0
     #: how many units of the rate the ticket takes or was taken for (1 to the burst)
     cost: int = 1
@@ -154,7 +161,8 @@ def operation(
     """An :class:`Operation` of ``kind`` on queue ``name``, every argument checked.
 
     ``terms`` must come from :meth:`Terms.checked`. A ticket is a whole
-    number >= 1, a lead from 0 to :data:`~ratequeue.core.protocol.MAX_LEAD_US`,
+    number >= 1, a lead from 0 to :data:`~ratequeue.core.protocol.MAX_LEAD_US`
+    (a hold's to :data:`~ratequeue.core.protocol.MAX_HOLD_US`),
     a cost from 1 to the burst; ``renew`` needs ``max_running`` in its terms.
     """
     if kind not in ARGUMENTS:
@@ -166,8 +174,9 @@ def operation(
         _whole("ticket", ticket, 1)
     if "lead_us" in takes:
         _whole("lead_us", lead_us, 0)
-        if lead_us > MAX_LEAD_US:
-            raise ConfigurationError(f"lead_us must be at most {MAX_LEAD_US} (an hour), got {lead_us!r}")
+        most, said = (MAX_HOLD_US, "a day") if kind == "hold" else (MAX_LEAD_US, "an hour")
+        if lead_us > most:
+            raise ConfigurationError(f"lead_us must be at most {most} ({said}), got {lead_us!r}")
     if "cost" in takes and not (_is_int(cost) and 1 <= cost <= terms.burst):
         raise ConfigurationError(
             f"cost must be a whole number from 1 to the burst ({terms.burst}), got {cost!r}"
@@ -230,4 +239,6 @@ STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] =
     "set_paused": lambda rec, op, now: set_paused(rec, op.paused, now),
     "release": lambda rec, op, now: release(rec, op.ticket, now, op.token),
     "renew": lambda rec, op, now: renew(rec, op.ticket, op.terms.lease_us, now, op.token),
+    "hold": lambda rec, op, now: hold(rec, op.lead_us, now),
+    "lift": lambda rec, op, now: lift(rec, now),
 }

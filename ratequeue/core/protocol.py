@@ -20,6 +20,7 @@ __all__ = [
     "FULL_GRACE_US",
     "FULL_RECHECK_US",
     "MAX_BURST",
+    "MAX_HOLD_US",
     "MAX_LEASE_US",
     "MAX_LEAD_US",
     "MAX_RUNNING",
@@ -39,6 +40,8 @@ __all__ = [
     "Wait",
     "check",
     "expires",
+    "hold",
+    "lift",
     "live_leases",
     "new_record",
     "release",
@@ -77,6 +80,13 @@ MAX_RUNNING = 1000
 #: the longest lease (a day): a lease expires at most this long after the start or renewal that
 #: took it, so one expiring further past ``now`` than this and :data:`MAX_LEAD_US` was not written
 MAX_LEASE_US = 86_400 * US
+
+#: the longest hold (a day): :func:`hold` sets ``not_before`` at most this far past its ``now``
+MAX_HOLD_US = 86_400 * US
+
+#: how far past ``now`` a hold's end may lie in a record the protocol wrote (a step back of the clock
+#: allowed for, as for a start)
+_HOLD_HORIZON = MAX_LEAD_US + MAX_HOLD_US
 
 #: how far ahead (us) a paused record answers :class:`Wait` at the least: a waiting shard asks
 #: again once a second while the queue is paused
@@ -121,10 +131,17 @@ class Record(NamedTuple):
     leases: tuple[Lease, ...] = ()
     #: when (state clock) a start was last refused for a full record; ``NEVER`` if never
     held: Micros = NEVER
+    #: no ticket starts before this state-clock time (a fleet-wide hold, :func:`hold`); ``NEVER``: none
+    not_before: Micros = NEVER
 
     def slot(self, ticket: int) -> Micros:
-        """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst."""
-        return self.due + (ticket - self.pos) * self.interval
+        """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst.
+
+        Slots count from ``due``, or from the end of a hold if that is later:
+        the first ticket after ``pos`` may start when the hold ends, the next
+        an interval later, and so on, in ticket order.
+        """
+        return _due(self.due, self.not_before, self.interval) + (ticket - self.pos) * self.interval
 
     def earliest(self, ticket: int, cost: int) -> Micros:
         """The earliest state-clock time at which ``ticket`` (> ``pos``), of ``cost``, may start.
@@ -133,7 +150,13 @@ class Record(NamedTuple):
         latest start: starts follow each other in ticket order (the generic
         cell rate algorithm, with tickets counted in units of cost).
         """
-        return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at)
+        return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at, self.not_before)
+
+
+def _due(due: Micros, not_before: Micros, interval: Micros) -> Micros:
+    """Where the slots after ``pos`` count from: ``due``, or an interval before a hold's end if later."""
+    after_hold = not_before - interval
+    return due if due >= after_hold else after_hold
 
 
 def new_record(interval: Micros, burst: int = 1, max_running: int | None = None) -> Record:
@@ -207,17 +230,19 @@ def check(record: Record, now: Micros) -> Record:
     """``record``, if the protocol could have written it by ``now``; else :class:`Unwritten`.
 
     Every start lies at most :data:`MAX_LEAD_US` past the ``now`` it was
-    made at, ``held`` is a ``now``, and a lease expires at most
-    :data:`MAX_LEASE_US` after a start or a ``now``: a record whose ``at``,
-    ``held`` or lease lies further ahead would stall every shard until then
-    (an hour of the state's clock stepping back is allowed for), so it is
-    refused. Every operation checks its record first.
+    made at, ``held`` is a ``now``, a hold ends at most :data:`MAX_HOLD_US`
+    after a ``now``, and a lease expires at most :data:`MAX_LEASE_US` after a
+    start or a ``now``: a record whose ``at``, ``held``, hold or lease lies
+    further ahead would stall every shard until then (an hour of the state's
+    clock stepping back is allowed for), so it is refused. Every operation checks its record first.
     """
     horizon = now + MAX_LEAD_US
     if record.at > horizon:
         raise Unwritten("at", record.at, now)
     if record.held > horizon:
         raise Unwritten("held", record.held, now)
+    if record.not_before > now + _HOLD_HORIZON:
+        raise Unwritten("not_before", record.not_before, now)
     for lease in record.leases:
         if lease[1] > horizon + MAX_LEASE_US:
             raise Unwritten("leases", lease[1], now)
@@ -228,7 +253,8 @@ def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
     """Hand out the next ticket, for a job of ``cost`` (``1 <= cost <= burst``): it holds ``cost`` numbers.
 
     When every ticket handed out is at least one interval past its slot (and
-    the record was not found full within :data:`FULL_GRACE_US`), ``pos``
+    the record was not found full within :data:`FULL_GRACE_US`; a hold moves
+    the slots to its end, :meth:`Record.slot`), ``pos``
     jumps to the last of them first, so a new ticket never waits behind
     tickets whose holders are gone (G4); ``at`` and ``due`` stay, so slots
     are still computed from the last real start. A record holding the last
@@ -240,16 +266,20 @@ def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
 
 def _taken(record: Record, now: Micros, cost: int) -> Record:
     """The record after :func:`take` (the ticket handed out is ``record.ticket``)."""
-    ticket, pos, at, interval, due, burst, paused, max_running, leases, held = record
-    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or leases:
+    ticket, pos, at, interval, due, burst, paused, max_running, leases, held, not_before = record
+    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or not_before > now + _HOLD_HORIZON or leases:
         check(record, now)
     if ticket + cost >= MAX_US:
         raise Unwritten("ticket", ticket, now)
     last = ticket - 1
-    if last > pos and due + (last - pos + 1) * interval <= now and held + FULL_GRACE_US <= now:
+    if (
+        last > pos
+        and _due(due, not_before, interval) + (last - pos + 1) * interval <= now
+        and held + FULL_GRACE_US <= now
+    ):
         pos = last
     return tuple.__new__(
-        Record, (ticket + cost, pos, at, interval, due, burst, paused, max_running, leases, held)
+        Record, (ticket + cost, pos, at, interval, due, burst, paused, max_running, leases, held, not_before)
     )
 
 
@@ -270,6 +300,9 @@ def try_start(
       the expiry less ``lease``).
     * A ticket at or below ``pos``, or one never handed out (the record was
       reset), is :class:`Passed`.
+    * Held (:func:`hold`): nothing starts before ``not_before``; a ticket
+      asking earlier is answered :class:`Wait` until its earliest start,
+      which the hold moved to its end or later (:meth:`Record.slot`).
     * Paused: nothing starts; :class:`Wait` until the earliest start or
       :data:`PAUSED_RECHECK_US` from now, whichever is later.
     * With ``max_running``: a start takes a lease on ``ticket`` until
@@ -279,9 +312,9 @@ def try_start(
       record notes ``held = now``. For :data:`FULL_GRACE_US` after ``held`` a
       ticket may not pass an earlier one.
     """
-    ticket_next, pos, at, interval, due, burst, paused, max_running, leases, held = record
-    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or leases:  # (in full only where it can fail)
-        check(record, now)
+    ticket_next, pos, at, interval, due, burst, paused, max_running, leases, held, not_before = record
+    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or not_before > now + _HOLD_HORIZON or leases:
+        check(record, now)  # (in full only where it can fail)
     if pos == ticket < ticket_next and now < at + interval:
         return record, Started(ticket, at, now)
     if token and leases:
@@ -291,9 +324,10 @@ def try_start(
     if pos >= ticket or ticket >= ticket_next:
         return record, Passed(ticket, pos, now)
     # (conditional expressions rather than max(): this runs on every acquire)
-    slot = due + (ticket - pos) * interval
+    slot = (due if due >= not_before - interval else not_before - interval) + (ticket - pos) * interval
     earliest = slot - (burst - cost) * interval
     earliest = earliest if earliest > at else at
+    earliest = earliest if earliest > not_before else not_before
     if ticket > pos + 1 and held + FULL_GRACE_US > earliest:  # it would pass the tickets between:
         earliest = held + FULL_GRACE_US  # not while they wait for a place
     if paused:
@@ -311,7 +345,8 @@ def try_start(
     due = slot if slot > start else start
     # (tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs on every start)
     started = tuple.__new__(
-        Record, (ticket_next, ticket, start, interval, due, burst, False, max_running, leases, held)
+        Record,
+        (ticket_next, ticket, start, interval, due, burst, False, max_running, leases, held, not_before),
     )
     return started, Started(ticket, start, now)
 
@@ -411,6 +446,31 @@ def set_paused(record: Record, paused: bool, now: Micros) -> tuple[Record, bool]
     if record.paused == paused:
         return record, False
     return record._replace(paused=paused), True
+
+
+def hold(record: Record, lead: Micros, now: Micros) -> tuple[Record, bool]:
+    """``record`` held: no ticket starts, in any shard, before ``now + lead``; whether the hold moved.
+
+    A hold only grows: one ending later than ``now + lead`` is kept as it
+    is. A start granted before the hold (up to its lead ahead) stays
+    granted, and is answered again as such (:func:`repeats_start`).
+    Tickets keep their order and their holders keep waiting; once the hold
+    ends the first ticket may start, the next an interval later (or as the
+    burst allows), as after any idle spell (:meth:`Record.slot`).
+    """
+    check(record, now)
+    until = now + lead
+    if until <= record.not_before:
+        return record, False
+    return record._replace(not_before=until), True
+
+
+def lift(record: Record, now: Micros) -> tuple[Record, bool]:
+    """``record`` without its hold, and whether a hold was on at ``now`` (:func:`hold`)."""
+    check(record, now)
+    if record.not_before == NEVER:
+        return record, False
+    return record._replace(not_before=NEVER), record.not_before > now
 
 
 def expires(record: Record) -> Micros:

@@ -1015,6 +1015,7 @@ def _encode(record: Record) -> dict[str, Any]:
         "max_running": record.max_running or 0,
         "leases": [list(lease) for lease in record.leases],
         "held": None if record.held == NEVER else record.held,
+        "not_before": None if record.not_before == NEVER else record.not_before,
     }
 
 

@@ -2,10 +2,11 @@
 
 Every state stores the fields of :class:`~ratequeue.core.protocol.Record`
 (numbers in whole microseconds; ``NEVER`` may be stored as null; "no cap"
-as ``max_running`` 0). :func:`check_record` turns stored fields into a
-record or raises :class:`~ratequeue.errors.StateCorrupted`: a record is
-never silently reset. :func:`check_terms` raises
-:class:`~ratequeue.errors.TermsMismatch` for a record created with other terms.
+as ``max_running`` 0; ``not_before``, which older records lack, as
+missing). :func:`check_record` turns stored fields into a record or raises
+:class:`~ratequeue.errors.StateCorrupted`: a record is never silently reset.
+:func:`check_terms` raises :class:`~ratequeue.errors.TermsMismatch` for a
+record created with other terms.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from ..core.operation import Terms
 from ..core.protocol import (
     MAX_BURST,
+    MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
     MAX_RUNNING,
@@ -99,7 +101,13 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise refuse("leases", "at most max_running [ticket, expiry, token], tickets rising to pos at most")
     if not (_is_int(held) and NEVER <= held < MAX_US):
         raise refuse("held", "whole microseconds or null")
-    return Record(ticket, pos, at, interval, due, burst, fields["paused"], max_running or None, leases, held)
+    not_before = fields.get("not_before")
+    not_before = NEVER if not_before is None else not_before
+    if not (_is_int(not_before) and NEVER <= not_before < MAX_US):
+        raise refuse("not_before", "whole microseconds or null")
+    return Record(
+        ticket, pos, at, interval, due, burst, fields["paused"], max_running or None, leases, held, not_before
+    )
 
 
 def _leases(value: object, max_running: int, pos: int) -> tuple[Lease, ...] | None:
@@ -129,8 +137,8 @@ def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:
     """
     if exc.field == "ticket":
         why = "the last ticket a record can hold: taking another would overflow it"
-    else:  # at, held or a lease's expiry, further ahead than a start, a now or a lease reaches
-        ahead = MAX_LEAD_US + (MAX_LEASE_US if exc.field == "leases" else 0)
+    else:  # at, held, a hold's end or a lease's expiry, further ahead than the protocol writes
+        ahead = MAX_LEAD_US + {"leases": MAX_LEASE_US, "not_before": MAX_HOLD_US}.get(exc.field, 0)
         why = (
             f"more than {ahead // US} s ahead of the state clock (now={exc.now}): "
             f"not a record ratequeue wrote"

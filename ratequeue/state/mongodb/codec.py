@@ -6,9 +6,11 @@ operation leaves in its document (:data:`PARSERS`: anything unexpected
 raises :class:`StateCorrupted` naming where it is), and the URL handling.
 
 A queue's document is ``{_id: name, ticket, pos, at, interval, due, burst,
-paused, max_running, leases, held, answer, expires}``: every field of its
-record (integers, microseconds; ``leases`` an array of ``[ticket, expiry,
-token]`` arrays in start order; no cap is ``max_running`` 0). ``expires`` (a
+paused, max_running, leases, held, not_before, answer, expires}``: every
+field of its record (integers, microseconds; ``leases`` an array of
+``[ticket, expiry, token]`` arrays in start order; no cap is ``max_running``
+0; no hold is ``not_before`` ``NEVER``, as in a document written before
+holds existed, which lacks ``not_before``). ``expires`` (a
 ``Date``; on a test clock, whole microseconds on it) is there while the
 record is kept for a while only (``Terms.keep_us``): the collection's TTL
 index, and :func:`sweep_filter`, delete the document once it has passed.
@@ -32,6 +34,7 @@ from ...core.operation import Operation, Terms
 from ...core.protocol import (
     FULL_GRACE_US,
     FULL_RECHECK_US,
+    MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
     MAX_US,
@@ -76,9 +79,17 @@ def _now_expression(fixed_us: int | None) -> Any:
     return {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
 
 
+#: where slots count from (``protocol._due``): ``due``, or the interval before a hold's end if later
+_DUE = {"$max": ["$due", {"$subtract": ["$not_before", "$interval"]}]}
+
+
 def _slot(ticket: Any) -> Any:
-    """:meth:`~ratequeue.core.protocol.Record.slot`: ``due + (ticket - pos) * interval`` in fields."""
-    return {"$add": ["$due", {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
+    """:meth:`~ratequeue.core.protocol.Record.slot` in fields.
+
+    ``max(due, not_before - interval) + (ticket - pos) * interval``: from a
+    hold's end if that is later than ``due`` (:data:`_DUE`).
+    """
+    return {"$add": [_DUE, {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
 
 
 def _told(kind: str, value: Any, ticket: Any = "$_t") -> dict[str, Any]:
@@ -103,6 +114,11 @@ def _check_stages(op: Operation) -> Pipeline:
     cases: list[tuple[Any, str, Any]] = [
         ({"$gt": ["$at", horizon]}, "at", "$at"),
         ({"$gt": ["$held", horizon]}, "held", "$held"),
+        (
+            {"$gt": ["$not_before", {"$add": [horizon, {"$literal": MAX_HOLD_US}]}]},
+            "not_before",
+            "$not_before",
+        ),
         ({"$gt": [latest_expiry, {"$add": [horizon, {"$literal": MAX_LEASE_US}]}]}, "leases", latest_expiry),
     ]
     if op.kind in ("take", "take_and_try"):
@@ -158,9 +174,11 @@ _ADOPTED = {"$eq": [{"$type": "$_mine"}, "array"]}
 def _try_stages(op: Operation) -> Pipeline:
     """``try_start`` of ticket ``_t``, of ``op.cost``: set ``answer``; if it starts, ``pos``, ``at``, ``due``.
 
-    ``_s`` is the ticket's strict slot and ``_e`` its earliest start
-    (:meth:`~ratequeue.core.protocol.Record.earliest`; not before a full queue's
-    grace ends if it would pass an earlier ticket). The branches are those of
+    ``_s`` is the ticket's strict slot (counted from a hold's end if that is
+    later) and ``_e`` its earliest start
+    (:meth:`~ratequeue.core.protocol.Record.earliest`: never before a hold
+    ends; not before a full queue's grace ends if it would pass an earlier
+    ticket). The branches are those of
     :func:`ratequeue.core.protocol.try_start`, in its order. The first,
     :func:`~ratequeue.core.protocol.repeats_start`, answers a repeated call for
     the latest start with that start and changes nothing, so a call re-sent
@@ -190,7 +208,8 @@ def _try_stages(op: Operation) -> Pipeline:
     started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}, {"$not": [repeated]}]}
     early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$interval"]}
     passing = {"$gt": ["$_t", {"$add": ["$pos", 1]}]}  # it would pass the tickets between
-    earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", {"$cond": [passing, _GRACE_END, "$at"]}]}
+    grace = {"$cond": [passing, _GRACE_END, "$at"]}
+    earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", "$not_before", grace]}
     stages: Pipeline = [{"$set": {"_s": _slot("$_t")}}, {"$set": {"_e": earliest}}]
     start = {"pos": "$_t", "at": "$answer.value", "due": {"$max": ["$_s", "$answer.value"]}}
     full_branches: list[dict[str, Any]] = []
@@ -298,6 +317,24 @@ def _set_paused_stages(op: Operation) -> Pipeline:
     return [{"$set": {"answer": _told("set", changed, 0), "paused": {"$literal": op.paused}}}]
 
 
+def _hold_stages(op: Operation) -> Pipeline:
+    """``hold``: ``not_before`` to ``_now + lead_us`` if that is later; ``value`` 1 if it moved, else 0."""
+    until = {"$toLong": {"$add": ["$_now", {"$literal": op.lead_us}]}}
+    moved = {"$cond": [{"$gt": [until, "$not_before"]}, 1, 0]}
+    return [{"$set": {"answer": _told("set", moved, 0), "not_before": {"$max": ["$not_before", until]}}}]
+
+
+def _lift_stages(op: Operation) -> Pipeline:
+    """``lift``: ``not_before`` to ``NEVER``; ``value`` 1 if a hold was on at ``_now``, else 0.
+
+    A hold that has ended is cleared as well (answering 0); a record without
+    one is written back unchanged.
+    """
+    on_now = {"$and": [{"$ne": ["$not_before", {"$literal": NEVER}]}, {"$gt": ["$not_before", "$_now"]}]}
+    on = {"$cond": [on_now, 1, 0]}
+    return [{"$set": {"answer": _told("set", on, 0), "not_before": {"$literal": NEVER}}}]
+
+
 def _retime_stages(op: Operation) -> Pipeline:
     """``retime`` of ``op.ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``.
 
@@ -330,7 +367,8 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
     """Set ``expires`` to when the record written may be deleted; remove it when ``keep_us`` is 0.
 
     That is ``keep_us`` after the later of ``_now`` and
-    :func:`ratequeue.core.protocol.expires` (``slot(ticket) + interval``, the
+    :func:`ratequeue.core.protocol.expires` (``slot(ticket) + interval``, so
+    no sooner than an interval after a hold ends, the
     grace after ``held`` and every lease's expiry), as a
     ``Date`` rounded up to the millisecond. A test clock's (``fixed``) is
     kept as whole microseconds on that clock instead: an integer, which the
@@ -367,6 +405,8 @@ _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "set_paused": _set_paused_stages,
     "release": _release_stages,
     "renew": _renew_stages,
+    "hold": _hold_stages,
+    "lift": _lift_stages,
 }
 
 
@@ -376,8 +416,10 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     """
     refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
+    # a document written before holds existed has no ``not_before``: no hold (``NEVER``)
+    read = {"_was": "$$ROOT", "_now": _now_expression(now_us), "not_before": _NOT_BEFORE}
     return [
-        {"$set": {"_was": "$$ROOT", "_now": _now_expression(now_us)}},  # the document as read, the clock
+        {"$set": read},  # the document as read, the clock, the hold
         *_check_stages(op),
         *_STAGES[op.kind](op),
         *_keep_stages(op.terms.keep_us, now_us is not None),
@@ -385,6 +427,10 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
         {"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}},
         {"$unset": _SCRATCH},
     ]
+
+
+#: the stored ``not_before``, or ``NEVER`` where it is missing (a document older than holds)
+_NOT_BEFORE = {"$ifNull": ["$not_before", {"$literal": NEVER}]}
 
 
 def read_pipeline(name: str, now_us: int | None) -> Pipeline:
@@ -461,6 +507,9 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
         **{field: {"$type": _WHOLE} for field in ("ticket", "pos", "at", "due", "held")},
         "$expr": {
             "$and": [
+                # ``not_before`` whole (or missing: a document older than holds), as ``held`` is
+                {"$in": [{"$type": "$not_before"}, ["missing", *_WHOLE]]},
+                *_within(NEVER, _NOT_BEFORE, MAX_US),
                 *_within(0, "$pos", "$ticket"),
                 {"$lt": ["$ticket", MAX_US]},
                 *_within(NEVER, "$at", MAX_US),
@@ -479,9 +528,16 @@ def _within(low: Any, value: Any, high: Any) -> list[Any]:
     return [{"$lte": [low, value]}, {"$lt": [value, high]}]
 
 
+#: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before`` where present
+_STORED = (*FIELDS, "not_before")
+
+
 def check_document(document: Document, where: str) -> Record:
-    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is."""
-    return check_record({key: document[key] for key in FIELDS if key in document}, where=where)
+    """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is.
+
+    A document without ``not_before`` (written before holds existed) holds no hold.
+    """
+    return check_record({key: document[key] for key in _STORED if key in document}, where=where)
 
 
 def read_snapshot(row: Document, where: str) -> Snapshot:
@@ -504,10 +560,11 @@ def check_well_formed(document: Document, where: str) -> None:
     """Raise :class:`StateCorrupted` if ``document`` would not match :func:`update_filter` (terms aside).
 
     Its record is one :func:`check_document` takes: only a null time (``NEVER``
-    to a record, not a whole number to the filter) is left to refuse.
+    to a record, not a whole number to the filter) is left to refuse; a
+    missing ``not_before`` (a document older than holds) is none.
     """
-    for field in ("at", "due", "held"):
-        if not _whole(document[field]):
+    for field in ("at", "due", "held", "not_before"):
+        if field in document and not _whole(document[field]):
             raise StateCorrupted(
                 f"record at {where} has {field}={document[field]!r}; want a whole number", where=where
             )
@@ -520,10 +577,11 @@ def parse_taken(document: Document, where: str) -> Taken:
 
 
 def parse_changed(document: Document, where: str) -> bool:
-    """The yes or no ``set_paused``, ``release`` or ``renew`` left in ``document``.
+    """The yes or no ``set_paused``, ``release``, ``renew``, ``hold`` or ``lift`` left in ``document``.
 
     Whether ``set_paused`` changed the flag; whether the lease ``release``
-    gave back, or ``renew`` renewed, was live.
+    gave back, or ``renew`` renewed, was live; whether ``hold`` moved the
+    hold; whether a hold ``lift`` cleared was on.
     """
     _, _, _, value, _ = _answer(document, where, "set")
     if value not in (0, 1):
@@ -615,4 +673,6 @@ PARSERS: dict[str, Callable[[Document, str], Answer]] = {
     "set_paused": parse_changed,
     "release": parse_changed,
     "renew": parse_changed,
+    "hold": parse_changed,
+    "lift": parse_changed,
 }

@@ -6,10 +6,11 @@ another, in ``?schema=`` or the connection's search path)::
     name text PRIMARY KEY, ticket bigint, pos bigint, at_us bigint, interval_us bigint,
     burst bigint, due_us bigint, paused boolean, max_running integer,
     leases bigint[]  -- (ticket, expiry, token) triples flattened, in start order
-    held_us bigint, keep_until_us bigint  -- NULL: kept forever
+    held_us bigint, keep_until_us bigint,  -- NULL: kept forever
+    not_before_us bigint  -- the end of a hold; NULL: none
 
 Every operation is **one call** of one server-side PL/pgSQL function
-(``<table>_op_v1``, created beside the table): it locks the row (``SELECT
+(``<table>_op_v2``, created beside the table): it locks the row (``SELECT
 ... FOR UPDATE``; a missing row is inserted first, ``ON CONFLICT DO
 NOTHING``), reads ``clock_timestamp()`` once the row is locked, applies the
 protocol step for step as :mod:`ratequeue.core.protocol` does, writes the row
@@ -17,8 +18,10 @@ protocol step for step as :mod:`ratequeue.core.protocol` does, writes the row
 so each is its own transaction: no transaction is held across round-trips,
 and no client reads then writes. The function and the table (``CREATE TABLE
 IF NOT EXISTS``) are created at a state's first call if missing, under a
-transaction-scoped advisory lock so that racing first users do not collide.
-Their text is ``function.sql`` beside this module.
+transaction-scoped advisory lock so that racing first users do not collide;
+a table made by an older version gains the columns it lacks then
+(``not_before_us``: its rows have no hold). Their text is ``function.sql``
+beside this module.
 
 A shard waiting for a place on a full queue hears of a place freed by another
 process at once (:meth:`PostgresBackend.watch`): the function NOTIFYs, and the
@@ -80,8 +83,8 @@ __all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"
 
 #: the table used unless ``?table=`` names another
 DEFAULT_TABLE = "ratequeue"
-#: the version suffix of the function's name: a new one whenever the function changes
-FUNCTION_VERSION = "v1"
+#: the version suffix of the function's name: a new one whenever the function changes (v2: the hold)
+FUNCTION_VERSION = "v2"
 #: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.postgresql")
 
@@ -298,6 +301,10 @@ class PostgresBackend(StateBase):
             select("release", n, 1, 0),
             select("set_paused", n, 0, 0),
             select("try_start", n, 2, 0),  # paused
+            select("hold", n, 0, 10**6),
+            select("hold", n, 0, 0),  # the hold stays
+            select("lift", n, 0, 0),
+            select("lift", n, 0, 0),  # no hold
             select("take", far, 0, 0),  # pos jumps
             select("take", far, 0, 0, interval=7),  # mismatch
             select("read", far, 0, 0),
@@ -485,7 +492,7 @@ class PostgresBackend(StateBase):
             if answer == "mismatch":
                 check_terms(name, record, terms)  # raises, naming the term
             raise StateCorrupted(f"record at {where} is malformed: {record}; reset the queue", where=where)
-        if answer.startswith("unwritten_"):  # at, held, leases or ticket
+        if answer.startswith("unwritten_"):  # at, held, not_before, leases or ticket
             exc = Unwritten(answer.removeprefix("unwritten_"), int(row[1]), row[4])
             raise unwritten(exc, f"record at {redact(self.url)}#{name}", where)
         if row[5] and self._sweep_due():
@@ -531,8 +538,12 @@ class PostgresBackend(StateBase):
         return bool(count)
 
 
-#: the column of a row holding each field of its record
-_COLUMNS = {field: f"{field}_us" if field in ("at", "interval", "due", "held") else field for field in FIELDS}
+#: the column of a row holding each field of its record (``not_before``, which rows made before the
+#: hold may lack, among them)
+_COLUMNS = {
+    field: f"{field}_us" if field in ("at", "interval", "due", "held", "not_before") else field
+    for field in (*FIELDS, "not_before")
+}
 
 
 def stored_fields(stored: dict[str, Any]) -> dict[str, Any]:

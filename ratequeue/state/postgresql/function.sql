@@ -2,13 +2,15 @@
 --
 -- @TABLE@ and @FUNCTION@ are replaced by the (quoted, checked) names of the table and of its
 -- function before this is run; statements are separated by lines holding only "-- ;;".
--- The function's name carries a version (_v1): a release that changes what it does or its
--- signature gives it a new name, so that older and newer clients never replace each other's.
+-- The function's name carries a version (_v2): a release that changes what it does or its
+-- signature gives it a new name, so that older and newer clients never replace each other's
+-- (_v1 had no hold: it leaves not_before_us as it finds it, and ignores it).
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
 -- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
--- order: {ticket1, expiry1, token1, ticket2, expiry2, token2, ...}. keep_until_us is the state-clock time from
--- which the row may be deleted (NULL: kept forever).
+-- order: {ticket1, expiry1, token1, ticket2, expiry2, token2, ...}. not_before_us is the end of a hold
+-- (protocol.hold; NULL: none, as NEVER). keep_until_us is the state-clock time from which the row may be
+-- deleted (NULL: kept forever).
 CREATE TABLE IF NOT EXISTS @TABLE@ (
     name text PRIMARY KEY,
     ticket bigint NOT NULL,
@@ -21,15 +23,28 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
     max_running integer NOT NULL DEFAULT 0,
     leases bigint[] NOT NULL DEFAULT '{}',
     held_us bigint NOT NULL DEFAULT -4503599627370496,
-    keep_until_us bigint
+    keep_until_us bigint,
+    not_before_us bigint
 )
+-- ;;
+-- a table made before the hold (by _v1) gains its column; its rows read NULL there: no hold. Only
+-- then is the table altered (which takes its lock, and needs its owner's rights)
+DO $ratequeue$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '@TABLE@'::regclass
+                   AND attname = 'not_before_us' AND NOT attisdropped) THEN
+        ALTER TABLE @TABLE@ ADD COLUMN IF NOT EXISTS not_before_us bigint;
+    END IF;
+END
+$ratequeue$
 -- ;;
 -- @FUNCTION@(op, name, ...): one operation of ratequeue.core.protocol on queue `name`, atomically, on the
 -- server's clock; called autocommit, each call is its own transaction.
 --
---   p_op           take, try_start, take_and_try, retime, set_paused, release, renew (they lock the
---                  row, creating it if missing, and write it back), read (changes nothing, creates
---                  nothing) or sweep (deletes the rows whose keep time has passed; p_name ignored)
+--   p_op           take, try_start, take_and_try, retime, set_paused, release, renew, hold, lift
+--                  (they lock the row, creating it if missing, and write it back), read (changes
+--                  nothing, creates nothing) or sweep (deletes the rows whose keep time has passed;
+--                  p_name ignored)
 --   p_interval, p_burst, p_max_running
 --                  the terms the caller expects: a missing row is created with them, a stored row
 --                  with others is answered "mismatch", changing nothing
@@ -38,21 +53,25 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
 --   p_lease        the lease (us) a start or a renewal takes, with max_running
 --   p_now          NULL for the server's clock_timestamp(), or a fixed now (us) set by a test
 --   p_ticket, p_lead, p_cost, p_paused, p_token
---                  the operation's own arguments (unused ones are ignored)
+--                  the operation's own arguments (unused ones are ignored; hold's lead_us is p_lead)
 --
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
 --   take                               ("taken", TICKET, POS, AT)
 --   try_start, take_and_try, retime    ("started", TICKET, START), ("wait", TICKET, SLOT)
 --                                      or ("passed", TICKET, POS)
 --   set_paused                         ("set", 1 if the flag changed else 0)
+--   hold                               ("set", 1 if the hold moved else 0)
+--   lift                               ("set", 1 if a hold was on at now else 0)
 --   release, renew                     ("live", 1 if the ticket's lease was live else 0)
 --   read                               ("record", stored = the row as jsonb) or ("none")
 --   sweep                              ("swept", how many rows were deleted)
 -- and, changing nothing (the client words the error):
 --   a stored row the protocol could not have written          ("corrupt", stored = the row)
 --   a stored row with another interval, burst or max_running  ("mismatch", stored = the row)
---   `at` or `held` more than MAX_LEAD past now, a lease's expiry more than MAX_LEAD + MAX_LEASE
---   (protocol.check)                    ("unwritten_at", AT), ("unwritten_held", HELD), ("unwritten_leases", EXPIRY)
+--   `at` or `held` more than MAX_LEAD past now, `not_before` more than MAX_LEAD + MAX_HOLD, a lease's
+--   expiry more than MAX_LEAD + MAX_LEASE (protocol.check)
+--                                       ("unwritten_at", AT), ("unwritten_held", HELD),
+--                                       ("unwritten_not_before", NOT_BEFORE), ("unwritten_leases", EXPIRY)
 --   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
 -- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
 -- can overflow them; every value stored stays below 2^54.
@@ -73,7 +92,7 @@ LANGUAGE plpgsql VOLATILE
 AS $ratequeue$
 DECLARE
     -- ratequeue.core.protocol.NEVER, MAX_US, MAX_LEAD_US, MAX_BURST, PAUSED_RECHECK_US,
-    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING and MAX_LEASE_US
+    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING, MAX_LEASE_US and MAX_HOLD_US
     c_never CONSTANT bigint := -4503599627370496;
     c_limit CONSTANT bigint := 4503599627370496;
     c_max_lead CONSTANT bigint := 3600000000;
@@ -83,6 +102,7 @@ DECLARE
     c_full_grace CONSTANT bigint := 300000;
     c_max_running CONSTANT integer := 1000;
     c_max_lease CONSTANT bigint := 86400000000;
+    c_max_hold CONSTANT bigint := 86400000000;
     -- keep times past this (about 146,000 years) are as good as forever
     c_keep_cap CONSTANT numeric := 4611686018427387904;
     r @TABLE@%ROWTYPE;
@@ -95,6 +115,7 @@ DECLARE
     v_at bigint;
     v_due bigint;
     v_held bigint;
+    v_not_before bigint;
     v_paused boolean;
     v_leases bigint[];
     v_live bigint[];
@@ -104,6 +125,7 @@ DECLARE
     v_t bigint;
     v_lead bigint;
     v_cost bigint;
+    v_from numeric;
     v_strict numeric;
     v_earliest numeric;
     v_recheck numeric;
@@ -172,6 +194,7 @@ BEGIN
             AND r.due_us::numeric <= r.at_us::numeric + (r.burst - 1)::numeric * r.interval_us
             AND 0 <= r.max_running AND r.max_running <= c_max_running
             AND c_never <= r.held_us AND r.held_us < c_limit
+            AND c_never <= coalesce(r.not_before_us, c_never) AND coalesce(r.not_before_us, c_never) < c_limit
             AND (v_n = 0 OR (array_ndims(r.leases) = 1 AND array_lower(r.leases, 1) = 1))
             AND v_n % 3 = 0 AND v_n / 3 <= r.max_running) THEN
         o_kind := 'corrupt'; o_stored := to_jsonb(r);
@@ -208,6 +231,11 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    IF r.not_before_us > v_now + c_max_lead + c_max_hold THEN
+        o_kind := 'unwritten_not_before'; o_a := r.not_before_us;
+        RETURN NEXT;
+        RETURN;
+    END IF;
     FOR v_i IN 1 .. v_n / 3 LOOP
         IF r.leases[3 * v_i - 1] > v_now + c_max_lead + c_max_lease THEN
             o_kind := 'unwritten_leases'; o_a := r.leases[3 * v_i - 1];
@@ -217,7 +245,10 @@ BEGIN
     END LOOP;
 
     v_ticket := r.ticket; v_pos := r.pos; v_at := r.at_us; v_due := r.due_us; v_held := r.held_us;
-    v_paused := r.paused;
+    v_not_before := coalesce(r.not_before_us, c_never); v_paused := r.paused;
+    -- protocol._due: what the slots of the tickets after pos count from, due or, if later, the
+    -- interval before the hold's end
+    v_from := greatest(v_due::numeric, v_not_before::numeric - r.interval_us);
     v_leases := CASE WHEN v_n = 0 THEN '{}'::bigint[] ELSE r.leases END;
     -- protocol.live_leases, for release, renew and a start on a queue with max_running
     v_live := '{}';
@@ -242,14 +273,15 @@ BEGIN
         o_kind := 'started'; o_a := v_live[3 * v_own - 2]; o_b := v_live[3 * v_own - 1] - p_lease;
     ELSIF p_op = 'take' OR p_op = 'take_and_try' THEN
         -- protocol.take: pos jumps to the last ticket handed out when every ticket since pos is at
-        -- least one interval past its slot (and no earlier one waits for a place)
+        -- least one interval past its slot (counted from v_from: a hold moves the slots to its end),
+        -- and no earlier one waits for a place
         IF v_ticket + p_cost >= c_limit THEN
             o_kind := 'unwritten_ticket'; o_a := v_ticket;
             RETURN NEXT;
             RETURN;
         END IF;
         IF v_ticket - 1 > v_pos
-           AND v_due::numeric + (v_ticket - 1 - v_pos)::numeric * r.interval_us + r.interval_us <= v_now
+           AND v_from + (v_ticket - 1 - v_pos)::numeric * r.interval_us + r.interval_us <= v_now
            AND v_held + c_full_grace <= v_now THEN
             v_pos := v_ticket - 1;
         END IF;
@@ -276,8 +308,10 @@ BEGIN
         ELSIF v_pos >= v_t OR v_t >= v_ticket THEN
             o_kind := 'passed'; o_a := v_t; o_b := v_pos;
         ELSE
-            v_strict := v_due::numeric + (v_t - v_pos)::numeric * r.interval_us;
-            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * r.interval_us, v_at);
+            -- the strict slot, counted from v_from; never before the latest start, nor the hold's end
+            v_strict := v_from + (v_t - v_pos)::numeric * r.interval_us;
+            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * r.interval_us, v_at,
+                                   v_not_before);
             IF v_t > v_pos + 1 THEN -- it would pass the tickets between: not while they wait for a place
                 v_earliest := greatest(v_earliest, v_held + c_full_grace);
             END IF;
@@ -325,6 +359,22 @@ BEGIN
         -- protocol.set_paused: only the flag changes
         o_kind := 'set'; o_a := CASE WHEN v_paused <> p_paused THEN 1 ELSE 0 END;
         v_paused := p_paused;
+    ELSIF p_op = 'hold' THEN
+        -- protocol.hold: no start before now + lead; a hold only grows
+        o_kind := 'set';
+        IF v_now + p_lead <= v_not_before THEN
+            o_a := 0;
+        ELSE
+            o_a := 1; v_not_before := v_now + p_lead;
+        END IF;
+    ELSIF p_op = 'lift' THEN
+        -- protocol.lift: no hold; whether one was on at now
+        o_kind := 'set';
+        IF v_not_before = c_never THEN
+            o_a := 0;
+        ELSE
+            o_a := CASE WHEN v_not_before > v_now THEN 1 ELSE 0 END; v_not_before := c_never;
+        END IF;
     ELSIF p_op = 'release' THEN
         -- protocol.release: drop the ticket's lease named by p_token, and the expired ones; whether
         -- it was live
@@ -362,10 +412,12 @@ BEGIN
     END IF;
 
     -- the keep time (see ratequeue.state._local.keep_until): p_keep after the later of now and
-    -- protocol.expires, the slot of the next ticket plus an interval, the end of the grace after
-    -- the queue was last found full, and every lease's expiry; none while paused
+    -- protocol.expires, the slot of the next ticket plus an interval (a hold moves it to the
+    -- hold's end at least), the end of the grace after the queue was last found full, and every
+    -- lease's expiry; none while paused
     IF p_keep > 0 AND NOT v_paused THEN
-        v_expires := greatest(v_due::numeric + (v_ticket - v_pos)::numeric * r.interval_us + r.interval_us,
+        v_expires := greatest(greatest(v_due::numeric, v_not_before::numeric - r.interval_us)
+                                  + (v_ticket - v_pos)::numeric * r.interval_us + r.interval_us,
                               v_held::numeric + c_full_grace);
         FOR v_i IN 1 .. coalesce(cardinality(v_leases), 0) / 3 LOOP
             v_expires := greatest(v_expires, v_leases[3 * v_i - 1]);
@@ -377,10 +429,12 @@ BEGIN
     -- an answer that changes nothing (a wait, a repeated start) writes nothing
     IF v_ticket <> r.ticket OR v_pos <> r.pos OR v_at <> r.at_us OR v_due <> r.due_us
        OR v_paused <> r.paused OR v_leases <> r.leases OR v_held <> r.held_us
+       OR v_not_before <> coalesce(r.not_before_us, c_never)
        OR v_keep_until IS DISTINCT FROM r.keep_until_us THEN
         UPDATE @TABLE@
         SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
-            leases = v_leases, held_us = v_held, keep_until_us = v_keep_until
+            leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
+            keep_until_us = v_keep_until
         WHERE name = p_name;
     END IF;
     RETURN NEXT;

@@ -9,7 +9,8 @@ are written once, and there is one SHA to send and one SCRIPT LOAD after a NOSCR
 KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole number in decimal:
           ticket, pos, at, interval, due, burst, paused ("1" or "0"), max_running ("0": no cap),
           held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY:TOKEN"
-          joined by commas ("" for none)
+          joined by commas ("" for none); and not_before, present only while it is not NEVER
+          (records written before it was added lack it: missing is NEVER)
 ARGV[1]   the operation (core/operation.py's Kind), or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
 ARGV[3]   the burst the caller expects; likewise
@@ -20,7 +21,7 @@ ARGV[5]   the max_running the caller expects (0: no cap); a record created now g
 ARGV[6]   the lease (us) a start or a renewal takes, used with max_running only
 ARGV[7]   "" to read the server's TIME, or a fixed now (us) set by a test
 ARGV[8]   the ticket (try_start, retime, release, renew)
-ARGV[9]   the lead (us) (try_start, take_and_try, retime)
+ARGV[9]   the lead (us) (try_start, take_and_try, retime, hold)
 ARGV[10]  the cost (take, try_start, take_and_try)
 ARGV[11]  set_paused: 1 to pause, 0 to resume
 ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
@@ -31,17 +32,19 @@ a fraction of the CPU an array costs it); numbers are whole, in decimal:
   try_start, take_and_try, retime    "started TICKET START NOW", "wait TICKET SLOT NOW"
                                      or "passed TICKET POS NOW"
   set_paused                         "set CHANGED NOW", CHANGED 1 if the flag changed, else 0
+  hold                               "set CHANGED NOW", CHANGED 1 if the hold moved, else 0
+  lift                               "set CHANGED NOW", CHANGED 1 if a hold was on at NOW, else 0
   release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
   read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
-                                     MAX_RUNNING HELD" then each lease as "TICKET EXPIRY TOKEN",
-                                     or "none NOW"
+                                     MAX_RUNNING HELD NOT_BEFORE" then each lease as
+                                     "TICKET EXPIRY TOKEN", or "none NOW"
 and, changing nothing:
   any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
                                                                      (interval, burst, max_running)
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
-  any operation, when `at` or `held` lies more than MAX_LEAD past now, or a lease's expiry
-  more than MAX_LEAD + MAX_LEASE (no start, now or lease the protocol makes does; see
-  protocol.check):                                                   "unwritten FIELD VALUE NOW"
+  any operation, when `at` or `held` lies more than MAX_LEAD past now, `not_before` more than
+  MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE (no start, now, hold
+  or lease the protocol makes does; see protocol.check):             "unwritten FIELD VALUE NOW"
   take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
 
 While a record was found full within FULL_GRACE (held + FULL_GRACE > now), a release that frees
@@ -50,7 +53,8 @@ take it), also PUBLISH an empty message on the channel KEYS[1] .. "#freed", whic
 other processes waiting for a place listen on (freed.py); nothing else publishes.
 
 Every operation but read creates a missing record (protocol.new_record) and writes the whole
-record back; read never writes. Numbers stay below 2^53, so every one is exact in a double.
+record back (not_before removed from the hash when it is NEVER); read never writes. Numbers stay
+below 2^53, so every one is exact in a double.
 ]]
 
 -- the constants of core/protocol.py (tests/test_constants.py holds them equal)
@@ -63,6 +67,7 @@ local FULL_RECHECK = 100000       -- FULL_RECHECK_US: a full record answers wait
 local FULL_GRACE = 300000         -- FULL_GRACE_US: after a record was full, no ticket passes another
 local MAX_RUNNING = 1000          -- MAX_RUNNING: the largest max_running
 local MAX_LEASE = 86400000000     -- MAX_LEASE_US: no lease expires further past the now it was taken at
+local MAX_HOLD = 86400000000      -- MAX_HOLD_US: no hold ends further past the now it was set at
 
 local op = ARGV[1]
 
@@ -80,15 +85,17 @@ local function decimal(value)
 end
 
 local FIELDS = {"ticket", "pos", "at", "interval", "due", "burst", "max_running", "held", "paused",
-  "leases"}
+  "leases", "not_before"}
 local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS))
 local ticket, pos, at, interval, due, burst, max_running, held
+-- no ticket starts before this time (protocol.hold); NEVER: no hold (also when the hash lacks it)
+local not_before = NEVER
 -- whether the queue is paused for every shard
 local paused = false
 -- the leases of running jobs as {ticket, expiry, token} in start order
 local leases = {}
 if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
-        or stored[8] or stored[9] or stored[10]) then
+        or stored[8] or stored[9] or stored[10] or stored[11]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
@@ -122,6 +129,12 @@ else
   end
   if not (NEVER <= held and held < LIMIT) then
     return "corrupt held " .. stored[8]
+  end
+  if stored[11] then -- (a record written before the hold was added lacks it: NEVER)
+    not_before = string.find(stored[11], "^%-?%d+$") and tonumber(stored[11])
+    if not (not_before and NEVER <= not_before and not_before < LIMIT) then
+      return "corrupt not_before " .. stored[11]
+    end
   end
   if stored[9] ~= "1" and stored[9] ~= "0" then
     return "corrupt paused " .. tostring(stored[9] or "(missing)")
@@ -162,6 +175,9 @@ else
   if held > now + MAX_LEAD then
     return "unwritten held " .. stored[8] .. " " .. decimal(now)
   end
+  if not_before > now + MAX_LEAD + MAX_HOLD then
+    return "unwritten not_before " .. stored[11] .. " " .. decimal(now)
+  end
   for _, lease in ipairs(leases) do
     if lease[2] > now + MAX_LEAD + MAX_LEASE then
       return "unwritten leases " .. decimal(lease[2]) .. " " .. decimal(now)
@@ -169,7 +185,8 @@ else
   end
   if op == "read" then
     local words = {"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
-      decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held)}
+      decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held),
+      decimal(not_before)}
     for _, lease in ipairs(leases) do
       words[#words + 1] = decimal(lease[1])
       words[#words + 1] = decimal(lease[2])
@@ -208,13 +225,14 @@ local function live_leases()
   return live
 end
 
--- protocol.Record.slot: the strict slot of ticket t (> pos)
+-- protocol.Record.slot: the strict slot of ticket t (> pos), counted from due or, if later, from
+-- the interval before the hold's end (protocol._due)
 local function slot(t)
-  return due + (t - pos) * interval
+  return math.max(due, not_before - interval) + (t - pos) * interval
 end
 
 -- protocol.take: hand out the next ticket, holding `cost` numbers; first jump pos to the last one
--- handed out if every ticket since pos is at least one interval past its slot
+-- handed out if every ticket since pos is at least one interval past its slot (which a hold moves)
 local function take(cost)
   if ticket + cost >= LIMIT then
     return nil
@@ -240,7 +258,8 @@ local function try_start(t, lead, cost)
     return "passed", t, pos
   end
   local strict = slot(t)
-  local earliest = math.max(strict - (burst - cost) * interval, at)
+  -- never before the latest start, nor before the hold's end
+  local earliest = math.max(strict - (burst - cost) * interval, at, not_before)
   if t > pos + 1 then -- it would pass the tickets between: not while they wait for a place
     earliest = math.max(earliest, held + FULL_GRACE)
   end
@@ -323,6 +342,15 @@ if op == "set_paused" then
   local wanted = ARGV[11] == "1"
   reply = {"set", wanted ~= paused and "1" or "0", decimal(now)}
   paused = wanted
+elseif op == "hold" then
+  -- protocol.hold: no start before now + lead; a hold only grows (one ending later is kept)
+  local ends = now + tonumber(ARGV[9])
+  reply = {"set", ends > not_before and "1" or "0", decimal(now)}
+  not_before = math.max(not_before, ends)
+elseif op == "lift" then
+  -- protocol.lift: no hold; whether one was on at now
+  reply = {"set", not_before ~= NEVER and not_before > now and "1" or "0", decimal(now)}
+  not_before = NEVER
 elseif op == "release" or op == "renew" then
   local live
   if op == "release" then
@@ -366,18 +394,25 @@ else
   reply = {kind, decimal(t), decimal(value), decimal(now)}
 end
 
--- the latest of protocol.expires: the slot of the next ticket plus an interval, the end of the
--- grace after the queue was last found full, and every lease's expiry
+-- the latest of protocol.expires: the slot of the next ticket (moved by a hold) plus an interval,
+-- the end of the grace after the queue was last found full, and every lease's expiry
 local expires = math.max(slot(ticket) + interval, held + FULL_GRACE)
 local pairs_text = {}
 for i, lease in ipairs(leases) do
   pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2]) .. ":" .. decimal(lease[3])
   expires = math.max(expires, lease[2])
 end
+-- not_before only while a hold is set: a record without one is stored as before the hold was added
+local hold_field = {}
+if not_before ~= NEVER then
+  hold_field = {"not_before", decimal(not_before)}
+elseif stored[11] then
+  redis.call("HDEL", KEYS[1], "not_before")
+end
 redis.call("HSET", KEYS[1], "ticket", decimal(ticket), "pos", decimal(pos), "at", decimal(at),
   "interval", decimal(interval), "due", decimal(due), "burst", decimal(burst),
   "max_running", decimal(max_running), "held", decimal(held), "paused", paused and "1" or "0",
-  "leases", table.concat(pairs_text, ","))
+  "leases", table.concat(pairs_text, ","), unpack(hold_field))
 
 -- the keep time: until keep after the later of now and protocol.expires (see expires above), in
 -- whole milliseconds, rounded up, relative to now
