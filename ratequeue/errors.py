@@ -16,6 +16,7 @@ __all__ = [
     "ConfigurationError",
     "QueueClosed",
     "QueueFull",
+    "RateLimited",
     "RateQueueError",
     "StateCorrupted",
     "StateUnavailable",
@@ -112,3 +113,25 @@ class QueueClosed(RateQueueError, RuntimeError):
 
 class QueueFull(RateQueueError, RuntimeError):
     """A queue held ``max_waiting`` jobs: a new one was refused, or the oldest was dropped for it."""
+
+
+class RateLimited(RateQueueError):
+    """The service refused a call for its rate (an HTTP 429, or a 503 naming a wait).
+
+    Raise it from a queue's job to have the whole queue held for
+    ``retry_after`` seconds and the job tried again at its next turn without
+    using a retry (docs/feedback.md); ratequeue's HTTP integrations raise it
+    when asked to. A queue also knows the HTTP errors of httpx, requests and
+    aiohttp that carry such a response.
+    """
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None, status: int = 429) -> None:
+        super().__init__(
+            message
+            or f"the service answered {status}"
+            + (f" and asked for {retry_after:g} s" if retry_after is not None else "")
+        )
+        #: seconds the service asked to wait, if it said
+        self.retry_after = retry_after
+        #: the HTTP status the service answered
+        self.status = status

@@ -99,7 +99,7 @@ _log = logging.getLogger("ratequeue.events")
 #: what an :class:`Event` reports
 EventKind = Literal[
     "begin", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter",
-    "state_down", "state_back",
+    "state_down", "state_back", "hold",
 ]  # fmt: skip
 
 #: every :data:`EventKind`, in the order the docs list them
@@ -134,6 +134,9 @@ class Event(NamedTuple):
                           ``outcome`` (``"open"`` or ``"local"``), ``error``
     ``"state_back"``      the state answers again and turns come from it, or the limiter closed
                           while it was down: ``wait`` (seconds down), ``outcome`` (the mode)
+    ``"hold"``            this process held the whole queue (:meth:`~ratequeue.Limiter.hold`, or a
+                          service's answer heeded): ``wait`` (seconds held from now), ``outcome``
+                          (what asked: ``"call"`` or the status answered, e.g. ``"429"``)
     ====================  ==========================================================================
 
     Times are seconds on this process's clock (``time.monotonic`` unless a

@@ -58,7 +58,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
-__all__ = ["Feedback", "HeadersLike", "Quota", "parse_headers", "EPOCH_MS_FROM", "EPOCH_S_FROM"]
+from .errors import RateLimited
+
+__all__ = [
+    "Feedback",
+    "HeadersLike",
+    "Quota",
+    "parse_headers",
+    "refusal_of",
+    "EPOCH_MS_FROM",
+    "EPOCH_S_FROM",
+    "REFUSAL_HOLD",
+]
 
 #: what :func:`parse_headers` takes: a mapping (a dict, or the header object of httpx, requests or
 #: aiohttp) or an iterable of (name, value) pairs
@@ -71,6 +82,9 @@ EPOCH_S_FROM = 1e9
 
 #: the statuses whose Retry-After asks the client to hold (RFC 9110 §10.2.3, RFC 6585 §4)
 HOLD_STATUSES = frozenset({429, 503})
+
+#: seconds to hold after a 429 that names no wait (neither ``Retry-After`` nor a quota's reset)
+REFUSAL_HOLD = 1.0
 
 
 @dataclass(frozen=True)
@@ -573,3 +587,28 @@ def _ietf(
                 builder.quotas[item]["unit"] = params["qu"]
         if bad:
             ignored.append(("ratelimit-policy", policy))
+
+
+def refusal_of(exc: BaseException, *, now: float | None = None) -> float | None:
+    """Seconds to hold the queue if ``exc`` says the service refused a call for its rate; else None.
+
+    Read from a :class:`~ratequeue.errors.RateLimited`, or from the response an
+    HTTP error carries: ``httpx.HTTPStatusError`` and ``requests.HTTPError``
+    (``exc.response.status_code``, ``.headers``) and aiohttp's
+    ``ClientResponseError`` (``exc.status``, ``exc.headers``). A 429 is a
+    refusal (held for what its headers ask, or :data:`REFUSAL_HOLD` if they ask
+    nothing); a 503 only when its headers ask for a wait.
+    """
+    if isinstance(exc, RateLimited):
+        return REFUSAL_HOLD if exc.retry_after is None else max(0.0, exc.retry_after)
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    headers = getattr(response, "headers", None)
+    if status is None:  # aiohttp: the status and headers are on the error itself
+        status, headers = getattr(exc, "status", None), getattr(exc, "headers", None)
+    if not isinstance(status, int) or status not in HOLD_STATUSES:
+        return None
+    held = parse_headers(headers or (), status=status, now=now).hold
+    if held is None and status == 429:
+        return REFUSAL_HOLD
+    return held

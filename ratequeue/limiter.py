@@ -22,6 +22,7 @@ from .core.leases import Held
 from .core.shard import Turn
 from .drivers import ThreadDriver
 from .events import flush
+from .headers import Feedback, HeadersLike
 from .running import LimiterBase, ReservationBase, ShardRunner, Status, entered
 from .settings import Options, Seconds, Settings
 from .state import State, StateLike, open_state
@@ -152,6 +153,33 @@ class Limiter(LimiterBase):
         next ask (within a second), at the rate, in ticket order.
         """
         return run(self._set_paused_flow(False))
+
+    def hold(self, seconds: Seconds) -> bool:
+        """Hold the whole queue: no shard, in any process, starts a job for ``seconds`` from now.
+
+        One call to the state; "now" is the state's clock. A hold only
+        grows: one that already ends later is kept (the answer is then
+        ``False``). Waiting callers keep their tickets and their order, and
+        ask again when the hold ends, not before; then turns come at the rate
+        (or the burst) again. For a service's ``429`` and ``Retry-After``,
+        :meth:`heed` does this from the response. ``seconds`` from 0 to a day.
+        """
+        return run(self._hold_flow(seconds))
+
+    def lift_hold(self) -> bool:
+        """End the queue's hold (:meth:`hold`) now, everywhere; whether one was on."""
+        return run(self._lift_hold_flow())
+
+    def heed(self, headers: HeadersLike = (), *, status: int | None = None) -> Feedback:
+        """Read a service's answer (its status and headers) and hold the whole queue if it asks.
+
+        The rules of :func:`ratequeue.headers.parse_headers`: a 429 or 503
+        with ``Retry-After``, or a quota whose remaining is 0, holds every
+        shard until then (:meth:`hold`); a 429 that names no wait holds for
+        :data:`~ratequeue.headers.REFUSAL_HOLD` (1 s). No call to the state
+        when nothing asks for a hold. Returns what the headers said.
+        """
+        return run(self._heed_flow(headers, status))
 
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""

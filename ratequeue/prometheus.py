@@ -35,6 +35,9 @@ name                                            labels       what it counts or t
 ``ratequeue_dead_letters_total``                queue        queue jobs failed for good
 ``ratequeue_state_down``                        queue, mode  1 while the state is down and turns
                                                              begin locally (``when_down``), else 0
+``ratequeue_holds_total``                       queue,       holds this process put on the whole
+                                                cause        queue: ``429``, ``headers``,
+                                                             ``refused``, ``call``
 ``ratequeue_events_dropped_total``              (none)       events this process dropped, its
                                                              hooks being too slow for them
                                                              (:func:`ratequeue.events.dropped`)
@@ -165,6 +168,12 @@ class PrometheusMetrics:
             ("queue", "mode"),
             **common,
         )
+        #: holds this process put on its queues, by what asked
+        self.holds = counter(
+            "holds",
+            "Holds this process put on the whole queue, by what asked (429, headers, refused, call).",
+            "cause",
+        )
         #: events this process dropped (read at each scrape: a dropped event never reaches this hook)
         self.events_dropped = _Dropped(namespace)
         metrics = [
@@ -195,6 +204,8 @@ class PrometheusMetrics:
             self._child(self.retries, queue).inc()
         elif kind == "dead_letter":
             self._child(self.dead_letters, queue).inc()
+        elif kind == "hold":
+            self._child(self.holds, queue, event.outcome or "").inc()
         elif kind in ("state_down", "state_back"):
             key = (self._label(queue), event.outcome or "")
             down = self._down[key] = max(0, self._down.get(key, 0) + (1 if kind == "state_down" else -1))

@@ -36,11 +36,13 @@ from .core.jobs import (
     check_priority,
     delay_until,
 )
+from .core.protocol import MAX_HOLD_US, US
 from .core.shard import Turn
 from .drivers import AsyncioDriver, ThreadDriver
 from .errors import QueueClosed, QueueFull
 from .events import Event
 from .grouping import DEFAULT_KEEP, GroupBase
+from .headers import refusal_of
 from .running import LimiterBase, Status, runner_of
 from .settings import QueueOptions, check_cost, wait
 
@@ -53,7 +55,7 @@ __all__ = ["QueueBase"]
 _log = logging.getLogger("ratequeue.queue")
 
 #: the options of a queue that its limiter does not take
-_QUEUE_ONLY = ("retries", "backoff", "retry_on", "dead_letter", "max_waiting", "overflow")
+_QUEUE_ONLY = ("retries", "backoff", "retry_on", "dead_letter", "max_waiting", "overflow", "on_refusal")
 
 _NO_TURN = (
     "queue %r: no turn for its next job, which fails with the error (%s: %s); "
@@ -369,7 +371,10 @@ class QueueBase(Generic[L, FutureT]):
             future.cancel()
             raise
         except BaseException as exc:
-            if not future.done() and not self._retried(job, exc):
+            held = refusal_of(exc) if job.options.on_refusal == "hold" and not future.done() else None
+            if held is not None:
+                yield from self._hold_and_requeue(job, held)
+            elif not future.done() and not self._retried(job, exc):
                 self._report_failed(job, exc)
                 if job.options.dead_letter is not None:
                     try:
@@ -402,12 +407,28 @@ class QueueBase(Generic[L, FutureT]):
         if self._places is not None:
             self._places.release()
 
+    def _hold_and_requeue(self, job: Job[Any], held: float) -> Flow[None]:
+        """Hold the whole queue ``held`` s for a refused try and queue ``job`` again, using no retry.
+
+        Should the state fail the hold, the job is queued again all the same
+        (nothing is lost); its next turn then comes at the rate.
+        """
+        job.refused += 1
+        try:
+            yield from self._limiter._hold_flow(min(held, MAX_HOLD_US / US), "refused")
+        except Exception as exc:
+            _log.warning("queue %r: could not hold the queue after a refusal: %s", self.name, exc)
+        _log.info("queue %r: the service refused a job (try %d); held %.3f s", self.name, job.attempts, held)
+        with self._driver.lock:
+            self._pending.push(job)  # its own place in the order; not counted against max_waiting
+            self._wake_pacer()
+
     def _retried(self, job: Job[Any], exc: BaseException) -> bool:
         """Queue ``job`` again after its backoff if its options retry ``exc``; say whether it was."""
         options = job.options
-        if job.attempts > options.retries or not isinstance(exc, options.retry_on):
+        if job.attempts - job.refused > options.retries or not isinstance(exc, options.retry_on):
             return False
-        delay = options.backoff.delay(job.attempts)
+        delay = options.backoff.delay(job.attempts - job.refused)
         job.not_before = self._clock() + delay
         # the type only: a job's error text may hold what it called (a URL with its key)
         error = type(exc).__name__

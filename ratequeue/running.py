@@ -13,6 +13,7 @@ and the decorator.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from asyncio import CancelledError
 from collections.abc import Callable
@@ -24,15 +25,26 @@ from ._redact import redact
 from .core.clock import OffsetEstimator
 from .core.flow import Call, Flow
 from .core.operation import Operation
-from .core.protocol import MAX_LEAD_US, NEVER, US, Answer, Passed, Started, live_leases, new_record
+from .core.protocol import (
+    MAX_HOLD_US,
+    MAX_LEAD_US,
+    NEVER,
+    US,
+    Answer,
+    Passed,
+    Started,
+    live_leases,
+    new_record,
+)
 from .core.shard import Begin, BeginAt, Expired, Place, Shard, SleepUntil, Turn, WaitForTurn
 from .drivers import Driver
 from .errors import AcquireTimeout, StateUnavailable
-from .events import EventHook, check_hook
+from .events import Event, EventHook, check_hook
 from .fallback import Fallback
+from .headers import REFUSAL_HOLD, Feedback, HeadersLike, parse_headers
 from .leasing import LeaseKeeper
 from .reporting import Reporter
-from .settings import Seconds, Settings, check_cost, check_timeout, wait
+from .settings import Seconds, Settings, check_cost, check_hold, check_timeout, wait
 from .state.base import AsyncState, Snapshot, State
 
 __all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
@@ -47,6 +59,10 @@ Timed = tuple[Answer, float, float, "float | None"]
 #: and how many times they are read at most
 _PAIR_SPAN = 50e-6
 _PAIR_TRIES = 3
+
+#: a hold this process put on the whole queue (INFO: it is rare, and every process should see why)
+_log = logging.getLogger("ratequeue.limiter")
+_HELD = "queue %r held everywhere for %.3f s (asked by: %s)"
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,9 @@ class Status:
     max_running: int | None = None
     #: how many jobs hold a live lease across every shard (0 without a cap)
     running: int = 0
+    #: state-clock time (s) until which the whole queue is held (:meth:`LimiterBase.hold`);
+    #: ``None`` when no hold is on
+    held_until: float | None = None
 
     @classmethod
     def of(cls, settings: Settings, snapshot: Snapshot, shard: Shard) -> Status:
@@ -100,6 +119,7 @@ class Status:
             paused_everywhere=record.paused,
             max_running=record.max_running,
             running=len(live_leases(record, snapshot.now)),
+            held_until=record.not_before / US if record.not_before > snapshot.now else None,
         )
 
 
@@ -473,6 +493,36 @@ class LimiterBase:
                 runner.shard.ask_again()
                 runner.changed()
         return bool(changed)
+
+    def _hold_flow(self, seconds: Seconds, why: str = "call") -> Flow[bool]:
+        """Hold the whole queue for ``seconds`` from now on the state's clock (one call): whether it grew."""
+        runner = self._runner
+        lead_us = check_hold(seconds)
+        op = Operation("hold", self.name, self.settings.terms, lead_us=lead_us)
+        grew = bool((yield Call(runner.state.execute, (op,))))
+        if grew:
+            if runner.reporter.on:
+                runner.reporter.emit(Event("hold", self.name, wait=lead_us / US, outcome=why))
+            _log.info(_HELD, self.name, lead_us / US, why)
+        return grew
+
+    def _heed_flow(self, headers: HeadersLike, status: int | None) -> Flow[Feedback]:
+        """Parse a service's answer and hold the queue for what it asks (a call only then)."""
+        feedback = parse_headers(headers, status=status)
+        held = REFUSAL_HOLD if feedback.hold is None and status == 429 else feedback.hold
+        if held:
+            why = "headers" if status is None else str(status)
+            yield from self._hold_flow(min(held, MAX_HOLD_US / US), why)
+        return feedback
+
+    def _lift_hold_flow(self) -> Flow[bool]:
+        """Lift the queue's hold (one call): whether one was on. This shard's head asks again at once."""
+        runner = self._runner
+        lifted = yield Call(runner.state.execute, (Operation("lift", self.name, self.settings.terms),))
+        with runner.driver.lock:
+            runner.shard.ask_again()
+            runner.changed()
+        return bool(lifted)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # without on_event: a hook (and its metrics) belongs to the process that made it

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict, Union
 from .core.clock import to_float
 from .core.jobs import Backoff, DeadLetter
 from .core.operation import MAX_NAME_LENGTH, Terms, check_name
-from .core.protocol import MAX_LEAD_US, MAX_US, US
+from .core.protocol import MAX_HOLD_US, MAX_LEAD_US, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
 from .events import EventHook, check_hook
@@ -114,6 +114,10 @@ class QueueOptions(Options, total=False):
     :param max_waiting: the most jobs one queue object holds waiting (``None``: no limit).
     :param overflow: when ``max_waiting`` jobs wait: ``"reject"`` the new one
         (:class:`~ratequeue.QueueFull`) or ``"drop_oldest"`` (its future fails with ``QueueFull``).
+    :param on_refusal: a job whose call the service refused for its rate (a 429, a 503 naming a
+        wait, :class:`~ratequeue.RateLimited`): ``"hold"`` (the default) holds the whole queue for
+        the wait asked and tries the job again at its next turn without using a retry;
+        ``"retry"`` treats it as any other failure.
     """
 
     retries: int
@@ -122,6 +126,7 @@ class QueueOptions(Options, total=False):
     dead_letter: Callable[[DeadLetter], Any] | None
     max_waiting: int | None
     overflow: str
+    on_refusal: str
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,16 @@ def check_timeout(value: object) -> float | None:
     if math.isnan(timeout) or timeout < 0:
         raise ConfigurationError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
     return None if timeout > FOREVER else timeout
+
+
+def check_hold(value: object) -> int:
+    """``value``, seconds from 0 to a day, as the whole microseconds of a hold (rounded up: never shorter)."""
+    held = seconds("hold", value) if not (isinstance(value, int) and value > MAX_HOLD_US) else math.inf
+    if not 0 <= held <= MAX_HOLD_US / US:
+        raise ConfigurationError(
+            f"a hold must be a number of seconds from 0 to {MAX_HOLD_US // US} (a day), got {value!r}"
+        )
+    return math.ceil(held * US)
 
 
 def wait(timeout: float | None) -> float | None:

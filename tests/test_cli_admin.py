@@ -55,6 +55,7 @@ QUEUE_FIELDS = [
     "unstarted",
     "last_start_age",
     "paused",
+    "held_for",
     "running",
     "max_running",
     "now_us",
@@ -96,16 +97,17 @@ def test_list_shows_every_queue_with_its_fields(cli: Cli, queues: str) -> None:
         "LAST",
         "START",
         "PAUSED",
+        "HELD",
         "RUNNING",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert sorted(rows) == ["api", "reports", "tenants:acme", "tenants:globex"]
-    # interval, burst, tickets, pos, unstarted, last start (n.nnn s ago), paused, running
+    # interval, burst, tickets, pos, unstarted, last start (n.nnn s ago), paused, held, running
     assert rows["api"][:6] == ["0.1", "s", "1", "2", "1", "1"], lines
     assert re.fullmatch(r"\d+\.\d{3}", rows["api"][6]), lines
-    assert rows["api"][-2:] == ["no", "1/3"], lines
+    assert rows["api"][-3:] == ["no", "-", "1/3"], lines
     assert rows["reports"][:6] == ["2", "s", "1", "1", "1", "0"], lines
-    assert rows["reports"][-2:] == ["yes", "-"], lines
+    assert rows["reports"][-3:] == ["yes", "-", "-"], lines
     assert rows["tenants:acme"][:6] == ["0.01", "s", "3", "1", "1", "0"], lines
     assert "4 queue(s)" in result.stderr
 

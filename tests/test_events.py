@@ -336,7 +336,7 @@ def test_a_coroutine_function_hook_is_refused() -> None:
 
 
 def test_kinds_are_listed_once_and_an_event_is_immutable() -> None:
-    assert len(set(KINDS)) == len(KINDS) == 10
+    assert len(set(KINDS)) == len(KINDS) == 11
     event = Event("begin", "q", ticket=3, wait=0.5)
     assert (event.kind, event.queue, event.ticket, event.wait, event.lateness) == ("begin", "q", 3, 0.5, None)
     with pytest.raises(AttributeError):
@@ -605,6 +605,8 @@ def test_the_prometheus_exporter_counts_what_happened(tmp_path: Path) -> None:
         limiter.acquire()
     with pytest.raises(AcquireTimeout):
         limiter.acquire(timeout=0)
+    limiter.heed({"Retry-After": "0.01"}, status=429)
+    limiter.hold(0.02)
     limiter.close()
     queue = ratequeue.Queue(
         url,
@@ -639,6 +641,8 @@ def test_the_prometheus_exporter_counts_what_happened(tmp_path: Path) -> None:
     assert found["ratequeue_dead_letters_total", jobs] == 1
     key = (("error", "StateCorrupted"), ("operation", "take_and_try"), ("queue", "disk"))
     assert found["ratequeue_state_errors_total", key] == 1
+    assert found["ratequeue_holds_total", (("cause", "429"), ("queue", "api"))] == 1
+    assert found["ratequeue_holds_total", (("cause", "call"), ("queue", "api"))] == 1
     assert ("ratequeue_passed_tickets_total", api) not in found  # none happened: no series yet
 
 

@@ -22,6 +22,7 @@ from ..core.leases import Held
 from ..core.shard import Turn
 from ..drivers import AsyncioDriver
 from ..fallback import PROBE_TASK, REJOIN_TASK
+from ..headers import Feedback, HeadersLike
 from ..running import LimiterBase, ReservationBase, ShardRunner, Status, entered
 from ..settings import Options, Seconds, Settings
 from ..state import AsyncState, AsyncStateLike, State, open_async_state
@@ -112,6 +113,18 @@ class Limiter(LimiterBase):
     async def resume_everywhere(self) -> bool:
         """Resume the whole queue after :meth:`pause_everywhere`; whether it was paused."""
         return await arun(self._set_paused_flow(False))
+
+    async def hold(self, seconds: Seconds) -> bool:
+        """Hold the whole queue for ``seconds`` (see :meth:`ratequeue.Limiter.hold`); whether it grew."""
+        return await arun(self._hold_flow(seconds))
+
+    async def lift_hold(self) -> bool:
+        """End the queue's hold now, everywhere; whether one was on."""
+        return await arun(self._lift_hold_flow())
+
+    async def heed(self, headers: HeadersLike = (), *, status: int | None = None) -> Feedback:
+        """Hold the whole queue if a service's answer asks (see :meth:`ratequeue.Limiter.heed`)."""
+        return await arun(self._heed_flow(headers, status))
 
     async def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""

@@ -22,9 +22,10 @@ from typing import Any, TextIO
 
 from .. import __version__
 from .._redact import redact, scrub
-from ..core.protocol import new_record
+from ..core.operation import Terms, operation
+from ..core.protocol import US, new_record
 from ..errors import ConfigurationError, RateQueueError, StateCorrupted
-from ..settings import Settings, check_name, check_prefix, positive_int
+from ..settings import Settings, check_hold, check_name, check_prefix, positive_int
 from . import common, demo, interval, watch
 from .common import DEFAULT_URL, Stopped, opened_state, queue_fields, say, say_json
 
@@ -118,6 +119,38 @@ def _set_paused(args: argparse.Namespace, out: TextIO, paused: bool) -> int:
 _pause, _resume = functools.partial(_set_paused, paused=True), functools.partial(_set_paused, paused=False)
 
 
+def _hold(args: argparse.Namespace, out: TextIO) -> int:
+    """Hold queue ``args.name`` everywhere for ``args.seconds`` (or lift its hold, ``--lift``)."""
+    name = check_name(args.name)
+    if args.lift == (args.seconds is not None):
+        raise ConfigurationError("give SECONDS to hold the queue, or --lift to end its hold (not both)")
+    lead_us = 0 if args.lift else check_hold(args.seconds)
+    with opened_state(args.url) as state:
+        where = redact(state.url)
+        record = state.read(name).record
+        if record is None:
+            say(out, f"no record for queue {name!r} in {where}: nothing to hold (its first start makes one)")
+            return 0
+        terms = Terms.checked(record.interval, record.burst, 0, record.max_running, 1)
+        if args.lift:
+            changed = bool(state.execute(operation("lift", name, terms)))
+            said = (
+                f"lifted the hold of queue {name!r} in {where}"
+                if changed
+                else (f"queue {name!r} in {where} was not held")
+            )
+        else:
+            changed = bool(state.execute(operation("hold", name, terms, lead_us=lead_us)))
+            said = (
+                f"held queue {name!r} everywhere in {where} for {lead_us / US:g} s"
+                if changed
+                else (f"queue {name!r} in {where} was held longer already: kept")
+            )
+        now = state.read(name).now
+    say(out, said, f"state clock: {now} us")
+    return 0
+
+
 def _keys(args: argparse.Namespace, out: TextIO) -> int:
     """The names with a record beginning with ``PREFIX``; stored names that are not queue names on stderr."""
     prefix = check_prefix(args.prefix)
@@ -158,6 +191,7 @@ _COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("UNSTARTED", lambda f: str(f["unstarted"])),
     ("LAST START", lambda f: common.ago(f["last_start_age"])),
     ("PAUSED", lambda f: "yes" if f["paused"] else "no"),
+    ("HELD", lambda f: "-" if f["held_for"] is None else f"{f['held_for']:.3f} s"),
     ("RUNNING", common.running_text),
 )
 
@@ -314,6 +348,16 @@ _COMMANDS: tuple[tuple[Any, ...], ...] = (
         "within about a second, at the rate. A queue without a record is not paused.",
         *_QUEUE,
         *_TERMS,
+    ),
+    (
+        ("hold", _hold, "hold a queue everywhere for SECONDS: no start, in any process, before then"),
+        "Hold the queue in its shared record: no shard, in any process, starts a job for SECONDS "
+        "from now on the state's clock (a day at most). Waiting shards keep their tickets and their "
+        "order, and ask again when the hold ends; a hold only grows (a longer one is kept). --lift "
+        "ends the hold now. What a service's 429 and Retry-After do through Limiter.heed().",
+        *_QUEUE,
+        _arg("seconds", "how long to hold, in seconds", metavar="SECONDS", type=float, nargs="?"),
+        _arg("--lift", "end the queue's hold now instead", action="store_true"),
     ),
     (
         ("set-interval", interval.run, "change a queue's stored interval on purpose"),

@@ -71,6 +71,7 @@ def queue_fields(name: str, snapshot: Snapshot) -> dict[str, Any]:
         "unstarted": shown.ticket - 1 - shown.pos,
         "last_start_age": None if shown.at == NEVER else (now - shown.at) / US,
         "paused": shown.paused,
+        "held_for": (shown.not_before - now) / US if shown.not_before > now else None,
         "running": None if shown.max_running is None else len(live_leases(shown, now)),
         "max_running": shown.max_running or 0,
     }
@@ -92,6 +93,12 @@ def age_text(fields: dict[str, Any]) -> str:
     return "never" if age is None else f"{ago(age)} ({'started ahead, ' if age < 0 else ''}state clock)"
 
 
+def held_text(fields: dict[str, Any]) -> str:
+    """``"no"``, or how long the queue's hold lasts yet: ``"for 1.234 s more"`` (state clock)."""
+    held = fields["held_for"]
+    return "no" if held is None else f"for {held:.3f} s more (no start before then)"
+
+
 def running_text(fields: dict[str, Any]) -> str:
     """``"1/3"`` (live leases of at most ``max_running``), or ``"-"`` for a queue without a cap."""
     return "-" if fields["running"] is None else f"{fields['running']}/{fields['max_running']}"
@@ -110,6 +117,7 @@ def record_lines(where: str, fields: dict[str, Any], rate: str | None = None) ->
         f"last start: {age_text(fields)}",
         f"unstarted:  {fields['unstarted']} ticket(s) handed out and not started",
         f"paused everywhere: {'yes' if fields['paused'] else 'no'}",
+        f"held everywhere:   {held_text(fields)}",
     ]
     if fields["running"] is not None:
         lines.append(f"running:    {fields['running']} of at most {fields['max_running']} (live leases)")

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from .._redact import redact
 from ..errors import ConfigurationError
 from ..settings import positive_int
-from .common import age_text, opened_state, queue_fields, record_lines, running_text, say, say_json
+from .common import age_text, held_text, opened_state, queue_fields, record_lines, running_text, say, say_json
 
 __all__ = ["WINDOW", "run"]
 
@@ -98,7 +98,8 @@ def _line(fields: dict[str, Any]) -> str:
         return f"{head} no record"
     return (
         f"{head} pos {fields['pos']}, {_rate_text(fields)}, unstarted {fields['unstarted']}, running "
-        f"{running_text(fields)}, last start {age_text(fields)}, paused {'yes' if fields['paused'] else 'no'}"
+        f"{running_text(fields)}, last start {age_text(fields)}, "
+        f"paused {'yes' if fields['paused'] else 'no'}, held {held_text(fields)}"
     )
 
 

@@ -127,6 +127,10 @@ class JobOptions:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     #: called with a :class:`DeadLetter` when a job fails for good after retries (or a coroutine function)
     dead_letter: Callable[[DeadLetter], Any] | None = None
+    #: a try the service refused for its rate (:func:`ratequeue.headers.refusal_of`): ``"hold"`` the
+    #: whole queue for the wait it asked and try the job again at its next turn without using a
+    #: retry, or ``"retry"``: a failure like any other
+    on_refusal: str = "hold"
 
     def __post_init__(self) -> None:
         retries, backoff, retry_on, dead_letter = self.retries, self.backoff, self.retry_on, self.dead_letter
@@ -149,6 +153,8 @@ class JobOptions:
             )
         if dead_letter is not None and not callable(dead_letter):
             raise ConfigurationError(f"dead_letter must be callable, got {type(dead_letter).__name__}")
+        if self.on_refusal not in ("hold", "retry"):
+            raise ConfigurationError(f'on_refusal must be "hold" or "retry", got {self.on_refusal!r}')
 
     def overridden(self, **given: Any) -> JobOptions:
         """These options with each one ``given`` in place of its own, unless ``None``; checked."""
@@ -170,6 +176,9 @@ class Job(Generic[F]):
     not_before: float | None = None
     #: how many times it has run
     attempts: int = 0
+    #: how many of those runs the service refused for its rate and were tried again without
+    #: using a retry (``on_refusal="hold"``)
+    refused: int = 0
     #: the ticket of the turn the job's current attempt runs on (its lease, with ``max_running``)
     ticket: int | None = None
     #: the order it was added in
