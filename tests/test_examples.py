@@ -206,7 +206,15 @@ def check_metrics_prometheus(output: str) -> None:
     search(r"(?m)^# TYPE ratequeue_state_call_duration_seconds histogram$", output)
 
 
+def check_http_feedback(output: str) -> None:
+    match = search(r"(\d+) of (\d+) calls answered 200, (\d+) refused \(429\)", output)
+    assert (match[1], match[2], match[3]) == ("15", "15", "0"), "the headers held every thread in time"
+    counts = [int(n) for n in search(r"calls per window: ([\d ]+)", output)[1].split()]
+    assert max(counts) <= 5
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "http_feedback.py": check_http_feedback,
     "metrics_prometheus.py": check_metrics_prometheus,
     "retries.py": check_retries,
     "max_running.py": check_max_running,

@@ -1,0 +1,80 @@
+"""What the HTTP integrations share: which limiter a request waits for, and whether a refusal is tried again.
+
+:mod:`ratequeue.httpx`, :mod:`ratequeue.requests` and :mod:`ratequeue.aiohttp`
+each take a turn before sending, feed every response to the limiter
+(:meth:`~ratequeue.Limiter.heed`: a 429, a 503 naming a wait, or a quota
+left at 0 holds the whole queue), and may send a refused request again after
+the hold. Only the I/O differs; the choices are made here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from .errors import ConfigurationError
+from .headers import Feedback
+
+__all__ = ["Choice", "check_retries"]
+
+R = TypeVar("R")
+L = TypeVar("L")
+
+
+def check_retries(value: object) -> int:
+    """``value`` as how many times a refused request is sent again (0 to 100)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ConfigurationError(f"retries must be a whole number from 0 to 100, got {value!r}")
+    return value
+
+
+class Choice(Generic[R, L]):
+    """The limiter a request waits for, its cost, and whether its refusal is sent again.
+
+    ``limiter`` is one limiter for every request, or a group of them (a
+    :class:`~ratequeue.LimiterGroup` or anything indexed by a string) with
+    ``key``, a function of the request giving its key (its host, say).
+    ``cost`` is a number or a function of the request.
+    """
+
+    def __init__(
+        self,
+        limiter: Any,
+        *,
+        key: Callable[[R], str] | None,
+        cost: int | Callable[[R], int],
+        retries: int,
+    ) -> None:
+        if key is not None and not callable(key):
+            raise ConfigurationError(f"key must be a function of the request, got {type(key).__name__}")
+        if key is None and not hasattr(limiter, "heed"):
+            raise ConfigurationError(
+                "limiter must be a ratequeue limiter, or a LimiterGroup with key=, "
+                f"got {type(limiter).__name__}"
+            )
+        if key is not None and not hasattr(limiter, "__getitem__"):
+            raise ConfigurationError(
+                f"with key=, limiter must be a LimiterGroup (indexed by key), got {type(limiter).__name__}"
+            )
+        if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 1):
+            raise ConfigurationError(f"cost must be a whole number >= 1 or a function, got {cost!r}")
+        self._limiter, self._key, self._cost = limiter, key, cost
+        self.retries = check_retries(retries)
+
+    def limiter(self, request: R) -> L:
+        """The limiter ``request`` waits for."""
+        if self._key is None:
+            return self._limiter  # type: ignore[no-any-return]
+        return self._limiter[self._key(request)]  # type: ignore[no-any-return]
+
+    def cost(self, request: R) -> int:
+        """How many starts of the rate ``request`` uses."""
+        return self._cost(request) if callable(self._cost) else self._cost
+
+    def again(self, status: int, feedback: Feedback, tries: int) -> bool:
+        """Whether a response of ``status`` to try number ``tries`` (1 first) is sent again, after the hold.
+
+        A 429 is, and a 503 whose headers asked for a wait, while tries are left.
+        """
+        refused = status == 429 or (status == 503 and feedback.hold is not None)
+        return refused and tries <= self.retries

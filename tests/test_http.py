@@ -1,0 +1,105 @@
+"""ratequeue's HTTP integrations against the quota referee (``bench/quota_referee.py``), on real sockets.
+
+The referee allows a number of calls per fixed window, answers 429 with
+``Retry-After`` over it, and publishes ``X-RateLimit-Remaining`` and
+``-Reset-After`` on every answer; the clients are configured far faster
+than it allows and do not know its quota. Through each integration, the
+answer that says "0 left" holds the queue until the window's end, so no
+call is refused; and after a ``Retry-After``, no call of any process comes
+before it has run out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+import pytest
+
+import ratequeue
+import ratequeue.httpx
+from ratequeue import ConfigurationError
+
+from ._http_workers import call_in_process, call_through
+from .backends import Backend
+
+BENCH = str(Path(__file__).resolve().parents[1] / "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+from quota_referee import QuotaReferee  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def referee() -> Iterator[QuotaReferee]:
+    with QuotaReferee() as served:
+        yield served
+
+
+@pytest.mark.parametrize("client", ["httpx", "httpx-async", "requests", "aiohttp"])
+def test_a_quota_left_at_zero_holds_until_the_window_ends(
+    client: str, referee: QuotaReferee, tmp_path: Path
+) -> None:
+    """5 calls per 1 s window, 12 calls at a 10 ms interval: the 6th and 11th wait for the next window."""
+    referee.reset(phases=((5.0, 100.0),), window=1.0)
+    url = f"file://{tmp_path / 'state.json'}"
+    statuses = call_through(client, url, "quota", 0.01, f"{referee.url}/call?who={client}", 12)
+    stats = referee.stats()
+    assert statuses == [200] * 12, "no call refused"
+    windows = {int((t - stats.started) // stats.window) for t, *_ in stats.arrivals}
+    assert windows == {0, 1, 2}, "5 calls in each of the first two windows, 2 in the third"
+
+
+def test_no_process_calls_while_a_retry_after_runs(shared_backend: Backend, referee: QuotaReferee) -> None:
+    """A quota of 0: every call is refused with Retry-After; 4 processes wait it out together."""
+    if shared_backend.kind not in ("file", "redis"):
+        pytest.skip("the integrations are measured on the file state and Redis (bench/feedback.py)")
+    referee.reset(phases=((0.0, 100.0),), window=1.0)
+    name = shared_backend.fresh_name()
+    jobs = [("httpx", shared_backend.url, name, 0.1, f"{referee.url}/call?who=p{i}", 2) for i in range(4)]
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(call_in_process, jobs))
+    assert all(statuses == [429, 429] for statuses in results)
+    early = referee.stats().early_calls()
+    # a call already sent when the refusal came (within an interval of it) was not told yet
+    assert [after for after, _ in early if after > 0.05] == [], "no call within a Retry-After"
+
+
+def test_retries_send_a_refused_call_again_after_the_hold(referee: QuotaReferee, tmp_path: Path) -> None:
+    referee.reset(phases=((0.0, 1.0), (100.0, 100.0)), window=1.0)  # nothing in the first second
+    with closing(ratequeue.Limiter(f"file://{tmp_path / 's.json'}", name="again", interval=0.01)) as limiter:
+        transport = ratequeue.httpx.Transport(limiter, retries=2)
+        with httpx.Client(transport=transport) as http:
+            assert http.get(f"{referee.url}/call").status_code == 200
+    statuses = [status for _, status, *_ in referee.stats().arrivals]
+    assert statuses == [429, 200], "refused once, sent again after Retry-After: 1"
+
+
+def test_a_group_gives_each_host_its_own_limiter(referee: QuotaReferee) -> None:
+    referee.reset(phases=((100.0, 100.0),), window=1.0)
+    group = ratequeue.LimiterGroup("memory://", name="hosts", interval=0.01)
+    transport = ratequeue.httpx.Transport(group, key=lambda request: request.url.host)
+    with httpx.Client(transport=transport) as http:
+        assert http.get(f"{referee.url}/call").status_code == 200
+    assert [limiter.name for limiter in group.limiters()] == ["hosts:127.0.0.1"]
+    group.close()
+
+
+def test_bad_arguments_are_refused_when_made() -> None:
+    limiter = ratequeue.Limiter("memory://", name="bad", interval=0.01)
+    with pytest.raises(ConfigurationError, match="retries"):
+        ratequeue.httpx.Transport(limiter, retries=-1)
+    with pytest.raises(ConfigurationError, match="limiter"):
+        ratequeue.httpx.Transport(object())
+    with pytest.raises(ConfigurationError, match="key"):
+        ratequeue.httpx.Transport(limiter, key=lambda request: "k")  # a limiter has no keys
+    with pytest.raises(ConfigurationError, match="cost"):
+        ratequeue.httpx.Transport(limiter, cost=0)
+    limiter.close()
