@@ -103,3 +103,21 @@ def test_bad_arguments_are_refused_when_made() -> None:
     with pytest.raises(ConfigurationError, match="cost"):
         ratequeue.httpx.Transport(limiter, cost=0)
     limiter.close()
+
+
+def test_an_idle_request_costs_one_state_call() -> None:
+    """Nothing heard, nothing written: a request through the transport makes the acquire's one call."""
+    calls: list[str] = []
+
+    def count(event: ratequeue.Event) -> None:
+        if event.kind == "call":
+            calls.append(event.operation or "")
+
+    # (max_late=None: a first answer's round-trip may make its start late, which a retime would mend)
+    limiter = ratequeue.Limiter("memory://", name="idle", interval=0.01, max_late=None, on_event=count)
+    quota_left = {"X-RateLimit-Remaining": "7", "X-RateLimit-Reset": "30"}
+    service = httpx.MockTransport(lambda request: httpx.Response(200, headers=quota_left))
+    with httpx.Client(transport=ratequeue.httpx.Transport(limiter, service)) as http:
+        http.get("https://api.example/a")
+    limiter.close()  # delivers the events
+    assert calls == ["take_and_try"]
