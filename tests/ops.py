@@ -29,6 +29,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "renew": ("ticket",),
     "hold": ("lead_us",),
     "lift": (),
+    "slow": ("lead_us",),
 }
 
 _TERMS = ("burst", "keep_us", "max_running", "lease_us")
@@ -65,6 +66,10 @@ def flag_step(
         lead = int(step[1])  # type: ignore[call-overload]
         record, changed = protocol.hold(reference, lead, now)
         return record, "hold", (lead,), changed
+    if kind == "slow":
+        interval = int(step[1])  # type: ignore[call-overload]
+        record, changed = protocol.slow(reference, interval, now)
+        return record, "slow", (interval,), changed
     assert kind == "lift", kind
     record, changed = protocol.lift(reference, now)
     return record, "lift", (), changed
@@ -118,5 +123,7 @@ def stored_fields(ticket: int, pos: Any, at: int | None, interval: int, **fields
         "leases": [],
         "held": None,
         "not_before": None,
+        "pace": 0,
+        "paced_at": None,
         **fields,
     }

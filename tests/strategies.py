@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from ratequeue.core.protocol import MAX_HOLD_US
 
 #: the operations on a queue's pause and hold that ``pauses`` adds (see :func:`tests.ops.flag_step`)
-FLAGS = ("pause", "resume", "hold", "lift")
+FLAGS = ("pause", "resume", "hold", "lift", "slow")
 
 #: intervals in microseconds: from 1 us to 10 s, biased to small and round values
 intervals_us = st.one_of(st.sampled_from([1, 1000, 20_000, 100_000, 1_000_000]), st.integers(1, 10_000_000))
@@ -23,12 +23,14 @@ clock_steps_us = st.one_of(st.integers(0, 200_000), st.integers(-2_000_000, 0))
 
 
 #: ``("pause",)`` and ``("resume",)``: the queue paused, or resumed, for every shard (``set_paused``);
-#: ``("hold", lead)`` and ``("lift",)``: no start before ``now + lead``, or no hold (``hold``, ``lift``)
+#: ``("hold", lead)`` and ``("lift",)``: no start before ``now + lead``, or no hold (``hold``, ``lift``);
+#: ``("slow", to)``: slots at ``to`` us at least, or twice as slow for 0 (``slow``)
 _pauses = [
     st.tuples(st.just("pause")),
     st.tuples(st.just("resume")),
     st.tuples(st.just("hold"), st.one_of(st.integers(0, 300_000), st.just(MAX_HOLD_US))),
     st.tuples(st.just("lift")),
+    st.tuples(st.just("slow"), st.one_of(st.just(0), st.integers(1, 3_000_000))),
 ]
 
 

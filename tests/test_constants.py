@@ -32,6 +32,8 @@ CONSTANTS = [
     ("MAX_RUNNING", "MAX_RUNNING", "c_max_running"),
     ("MAX_LEASE_US", "MAX_LEASE", "c_max_lease"),
     ("MAX_HOLD_US", "MAX_HOLD", "c_max_hold"),
+    ("MAX_SLOW", "MAX_SLOW", "c_max_slow"),
+    ("RECOVER_US", "RECOVER", "c_recover"),
 ]
 
 

@@ -20,10 +20,11 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.collection import Collection
 
 from ratequeue.core import protocol
-from ratequeue.core.protocol import MAX_LEAD_US, NEVER, US, Started
+from ratequeue.core.operation import Kind
+from ratequeue.core.protocol import MAX_LEAD_US, MAX_SLOW, MAX_US, NEVER, RECOVER_US, US, Started
 from ratequeue.errors import StateCorrupted
 from ratequeue.state.mongodb import AsyncMongoState, MongoState
-from ratequeue.state.mongodb.codec import EXPIRES, TTL_INDEX, datetime_us
+from ratequeue.state.mongodb.codec import EXPIRES, TTL_INDEX, check_document, datetime_us
 from ratequeue.state.records import FIELDS
 
 from .ops import ado, do
@@ -185,13 +186,13 @@ def test_every_document_holds_every_field(state: MongoState) -> None:
     """Every field of the record is stored, whatever the terms; ``due`` is the last start's strict slot."""
     do(state, "take_and_try", "one", 1000, 0)
     document = stored(state, "one") or {}
-    assert set(document) == {"_id", *FIELDS, "not_before"}
+    assert set(document) == {"_id", *FIELDS, *NEWER_FIELDS}
     assert (document["burst"], document["due"], document["max_running"]) == (1, document["at"], 0)
     assert (document["paused"], document["leases"], document["held"]) == (False, [], NEVER)
-    assert document["not_before"] == NEVER
+    assert (document["not_before"], document["pace"], document["paced_at"]) == (NEVER, 0, NEVER)
     do(state, "take_and_try", "three", US, 0, burst=3, cost=3)
     document = stored(state, "three") or {}
-    assert set(document) == {"_id", *FIELDS, "not_before"}
+    assert set(document) == {"_id", *FIELDS, *NEWER_FIELDS}
     assert (document["burst"], document["due"] - document["at"]) == (3, 0)
     # ticket 4: its slot is 3 s after the first start, and it may start 2 s early
     do(state, "take_and_try", "three", US, 2 * US, burst=3)
@@ -218,6 +219,164 @@ def test_malformed_burst_fields_are_corrupted_and_unchanged(
     with pytest.raises(StateCorrupted):
         do(state, "take_and_try", "bad", 1000, 0, burst=2, keep_us=US)
     assert stored(state, "bad") == document
+
+
+#: the fields documents written before holds and slow-downs lack
+NEWER_FIELDS = ("not_before", "pace", "paced_at")
+
+#: a fixed state clock (us), for the tests on a clocked state
+NOW = 1_800_000_000_000_000
+
+
+@pytest.fixture
+def clocked(state: MongoState, client: MongoClient[Any]) -> MongoState:
+    """``state``'s collection on a test clock fixed at :data:`NOW`."""
+    return MongoState(client, database=DATABASE, collection=state.collection.name, clock=lambda: NOW)
+
+
+def test_a_document_older_than_slow_downs_reads_as_none_and_is_filled_in(state: MongoState) -> None:
+    """A document without ``pace``, ``paced_at`` (or ``not_before``) holds no slow-down; a write adds them."""
+    state.collection.insert_one(document_of("old"))
+    record = state.read("old").record
+    assert record is not None
+    assert (record.not_before, record.pace, record.paced_at) == (NEVER, 0, NEVER)
+    do(state, "take", "old", 1000)
+    document = stored(state, "old") or {}
+    assert (document["not_before"], document["pace"], document["paced_at"]) == (NEVER, 0, NEVER)
+    assert document["ticket"] == 4
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"pace": 1500.5},
+        {"pace": "2000"},
+        {"pace": None},
+        {"pace": False},
+        {"pace": 0.0},
+        {"pace": -1},
+        {"pace": MAX_SLOW * 1000 + 1},
+        {"paced_at": None},
+        {"paced_at": 2.0},
+        {"paced_at": MAX_US},
+        {"paced_at": NEVER - 1},
+        {"burst": 2, "due": 5 + MAX_SLOW * 1000 + 1},
+    ],
+    ids=[
+        "pace double",
+        "pace text",
+        "pace null",
+        "pace false",
+        "pace zero double",
+        "pace negative",
+        "pace past MAX_SLOW intervals",
+        "paced_at null",
+        "paced_at double",
+        "paced_at at MAX_US",
+        "paced_at before NEVER",
+        "due past burst - 1 of the slowest paces",
+    ],
+)
+def test_malformed_slow_down_fields_are_corrupted_and_unchanged(
+    state: MongoState, fields: dict[str, Any]
+) -> None:
+    """``pace`` and ``paced_at``, where present, are whole numbers in range, as the file state checks them."""
+    document = document_of("bad", **fields)
+    state.collection.insert_one(document)
+    calls: list[tuple[Kind, tuple[int, ...]]] = [("take", ()), ("take_and_try", (0,)), ("slow", (0,))]
+    for kind, args in calls:
+        with pytest.raises(StateCorrupted):
+            do(state, kind, "bad", 1000, *args, burst=fields.get("burst", 1), keep_us=US)
+        assert stored(state, "bad") == document
+
+
+def test_a_pace_keeps_burst_paces_under_max_us(state: MongoState) -> None:
+    """``burst * pace`` under ``MAX_US``: one microsecond less is taken, the limit itself refused."""
+    interval, burst = 2**40, 2**11
+    for pace, refused in ((2**41 - 1, False), (2**41, True)):
+        name = f"p{pace}"
+        document = document_of(name, interval=interval, burst=burst, pace=pace, paced_at=NEVER)
+        state.collection.insert_one(document)
+        if refused:
+            with pytest.raises(StateCorrupted):
+                do(state, "take", name, interval, burst=burst)
+            assert stored(state, name) == document
+        else:
+            do(state, "take", name, interval, burst=burst)
+            assert (stored(state, name) or {})["pace"] == pace
+
+
+def test_a_due_up_to_burst_paces_after_at_is_taken(state: MongoState) -> None:
+    """A slowed record's ``due`` may lie up to ``burst - 1`` paces after ``at`` (the slots count at it)."""
+    document = document_of("slowed", burst=3, pace=3000, paced_at=NEVER, due=5 + 2 * 3000)
+    state.collection.insert_one(document)
+    record = state.read("slowed").record
+    assert record is not None
+    assert record.due == 5 + 6000
+    do(state, "take", "slowed", 1000, burst=3)
+    assert (stored(state, "slowed") or {})["ticket"] == 4
+
+
+def test_a_paced_at_too_far_ahead_is_refused(clocked: MongoState) -> None:
+    """``paced_at`` more than MAX_LEAD_US past ``now`` was not written by the protocol, as ``held``.
+
+    """
+    for paced_at, refused in ((NOW + MAX_LEAD_US, False), (NOW + MAX_LEAD_US + 1, True)):
+        document = document_of("q", pace=2000, paced_at=paced_at)
+        clocked.collection.replace_one({"_id": "q"}, document, upsert=True)
+        calls: list[tuple[Kind, tuple[int, ...]]] = [("take", ()), ("try_start", (3, 0)), ("slow", (0,))]
+        for kind, args in [*calls, ("hold", (0,))]:
+            if refused:
+                with pytest.raises(StateCorrupted, match=f"paced_at={paced_at}"):
+                    do(clocked, kind, "q", 1000, *args)
+                assert stored(clocked, "q") == document
+            else:
+                do(clocked, kind, "q", 1000, *args)
+        if refused:
+            with pytest.raises(StateCorrupted, match=f"paced_at={paced_at}"):
+                clocked.read("q")
+
+
+@pytest.mark.parametrize(
+    ("interval", "pace"),
+    [(1, 64), (1000, 1999), (1000, 64_000), (2**45 + 1, 2**51 - 1), (2**45, 2**51)],
+    ids=["1 us", "odd excess", "MAX_SLOW", "near MAX_US odd", "near MAX_US even"],
+)
+def test_a_pace_recovers_as_the_reference_counts_it(clocked: MongoState, interval: int, pace: int) -> None:
+    """The effective interval at every halving and about it (exact in the pipeline's doubles), 53 and on.
+
+    ``try_start`` of the ticket after a start made now waits until the
+    effective interval has passed: its answer is that interval, exactly.
+    """
+    since = [-RECOVER_US, -1, 0, 1]
+    since += [k * RECOVER_US + d for k in (1, 2, 3, 20, 50, 51, 52, 53, 54, 1000) for d in (-1, 0, 1)]
+    since += [NOW - NEVER]
+    for ago in since:
+        fields = {"ticket": 3, "pos": 1, "at": NOW, "due": NOW, "interval": interval}
+        document = document_of("q", **fields, pace=pace, paced_at=NOW - ago)
+        clocked.collection.replace_one({"_id": "q"}, document, upsert=True)
+        record = check_document(document, "q")
+        want = protocol.effective_interval(record, NOW)
+        assert want >= interval
+        expected = protocol.try_start(record, 2, 0, NOW)[1]
+        assert do(clocked, "try_start", "q", interval, 2, 0) == expected, ago
+        assert expected.slot == NOW + want  # type: ignore[union-attr]
+
+
+def test_slow_sets_the_pace_and_the_keep_time_counts_at_it(clocked: MongoState) -> None:
+    """``slow`` answers whether it slowed; the keep time counts every slot at the slowest pace held."""
+    assert do(clocked, "take_and_try", "q", 1000, 0, keep_us=5000) == Started(1, NOW, NOW)
+    assert do(clocked, "slow", "q", 1000, 0, keep_us=5000) is True
+    assert do(clocked, "slow", "q", 1000, 1500, keep_us=5000) is False  # no slower than 2 ms
+    assert do(clocked, "slow", "q", 1000, 10**9, keep_us=5000) is True  # capped: MAX_SLOW intervals
+    record = clocked.read("q").record
+    assert record is not None
+    assert (record.pace, record.paced_at) == (MAX_SLOW * 1000, NOW)
+    do(clocked, "take", "q", 1000, keep_us=5000)
+    record = clocked.read("q").record
+    assert record is not None
+    assert (stored(clocked, "q") or {})[EXPIRES] == protocol.expires(record) + 5000
+    assert protocol.expires(record) == NOW + 3 * MAX_SLOW * 1000
 
 
 def test_names_match_the_prefix_literally(state: MongoState) -> None:

@@ -45,6 +45,13 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
             assert record.not_before == max(before.not_before, now + lead), "a hold only grows"
             assert changed is (record != before)
             assert record == before._replace(not_before=record.not_before), "only the hold changes"
+        elif kind == "slow":
+            to = int(op[1])  # type: ignore[call-overload]
+            record, changed = protocol.slow(record, to, now)
+            before_now = protocol.effective_interval(before, now)
+            assert protocol.effective_interval(record, now) >= before_now, "a slow-down never speeds up"
+            assert changed is (record != before)
+            assert record.pace <= protocol.MAX_SLOW * record.interval
         elif kind == "lift":
             record, changed = protocol.lift(record, now)
             assert changed is (before.not_before > now)
@@ -116,6 +123,8 @@ def check_retime(
             outcome.start,
             paused=before.paused,
             not_before=before.not_before,
+            pace=before.pace,
+            paced_at=before.paced_at,
         )
         if history.starts and history.starts[-1][0] == ticket:
             history.starts[-1] = (ticket, outcome.start)

@@ -384,7 +384,11 @@ def test_a_hash_missing_a_field_is_refused(redis_server: Server, admin: redis.Re
         ({"burst": 2**31 + 1, "due": 100}, f"burst='{2**31 + 1}'"),
         ({"burst": 2**40, "due": 100}, f"burst='{2**40}'"),  # burst * interval reaches 2**52
         ({"burst": 3, "due": 99}, "due='99'"),  # before at
-        ({"burst": 3, "due": 100 + 2 * 4096 + 1}, f"due='{100 + 2 * 4096 + 1}'"),  # past at + 2 intervals
+        # past at + 2 of the slowest pace allowed (MAX_SLOW intervals: a due written while slowed)
+        (
+            {"burst": 3, "due": 100 + 2 * protocol.MAX_SLOW * 4096 + 1},
+            f"due='{100 + 2 * protocol.MAX_SLOW * 4096 + 1}'",
+        ),
         ({"burst": 3, "due": "1.5"}, "due='1.5'"),
         ({"due": 101}, "due='101'"),  # no burst: burst 1, so due must be at
     ],
@@ -860,23 +864,26 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     assert taken == Taken(ticket=1, pos=0, at=never, now=9)
     assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
     for reply in (
-        f"record 5 3 2 1 10 4 21 0 0 {never} {never}".encode(),
-        f"record 5 3 2 1 10 4 21 0 0 {never} {never}",
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never}".encode(),
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never}",
     ):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
             record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
         )
     paused = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21, paused=True)
-    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never}".encode()
+    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never} 0 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused
     leased = Record(
         ticket=3, pos=2, at=1, interval=10, due=1, max_running=2, leases=((1, 7, 0), (2, -3, 9)), held=4
     )
-    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 1 7 0 2 -3 9".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 0 {never} 1 7 0 2 -3 9".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == leased
     on_hold = Record(ticket=3, pos=2, at=1, interval=10, due=1, held=4, not_before=70)
-    reply = b"record 5 3 2 1 10 1 1 0 0 4 70"
+    reply = f"record 5 3 2 1 10 1 1 0 0 4 70 0 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == on_hold
+    slowed = Record(ticket=3, pos=2, at=1, interval=10, due=1, pace=40, paced_at=-2)
+    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 40 -2".encode()
+    assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == slowed
     for reply in (b"set 1 5", "set 1 5"):
         assert codec.parse_changed(reply, "q", "k", TERMS) is True
     assert codec.parse_changed(b"set 0 5", "q", "k", TERMS) is False
@@ -936,8 +943,11 @@ def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
         b"record 5 3 2 1 10 1 1 2 0 0",
         b"record 5 3 2 1 10 1 1 1 2 0",  # no not_before
         b"record 5 3 2 1 10 1 1 1 2 0 x",
-        b"record 5 3 2 1 10 1 1 1 2 0 0 1",  # half a lease
-        b"record 5 3 2 1 10 1 1 1 2 0 0 1 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0",  # no pace nor paced_at
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0",  # no paced_at
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 1",  # half a lease
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 1 x",
         b"?",
     ],
 )

@@ -31,6 +31,7 @@ from .protocol import (
     renew,
     retime,
     set_paused,
+    slow,
     take,
     take_and_try,
     try_start,
@@ -51,7 +52,7 @@ __all__ = [
 
 #: the operations a state carries out
 Kind = Literal[
-    "take", "try_start", "take_and_try", "retime", "set_paused", "release", "renew", "hold", "lift"
+    "take", "try_start", "take_and_try", "retime", "set_paused", "release", "renew", "hold", "lift", "slow"
 ]
 
 #: every kind of operation
@@ -68,6 +69,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "renew": ("ticket", "token"),
     "hold": ("lead_us",),
     "lift": (),
+    "slow": ("lead_us",),
 }
 
 
@@ -136,7 +138,8 @@ class Operation(NamedTuple):
     terms: Terms
     #: the ticket tried, re-timed, released or renewed
     ticket: int = 0
-    #: how far ahead (us) a start may lie (try_start, take_and_try), be moved (retime) or be held (hold)
+    #: how far ahead (us) a start may lie (try_start, take_and_try), be moved (retime) or be held
+    #: (hold); for slow, the interval to slow to at least (0: twice the effective one)
     lead_us: int = 0
     #: how many units of the rate the ticket takes or was taken for (1 to the burst)
     cost: int = 1
@@ -241,4 +244,5 @@ STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] =
     "renew": lambda rec, op, now: renew(rec, op.ticket, op.terms.lease_us, now, op.token),
     "hold": lambda rec, op, now: hold(rec, op.lead_us, now),
     "lift": lambda rec, op, now: lift(rec, now),
+    "slow": lambda rec, op, now: slow(rec, op.lead_us, now),
 }

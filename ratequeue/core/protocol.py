@@ -24,9 +24,11 @@ __all__ = [
     "MAX_LEASE_US",
     "MAX_LEAD_US",
     "MAX_RUNNING",
+    "MAX_SLOW",
     "MAX_US",
     "NEVER",
     "PAUSED_RECHECK_US",
+    "RECOVER_US",
     "US",
     "Answer",
     "Lease",
@@ -40,6 +42,7 @@ __all__ = [
     "Wait",
     "check",
     "expires",
+    "effective_interval",
     "hold",
     "lift",
     "live_leases",
@@ -49,6 +52,7 @@ __all__ = [
     "repeats_start",
     "retime",
     "set_paused",
+    "slow",
     "take",
     "take_and_try",
     "try_start",
@@ -83,6 +87,12 @@ MAX_LEASE_US = 86_400 * US
 
 #: the longest hold (a day): :func:`hold` sets ``not_before`` at most this far past its ``now``
 MAX_HOLD_US = 86_400 * US
+
+#: an adaptive slow-down (:func:`slow`) makes the interval at most this many times the queue's own
+MAX_SLOW = 64
+
+#: a slow-down's excess over the queue's interval halves every this many us without another one
+RECOVER_US = 5 * US
 
 #: how far past ``now`` a hold's end may lie in a record the protocol wrote (a step back of the clock
 #: allowed for, as for a start)
@@ -133,24 +143,53 @@ class Record(NamedTuple):
     held: Micros = NEVER
     #: no ticket starts before this state-clock time (a fleet-wide hold, :func:`hold`); ``NEVER``: none
     not_before: Micros = NEVER
+    #: the interval (us) the last slow-down set (:func:`slow`), recovering since ``paced_at``; 0: none
+    pace: Micros = 0
+    #: when (state clock) the last slow-down was made; ``NEVER`` if none
+    paced_at: Micros = NEVER
 
     def slot(self, ticket: int) -> Micros:
         """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst.
 
         Slots count from ``due``, or from the end of a hold if that is later:
         the first ticket after ``pos`` may start when the hold ends, the next
-        an interval later, and so on, in ticket order.
+        an interval later, and so on, in ticket order. A slowed record counts
+        at its slowest pace (``pace``), an upper bound of what
+        :func:`try_start` counts at any ``now`` (:func:`effective_interval`).
         """
-        return _due(self.due, self.not_before, self.interval) + (ticket - self.pos) * self.interval
+        step = self.pace if self.pace > self.interval else self.interval
+        return _due(self.due, self.not_before, step) + (ticket - self.pos) * step
 
     def earliest(self, ticket: int, cost: int) -> Micros:
         """The earliest state-clock time at which ``ticket`` (> ``pos``), of ``cost``, may start.
+
+        A slowed record counts at its slowest pace (as :meth:`slot`): a bound
+        :func:`try_start` may beat as the queue recovers.
 
         Its strict slot less what the burst allows, and never before the
         latest start: starts follow each other in ticket order (the generic
         cell rate algorithm, with tickets counted in units of cost).
         """
-        return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at, self.not_before)
+        step = self.pace if self.pace > self.interval else self.interval
+        return max(self.slot(ticket) - (self.burst - cost) * step, self.at, self.not_before)
+
+
+def effective_interval(record: Record, now: Micros) -> Micros:
+    """The interval ``record``'s slots count at state-clock time ``now``: its own, or more after :func:`slow`.
+
+    The excess of the last slow-down's ``pace`` over the interval halves every
+    :data:`RECOVER_US` since ``paced_at`` (whole halvings, rounded down), so a
+    slowed queue recovers by itself while no refusal comes, and never goes
+    faster than its own interval.
+    """
+    return _effective(record.interval, record.pace, record.paced_at, now)
+
+
+def _effective(interval: Micros, pace: Micros, paced_at: Micros, now: Micros) -> Micros:
+    if pace <= interval:
+        return interval
+    halvings = (now - paced_at) // RECOVER_US if now > paced_at else 0
+    return interval + ((pace - interval) >> halvings) if halvings < 53 else interval
 
 
 def _due(due: Micros, not_before: Micros, interval: Micros) -> Micros:
@@ -243,6 +282,8 @@ def check(record: Record, now: Micros) -> Record:
         raise Unwritten("held", record.held, now)
     if record.not_before > now + _HOLD_HORIZON:
         raise Unwritten("not_before", record.not_before, now)
+    if record.paced_at > horizon:
+        raise Unwritten("paced_at", record.paced_at, now)
     for lease in record.leases:
         if lease[1] > horizon + MAX_LEASE_US:
             raise Unwritten("leases", lease[1], now)
@@ -266,20 +307,44 @@ def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
 
 def _taken(record: Record, now: Micros, cost: int) -> Record:
     """The record after :func:`take` (the ticket handed out is ``record.ticket``)."""
-    ticket, pos, at, interval, due, burst, paused, max_running, leases, held, not_before = record
-    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or not_before > now + _HOLD_HORIZON or leases:
+    ticket, pos, at, interval, due, burst, paused, max_running, leases, held, not_before, pace, paced_at = (
+        record
+    )
+    if (
+        at > now + MAX_LEAD_US
+        or held > now + MAX_LEAD_US
+        or paced_at > now + MAX_LEAD_US
+        or not_before > now + _HOLD_HORIZON
+        or leases
+    ):
         check(record, now)
     if ticket + cost >= MAX_US:
         raise Unwritten("ticket", ticket, now)
     last = ticket - 1
+    step = _effective(interval, pace, paced_at, now) if pace else interval
     if (
         last > pos
-        and _due(due, not_before, interval) + (last - pos + 1) * interval <= now
+        and _due(due, not_before, step) + (last - pos + 1) * step <= now
         and held + FULL_GRACE_US <= now
     ):
         pos = last
     return tuple.__new__(
-        Record, (ticket + cost, pos, at, interval, due, burst, paused, max_running, leases, held, not_before)
+        Record,
+        (
+            ticket + cost,
+            pos,
+            at,
+            interval,
+            due,
+            burst,
+            paused,
+            max_running,
+            leases,
+            held,
+            not_before,
+            pace,
+            paced_at,
+        ),
     )
 
 
@@ -300,6 +365,8 @@ def try_start(
       the expiry less ``lease``).
     * A ticket at or below ``pos``, or one never handed out (the record was
       reset), is :class:`Passed`.
+    * Slowed (:func:`slow`): slots count at :func:`effective_interval`
+      instead of the interval (at least the interval: G1 holds).
     * Held (:func:`hold`): nothing starts before ``not_before``; a ticket
       asking earlier is answered :class:`Wait` until its earliest start,
       which the hold moved to its end or later (:meth:`Record.slot`).
@@ -312,8 +379,28 @@ def try_start(
       record notes ``held = now``. For :data:`FULL_GRACE_US` after ``held`` a
       ticket may not pass an earlier one.
     """
-    ticket_next, pos, at, interval, due, burst, paused, max_running, leases, held, not_before = record
-    if at > now + MAX_LEAD_US or held > now + MAX_LEAD_US or not_before > now + _HOLD_HORIZON or leases:
+    (
+        ticket_next,
+        pos,
+        at,
+        interval,
+        due,
+        burst,
+        paused,
+        max_running,
+        leases,
+        held,
+        not_before,
+        pace,
+        paced_at,
+    ) = record
+    if (
+        at > now + MAX_LEAD_US
+        or held > now + MAX_LEAD_US
+        or paced_at > now + MAX_LEAD_US
+        or not_before > now + _HOLD_HORIZON
+        or leases
+    ):
         check(record, now)  # (in full only where it can fail)
     if pos == ticket < ticket_next and now < at + interval:
         return record, Started(ticket, at, now)
@@ -324,8 +411,9 @@ def try_start(
     if pos >= ticket or ticket >= ticket_next:
         return record, Passed(ticket, pos, now)
     # (conditional expressions rather than max(): this runs on every acquire)
-    slot = (due if due >= not_before - interval else not_before - interval) + (ticket - pos) * interval
-    earliest = slot - (burst - cost) * interval
+    step = _effective(interval, pace, paced_at, now) if pace else interval
+    slot = (due if due >= not_before - step else not_before - step) + (ticket - pos) * step
+    earliest = slot - (burst - cost) * step
     earliest = earliest if earliest > at else at
     earliest = earliest if earliest > not_before else not_before
     if ticket > pos + 1 and held + FULL_GRACE_US > earliest:  # it would pass the tickets between:
@@ -346,7 +434,21 @@ def try_start(
     # (tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs on every start)
     started = tuple.__new__(
         Record,
-        (ticket_next, ticket, start, interval, due, burst, False, max_running, leases, held, not_before),
+        (
+            ticket_next,
+            ticket,
+            start,
+            interval,
+            due,
+            burst,
+            False,
+            max_running,
+            leases,
+            held,
+            not_before,
+            pace,
+            paced_at,
+        ),
     )
     return started, Started(ticket, start, now)
 
@@ -473,6 +575,25 @@ def lift(record: Record, now: Micros) -> tuple[Record, bool]:
     return record._replace(not_before=NEVER), record.not_before > now
 
 
+def slow(record: Record, interval: Micros, now: Micros) -> tuple[Record, bool]:
+    """``record`` slowed: its slots count at ``interval`` at least from ``now`` (0: twice the effective one).
+
+    The new pace is the larger of ``interval`` (or twice
+    :func:`effective_interval` for 0) and the effective interval now, at
+    most :data:`MAX_SLOW` times the queue's own interval (and so that
+    ``burst`` slots of it stay under :data:`MAX_US`); it then recovers by
+    itself (:func:`effective_interval`). Answers whether it slowed the queue
+    (a pace no slower than the effective one changes nothing).
+    """
+    check(record, now)
+    current = effective_interval(record, now)
+    wanted = interval if interval > 0 else 2 * current
+    pace = min(wanted, MAX_SLOW * record.interval, (MAX_US - 1) // record.burst)
+    if pace <= current:
+        return record, False
+    return record._replace(pace=pace, paced_at=now), True
+
+
 def expires(record: Record) -> Micros:
     """The state-clock time from which a fresh record would do what ``record`` does.
 
@@ -482,5 +603,6 @@ def expires(record: Record) -> Micros:
     a live lease or one found full within :data:`FULL_GRACE_US` does not
     expire before those end (the states keep a paused one for ever).
     """
-    ends = [record.slot(record.ticket) + record.interval, record.held + FULL_GRACE_US]
+    step = record.pace if record.pace > record.interval else record.interval
+    ends = [record.slot(record.ticket) + step, record.held + FULL_GRACE_US]
     return max(ends + [lease[1] for lease in record.leases])

@@ -1016,6 +1016,8 @@ def _encode(record: Record) -> dict[str, Any]:
         "leases": [list(lease) for lease in record.leases],
         "held": None if record.held == NEVER else record.held,
         "not_before": None if record.not_before == NEVER else record.not_before,
+        "pace": record.pace,
+        "paced_at": None if record.paced_at == NEVER else record.paced_at,
     }
 
 

@@ -2,8 +2,8 @@
 
 Every state stores the fields of :class:`~ratequeue.core.protocol.Record`
 (numbers in whole microseconds; ``NEVER`` may be stored as null; "no cap"
-as ``max_running`` 0; ``not_before``, which older records lack, as
-missing). :func:`check_record` turns stored fields into a record or raises
+as ``max_running`` 0; ``not_before``, ``pace`` and ``paced_at``, which
+older records lack, as missing). :func:`check_record` turns stored fields into a record or raises
 :class:`~ratequeue.errors.StateCorrupted`: a record is never silently reset.
 :func:`check_terms` raises :class:`~ratequeue.errors.TermsMismatch` for a
 record created with other terms.
@@ -20,6 +20,7 @@ from ..core.protocol import (
     MAX_LEAD_US,
     MAX_LEASE_US,
     MAX_RUNNING,
+    MAX_SLOW,
     MAX_US,
     NEVER,
     US,
@@ -89,8 +90,18 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise refuse("interval", "whole microseconds > 0")
     if not (_is_int(burst) and 1 <= burst <= MAX_BURST and burst * interval < MAX_US):
         raise refuse("burst", "a whole number >= 1, burst * interval < 2**52")
-    if not (_is_int(due) and at <= due <= at + (burst - 1) * interval):
-        raise refuse("due", "whole microseconds, at to at + (burst - 1) * interval")
+    pace = fields.get("pace")
+    pace = 0 if pace is None else pace
+    if not (_is_int(pace) and 0 <= pace <= MAX_SLOW * interval and burst * pace < MAX_US):
+        raise StateCorrupted(
+            f"record at {where} has pace={pace!r}; want 0 (none) or whole microseconds up to "
+            f"{MAX_SLOW} intervals",
+            where=where,
+        )
+    # (the slowest pace any slow-down may have set: a due written then outlives a later, faster pace)
+    slowest = min(MAX_SLOW * interval, (MAX_US - 1) // burst)
+    if not (_is_int(due) and at <= due <= at + (burst - 1) * slowest):
+        raise refuse("due", "whole microseconds, at to at + (burst - 1) * the slowest pace allowed")
     if not isinstance(fields["paused"], bool):
         raise refuse("paused", "true or false")
     max_running = fields["max_running"]
@@ -101,12 +112,27 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise refuse("leases", "at most max_running [ticket, expiry, token], tickets rising to pos at most")
     if not (_is_int(held) and NEVER <= held < MAX_US):
         raise refuse("held", "whole microseconds or null")
-    not_before = fields.get("not_before")
-    not_before = NEVER if not_before is None else not_before
+    not_before, paced_at = (
+        NEVER if fields.get(key) is None else fields[key] for key in ("not_before", "paced_at")
+    )
     if not (_is_int(not_before) and NEVER <= not_before < MAX_US):
         raise refuse("not_before", "whole microseconds or null")
+    if not (_is_int(paced_at) and NEVER <= paced_at < MAX_US):
+        raise refuse("paced_at", "whole microseconds or null")
     return Record(
-        ticket, pos, at, interval, due, burst, fields["paused"], max_running or None, leases, held, not_before
+        ticket,
+        pos,
+        at,
+        interval,
+        due,
+        burst,
+        fields["paused"],
+        max_running or None,
+        leases,
+        held,
+        not_before,
+        pace,
+        paced_at,
     )
 
 

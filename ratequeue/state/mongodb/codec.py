@@ -6,11 +6,13 @@ operation leaves in its document (:data:`PARSERS`: anything unexpected
 raises :class:`StateCorrupted` naming where it is), and the URL handling.
 
 A queue's document is ``{_id: name, ticket, pos, at, interval, due, burst,
-paused, max_running, leases, held, not_before, answer, expires}``: every
-field of its record (integers, microseconds; ``leases`` an array of
-``[ticket, expiry, token]`` arrays in start order; no cap is ``max_running``
-0; no hold is ``not_before`` ``NEVER``, as in a document written before
-holds existed, which lacks ``not_before``). ``expires`` (a
+paused, max_running, leases, held, not_before, pace, paced_at, answer,
+expires}``: every field of its record (integers, microseconds; ``leases`` an
+array of ``[ticket, expiry, token]`` arrays in start order; no cap is
+``max_running`` 0; no hold is ``not_before`` ``NEVER``, as in a document
+written before holds existed, which lacks ``not_before``; no slow-down is
+``pace`` 0 and ``paced_at`` ``NEVER``, as in a document written before
+slow-downs existed, which lacks both). ``expires`` (a
 ``Date``; on a test clock, whole microseconds on it) is there while the
 record is kept for a while only (``Terms.keep_us``): the collection's TTL
 index, and :func:`sweep_filter`, delete the document once it has passed.
@@ -37,9 +39,11 @@ from ...core.protocol import (
     MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
+    MAX_SLOW,
     MAX_US,
     NEVER,
     PAUSED_RECHECK_US,
+    RECOVER_US,
     Answer,
     Outcome,
     Passed,
@@ -67,7 +71,7 @@ EXPIRES = "expires"
 TTL_INDEX = "ratequeue_expires"
 
 #: the fields a pipeline works in, gone from the document it leaves
-_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live", "_mine"]
+_SCRATCH = ["_was", "_now", "_t", "_bad", "_s", "_e", "_until", "_live", "_mine", "_p", "_n"]
 
 _WHOLE = ["int", "long"]
 
@@ -79,17 +83,47 @@ def _now_expression(fixed_us: int | None) -> Any:
     return {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
 
 
-#: where slots count from (``protocol._due``): ``due``, or the interval before a hold's end if later
-_DUE = {"$max": ["$due", {"$subtract": ["$not_before", "$interval"]}]}
+def _due(step: Any) -> Any:
+    """Where slots count from (``protocol._due``): ``due``, or ``step`` before a hold's end if later."""
+    return {"$max": ["$due", {"$subtract": ["$not_before", step]}]}
 
 
-def _slot(ticket: Any) -> Any:
-    """:meth:`~ratequeue.core.protocol.Record.slot` in fields.
+def _slot(ticket: Any, step: Any) -> Any:
+    """The strict slot of ``ticket`` with slots ``step`` apart, in fields.
 
-    ``max(due, not_before - interval) + (ticket - pos) * interval``: from a
-    hold's end if that is later than ``due`` (:data:`_DUE`).
+    ``max(due, not_before - step) + (ticket - pos) * step``: from a hold's
+    end if that is later than ``due`` (:func:`_due`). With ``step``
+    :data:`_SLOWEST` it is :meth:`~ratequeue.core.protocol.Record.slot`; with
+    ``$_p`` (:data:`_EFFECTIVE`), the slot
+    :func:`~ratequeue.core.protocol.try_start` counts at ``_now``.
     """
-    return {"$add": [_DUE, {"$multiply": [{"$subtract": [ticket, "$pos"]}, "$interval"]}]}
+    return {"$add": [_due(step), {"$multiply": [{"$subtract": [ticket, "$pos"]}, step]}]}
+
+
+#: the slowest interval the record's slots count at (:meth:`~ratequeue.core.protocol.Record.slot`):
+#: the last slow-down's ``pace`` if it is slower than the interval
+_SLOWEST = {"$max": ["$pace", "$interval"]}
+
+
+def _effective() -> Any:
+    """:func:`~ratequeue.core.protocol.effective_interval` at ``_now``, in fields (a long).
+
+    The interval, or more while a slow-down recovers: ``pace``'s excess over
+    the interval halved once for every whole :data:`RECOVER_US` since
+    ``paced_at`` (none while ``_now`` is not past it), down to none after 53
+    halvings. Halving is a division by a power of two, exact in a double for
+    the excess (under ``MAX_US``); it is rounded down, as ``>>`` rounds.
+    """
+    since = {"$subtract": ["$_now", "$paced_at"]}
+    halvings = {"$cond": [{"$gt": ["$_now", "$paced_at"]}, {"$floor": {"$divide": [since, RECOVER_US]}}, 0]}
+    excess = {"$subtract": ["$pace", "$interval"]}
+    halved = {"$toLong": {"$floor": {"$divide": [excess, {"$pow": [2, halvings]}]}}}
+    recovering = {"$cond": [{"$lt": [halvings, 53]}, {"$add": ["$interval", halved]}, "$interval"]}
+    return {"$toLong": {"$cond": [{"$lte": ["$pace", "$interval"]}, "$interval", recovering]}}
+
+
+#: ``_p``, the interval slots count at now (:func:`_effective`): before any stage that uses it
+_EFFECTIVE: Pipeline = [{"$set": {"_p": _effective()}}]
 
 
 def _told(kind: str, value: Any, ticket: Any = "$_t") -> dict[str, Any]:
@@ -119,6 +153,7 @@ def _check_stages(op: Operation) -> Pipeline:
             "not_before",
             "$not_before",
         ),
+        ({"$gt": ["$paced_at", horizon]}, "paced_at", "$paced_at"),
         ({"$gt": [latest_expiry, {"$add": [horizon, {"$literal": MAX_LEASE_US}]}]}, "leases", latest_expiry),
     ]
     if op.kind in ("take", "take_and_try"):
@@ -133,16 +168,19 @@ def _check_stages(op: Operation) -> Pipeline:
 def _take_stages(op: Operation, unless: Any = False) -> Pipeline:
     """``take`` of ``op.cost``: jump ``pos`` over stale tickets, hand out ``ticket`` into ``_t``.
 
-    Not while a full queue's grace runs (``held``): the tickets' holders wait
-    for a place. Nothing is taken where ``unless`` holds (a retried
-    ``take_and_try`` whose first call started a ticket: ``_t`` is that one).
+    Stale: the last ticket is a step past its slot, both counted at ``_p``
+    (:data:`_EFFECTIVE`), as :func:`~ratequeue.core.protocol.take` counts
+    them. Not while a full queue's grace runs (``held``): the tickets'
+    holders wait for a place. Nothing is taken where ``unless`` holds (a
+    retried ``take_and_try`` whose first call started a ticket: ``_t`` is
+    that one).
     """
     last = {"$subtract": ["$ticket", 1]}
     stale = {
         "$and": [
             {"$not": [unless]},
             {"$gt": [last, "$pos"]},
-            {"$lte": [{"$add": [_slot(last), "$interval"]}, "$_now"]},
+            {"$lte": [{"$add": [_slot(last, "$_p"), "$_p"]}, "$_now"]},
             {"$lte": [_GRACE_END, "$_now"]},
         ]
     }
@@ -175,7 +213,8 @@ def _try_stages(op: Operation) -> Pipeline:
     """``try_start`` of ticket ``_t``, of ``op.cost``: set ``answer``; if it starts, ``pos``, ``at``, ``due``.
 
     ``_s`` is the ticket's strict slot (counted from a hold's end if that is
-    later) and ``_e`` its earliest start
+    later, at ``_p``, the interval slots count at now: :data:`_EFFECTIVE`)
+    and ``_e`` its earliest start
     (:meth:`~ratequeue.core.protocol.Record.earliest`: never before a hold
     ends; not before a full queue's grace ends if it would pass an earlier
     ticket). The branches are those of
@@ -206,11 +245,11 @@ def _try_stages(op: Operation) -> Pipeline:
     repeated_start = {"$subtract": [_expiry("$_mine"), {"$literal": op.terms.lease_us}]}
     # a start, but not the same start again
     started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}, {"$not": [repeated]}]}
-    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$interval"]}
+    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$_p"]}
     passing = {"$gt": ["$_t", {"$add": ["$pos", 1]}]}  # it would pass the tickets between
     grace = {"$cond": [passing, _GRACE_END, "$at"]}
     earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", "$not_before", grace]}
-    stages: Pipeline = [{"$set": {"_s": _slot("$_t")}}, {"$set": {"_e": earliest}}]
+    stages: Pipeline = [{"$set": {"_s": _slot("$_t", "$_p")}}, {"$set": {"_e": earliest}}]
     start = {"pos": "$_t", "at": "$answer.value", "due": {"$max": ["$_s", "$answer.value"]}}
     full_branches: list[dict[str, Any]] = []
     after: Pipeline = []
@@ -335,6 +374,25 @@ def _lift_stages(op: Operation) -> Pipeline:
     return [{"$set": {"answer": _told("set", on, 0), "not_before": {"$literal": NEVER}}}]
 
 
+def _slow_stages(op: Operation) -> Pipeline:
+    """``slow``: ``pace`` to ``lead_us`` (0: twice ``_p``), at most the cap, if slower than ``_p``.
+
+    ``_p`` is the interval slots count at now (:data:`_EFFECTIVE`); the cap
+    is :data:`MAX_SLOW` intervals, and so that ``burst`` slots stay under
+    ``MAX_US`` (the terms' interval and burst: the filter matched them).
+    Slowing sets ``paced_at`` to ``_now``; the answer's ``value`` is 1 if it
+    slowed the queue, else 0 (the record unchanged).
+    """
+    cap = min(MAX_SLOW * op.terms.interval_us, (MAX_US - 1) // op.terms.burst)
+    wanted = {"$literal": op.lead_us} if op.lead_us > 0 else {"$multiply": ["$_p", 2]}
+    slowed = {"$gt": ["$_n", "$_p"]}
+    paced = {"pace": "$_n", "paced_at": {"$toLong": "$_now"}}
+    return [
+        {"$set": {"_n": {"$toLong": {"$min": [wanted, {"$literal": cap}]}}}},
+        {"$set": {"answer": _told("set", {"$cond": [slowed, 1, 0]}, 0), **_where(slowed, paced)}},
+    ]
+
+
 def _retime_stages(op: Operation) -> Pipeline:
     """``retime`` of ``op.ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``.
 
@@ -368,7 +426,8 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
 
     That is ``keep_us`` after the later of ``_now`` and
     :func:`ratequeue.core.protocol.expires` (``slot(ticket) + interval``, so
-    no sooner than an interval after a hold ends, the
+    no sooner than an interval after a hold ends, both counted at the
+    slowest pace a slow-down left (:data:`_SLOWEST`), the
     grace after ``held`` and every lease's expiry), as a
     ``Date`` rounded up to the millisecond. A test clock's (``fixed``) is
     kept as whole microseconds on that clock instead: an integer, which the
@@ -379,7 +438,7 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
     """
     if not keep_us:
         return [{"$unset": EXPIRES}]
-    ends = {"$max": [{"$add": [_slot("$ticket"), "$interval"]}, _GRACE_END]}
+    ends = {"$max": [{"$add": [_slot("$ticket", _SLOWEST), _SLOWEST]}, _GRACE_END]}
     expires = {
         "$reduce": {"input": "$leases", "initialValue": ends, "in": {"$max": ["$$value", _expiry("$$this")]}}
     }
@@ -394,9 +453,15 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
 
 #: the stages of each kind of operation, between the checks and the keep time
 _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
-    "take": lambda op: [*_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
-    "try_start": lambda op: [{"$set": {"_t": {"$literal": op.ticket}}}, *_lease_stages(op), *_try_stages(op)],
+    "take": lambda op: [*_EFFECTIVE, *_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
+    "try_start": lambda op: [
+        {"$set": {"_t": {"$literal": op.ticket}}},
+        *_EFFECTIVE,
+        *_lease_stages(op),
+        *_try_stages(op),
+    ],
     "take_and_try": lambda op: [
+        *_EFFECTIVE,
         *_lease_stages(op),
         *_take_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
         *_try_stages(op),
@@ -407,6 +472,7 @@ _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "renew": _renew_stages,
     "hold": _hold_stages,
     "lift": _lift_stages,
+    "slow": lambda op: [*_EFFECTIVE, *_slow_stages(op)],
 }
 
 
@@ -416,10 +482,17 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     """
     refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
-    # a document written before holds existed has no ``not_before``: no hold (``NEVER``)
-    read = {"_was": "$$ROOT", "_now": _now_expression(now_us), "not_before": _NOT_BEFORE}
+    # a document written before holds existed has no ``not_before``: no hold (``NEVER``); one
+    # written before slow-downs has no ``pace`` and ``paced_at``: none (0, ``NEVER``)
+    read = {
+        "_was": "$$ROOT",
+        "_now": _now_expression(now_us),
+        "not_before": _NOT_BEFORE,
+        "pace": _PACE,
+        "paced_at": _PACED_AT,
+    }
     return [
-        {"$set": read},  # the document as read, the clock, the hold
+        {"$set": read},  # the document as read, the clock, the hold, the slow-down
         *_check_stages(op),
         *_STAGES[op.kind](op),
         *_keep_stages(op.terms.keep_us, now_us is not None),
@@ -431,6 +504,12 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
 
 #: the stored ``not_before``, or ``NEVER`` where it is missing (a document older than holds)
 _NOT_BEFORE = {"$ifNull": ["$not_before", {"$literal": NEVER}]}
+
+#: the stored ``pace``, or 0 where it is missing (a document older than slow-downs)
+_PACE = {"$ifNull": ["$pace", 0]}
+
+#: the stored ``paced_at``, or ``NEVER`` where it is missing (a document older than slow-downs)
+_PACED_AT = {"$ifNull": ["$paced_at", {"$literal": NEVER}]}
 
 
 def read_pipeline(name: str, now_us: int | None) -> Pipeline:
@@ -480,7 +559,11 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
     ``now`` is known and a test clock applies. The ranges are those of
     :func:`~ratequeue.state.records.check_record`.
     """
-    late = {"$literal": (terms.burst - 1) * terms.interval_us}
+    # a slow-down's pace: at most MAX_SLOW intervals, and ``burst`` of it under MAX_US
+    slowest = min(MAX_SLOW * terms.interval_us, (MAX_US - 1) // terms.burst)
+    # ``due`` at most ``burst - 1`` slots after ``at``, at the slowest pace a slow-down may set (a due
+    # written then outlives a later, faster pace)
+    late = {"$literal": (terms.burst - 1) * slowest}
     holder, expiry, token = _holder("$$this"), _expiry("$$this"), _token("$$this")
     whole = [{"$in": [{"$type": value}, _WHOLE]} for value in (holder, expiry, token)]
     lease = {
@@ -510,6 +593,11 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
                 # ``not_before`` whole (or missing: a document older than holds), as ``held`` is
                 {"$in": [{"$type": "$not_before"}, ["missing", *_WHOLE]]},
                 *_within(NEVER, _NOT_BEFORE, MAX_US),
+                # ``pace`` and ``paced_at`` whole or missing (a document older than slow-downs)
+                *({"$in": [{"$type": f"${field}"}, ["missing", *_WHOLE]]} for field in ("pace", "paced_at")),
+                {"$lte": [0, _PACE]},
+                {"$lte": [_PACE, {"$literal": slowest}]},
+                *_within(NEVER, _PACED_AT, MAX_US),
                 *_within(0, "$pos", "$ticket"),
                 {"$lt": ["$ticket", MAX_US]},
                 *_within(NEVER, "$at", MAX_US),
@@ -528,14 +616,17 @@ def _within(low: Any, value: Any, high: Any) -> list[Any]:
     return [{"$lte": [low, value]}, {"$lt": [value, high]}]
 
 
-#: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before`` where present
-_STORED = (*FIELDS, "not_before")
+#: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before``, ``pace``
+#: and ``paced_at`` where present
+_STORED = (*FIELDS, "not_before", "pace", "paced_at")
 
 
 def check_document(document: Document, where: str) -> Record:
     """The record in ``document``, or :class:`StateCorrupted` naming ``where`` it is.
 
-    A document without ``not_before`` (written before holds existed) holds no hold.
+    A document without ``not_before`` (written before holds existed) holds no
+    hold; one without ``pace`` and ``paced_at`` (written before slow-downs) no
+    slow-down.
     """
     return check_record({key: document[key] for key in _STORED if key in document}, where=where)
 
@@ -560,10 +651,12 @@ def check_well_formed(document: Document, where: str) -> None:
     """Raise :class:`StateCorrupted` if ``document`` would not match :func:`update_filter` (terms aside).
 
     Its record is one :func:`check_document` takes: only a null time (``NEVER``
-    to a record, not a whole number to the filter) is left to refuse; a
-    missing ``not_before`` (a document older than holds) is none.
+    to a record, not a whole number to the filter) is left to refuse (and a
+    ``pace`` :func:`check_document` reads as 0: null, false, 0.0); a missing
+    ``not_before``, ``pace`` or ``paced_at`` (a document older than holds or
+    slow-downs) is none.
     """
-    for field in ("at", "due", "held", "not_before"):
+    for field in ("at", "due", "held", "not_before", "pace", "paced_at"):
         if field in document and not _whole(document[field]):
             raise StateCorrupted(
                 f"record at {where} has {field}={document[field]!r}; want a whole number", where=where
@@ -577,11 +670,12 @@ def parse_taken(document: Document, where: str) -> Taken:
 
 
 def parse_changed(document: Document, where: str) -> bool:
-    """The yes or no ``set_paused``, ``release``, ``renew``, ``hold`` or ``lift`` left in ``document``.
+    """The yes or no ``set_paused``, ``release``, ``renew``, ``hold``, ``lift`` or ``slow`` left.
 
     Whether ``set_paused`` changed the flag; whether the lease ``release``
     gave back, or ``renew`` renewed, was live; whether ``hold`` moved the
-    hold; whether a hold ``lift`` cleared was on.
+    hold; whether a hold ``lift`` cleared was on; whether ``slow`` slowed
+    the queue.
     """
     _, _, _, value, _ = _answer(document, where, "set")
     if value not in (0, 1):
@@ -675,4 +769,5 @@ PARSERS: dict[str, Callable[[Document, str], Answer]] = {
     "renew": parse_changed,
     "hold": parse_changed,
     "lift": parse_changed,
+    "slow": parse_changed,
 }

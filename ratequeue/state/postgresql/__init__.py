@@ -7,7 +7,8 @@ another, in ``?schema=`` or the connection's search path)::
     burst bigint, due_us bigint, paused boolean, max_running integer,
     leases bigint[]  -- (ticket, expiry, token) triples flattened, in start order
     held_us bigint, keep_until_us bigint,  -- NULL: kept forever
-    not_before_us bigint  -- the end of a hold; NULL: none
+    not_before_us bigint,  -- the end of a hold; NULL: none
+    pace_us bigint, paced_at_us bigint  -- the last slow-down's interval (0: none) and when (NULL: never)
 
 Every operation is **one call** of one server-side PL/pgSQL function
 (``<table>_op_v2``, created beside the table): it locks the row (``SELECT
@@ -20,8 +21,8 @@ and no client reads then writes. The function and the table (``CREATE TABLE
 IF NOT EXISTS``) are created at a state's first call if missing, under a
 transaction-scoped advisory lock so that racing first users do not collide;
 a table made by an older version gains the columns it lacks then
-(``not_before_us``: its rows have no hold). Their text is ``function.sql``
-beside this module.
+(``not_before_us``, ``pace_us``, ``paced_at_us``: its rows have no hold and
+were never slowed). Their text is ``function.sql`` beside this module.
 
 A shard waiting for a place on a full queue hears of a place freed by another
 process at once (:meth:`PostgresBackend.watch`): the function NOTIFYs, and the
@@ -83,7 +84,8 @@ __all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"
 
 #: the table used unless ``?table=`` names another
 DEFAULT_TABLE = "ratequeue"
-#: the version suffix of the function's name: a new one whenever the function changes (v2: the hold)
+#: the version suffix of the function's name: a new one whenever the function changes (v2: the hold
+#: and the slow-down)
 FUNCTION_VERSION = "v2"
 #: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.postgresql")
@@ -283,18 +285,19 @@ class PostgresBackend(StateBase):
         """
         name, n, far = f"ratequeue warm-up {uuid.uuid4()}", 10**12, 10**13
 
-        def select(op: str, now: int, ticket: int, lead: int, interval: int = 1000) -> Query:
+        def select(op: str, now: int, ticket: int, lead: int, interval: int = 1000, token: int = 1) -> Query:
             # the function's arguments: burst, keep and max_running 1, a lease of 1000 us, a cost of 1
-            values = (op, name, interval, 1, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused")
+            values = (op, name, interval, 1, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token)
             arguments = sql.SQL(", ").join(map(sql.Literal, values))
             return sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
 
         selects = [
-            select("take_and_try", n, 0, 0),  # started, with a lease and a keep time
-            select("take_and_try", n, 0, 10**6),  # full
-            select("try_start", n, 2, 0),  # wait
+            select("take_and_try", n, 0, 0),  # started, with a lease (token 1) and a keep time
+            select("take_and_try", n, 0, 0),  # asked again with the lease's token: the same start
+            select("take_and_try", n, 0, 10**6, token=2),  # full
+            select("try_start", n, 2, 0, token=2),  # wait
             select("try_start", n, 1, 0),  # the same start again
-            select("try_start", n, 9, 0),  # passed
+            select("try_start", n, 9, 0, token=2),  # passed
             select("retime", n, 1, 10),
             select("retime", n, 2, 10),  # passed
             select("renew", n, 1, 0),
@@ -305,6 +308,9 @@ class PostgresBackend(StateBase):
             select("hold", n, 0, 0),  # the hold stays
             select("lift", n, 0, 0),
             select("lift", n, 0, 0),  # no hold
+            select("slow", n, 0, 0),  # slowed: twice the effective interval
+            select("slow", n, 0, 1),  # no slower than the effective interval: unchanged
+            select("try_start", n, 2, 0),  # (paused) its slots at the slowed, effective interval
             select("take", far, 0, 0),  # pos jumps
             select("take", far, 0, 0, interval=7),  # mismatch
             select("read", far, 0, 0),
@@ -464,9 +470,15 @@ class PostgresBackend(StateBase):
             "(text, text, bigint, bigint, bigint, integer, "
             "bigint, bigint, bigint, bigint, bigint, boolean, bigint)"
         )
-        exists = sql.SQL("SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL")
+        # (a table that lacks the newest column, made by an older version, is set up again: it gains
+        # its columns, and the function is replaced by this version's)
+        exists = sql.SQL(
+            "SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL AND EXISTS ("
+            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'paced_at_us' "
+            "AND NOT attisdropped)"
+        )
         table_text, function_text = self._quoted(self._table_name), self._quoted(self._function_name)
-        rows, _ = yield from self._retried_flow(exists, (table_text, f"{function_text}{types}"))
+        rows, _ = yield from self._retried_flow(exists, (table_text, f"{function_text}{types}", table_text))
         if not rows[0][0]:
             # racing first users wait for each other: concurrent DDL on one object can fail
             lock = sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))").format(sql.Literal(table_text))
@@ -492,7 +504,7 @@ class PostgresBackend(StateBase):
             if answer == "mismatch":
                 check_terms(name, record, terms)  # raises, naming the term
             raise StateCorrupted(f"record at {where} is malformed: {record}; reset the queue", where=where)
-        if answer.startswith("unwritten_"):  # at, held, not_before, leases or ticket
+        if answer.startswith("unwritten_"):  # at, held, not_before, paced_at, leases or ticket
             exc = Unwritten(answer.removeprefix("unwritten_"), int(row[1]), row[4])
             raise unwritten(exc, f"record at {redact(self.url)}#{name}", where)
         if row[5] and self._sweep_due():
@@ -538,11 +550,14 @@ class PostgresBackend(StateBase):
         return bool(count)
 
 
-#: the column of a row holding each field of its record (``not_before``, which rows made before the
-#: hold may lack, among them)
+#: the fields a row holds in a column named ``<field>_us`` (times and intervals, in us)
+_TIMES = ("at", "interval", "due", "held", "not_before", "pace", "paced_at")
+
+#: the column of a row holding each field of its record (``not_before``, ``pace`` and ``paced_at``,
+#: which rows made before the hold or the slow-down may lack, among them)
 _COLUMNS = {
-    field: f"{field}_us" if field in ("at", "interval", "due", "held", "not_before") else field
-    for field in (*FIELDS, "not_before")
+    field: f"{field}_us" if field in _TIMES else field
+    for field in (*FIELDS, "not_before", "pace", "paced_at")
 }
 
 

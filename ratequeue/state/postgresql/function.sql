@@ -4,13 +4,15 @@
 -- function before this is run; statements are separated by lines holding only "-- ;;".
 -- The function's name carries a version (_v2): a release that changes what it does or its
 -- signature gives it a new name, so that older and newer clients never replace each other's
--- (_v1 had no hold: it leaves not_before_us as it finds it, and ignores it).
+-- (_v1 had no hold and no slow-down: it leaves not_before_us, pace_us and paced_at_us as it finds
+-- them, and ignores them).
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
 -- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
 -- order: {ticket1, expiry1, token1, ticket2, expiry2, token2, ...}. not_before_us is the end of a hold
--- (protocol.hold; NULL: none, as NEVER). keep_until_us is the state-clock time from which the row may be
--- deleted (NULL: kept forever).
+-- (protocol.hold; NULL: none, as NEVER). pace_us is the interval the last slow-down set (protocol.slow;
+-- 0: none) and paced_at_us when it was made (NULL: never, as NEVER). keep_until_us is the state-clock
+-- time from which the row may be deleted (NULL: kept forever).
 CREATE TABLE IF NOT EXISTS @TABLE@ (
     name text PRIMARY KEY,
     ticket bigint NOT NULL,
@@ -24,16 +26,21 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
     leases bigint[] NOT NULL DEFAULT '{}',
     held_us bigint NOT NULL DEFAULT -4503599627370496,
     keep_until_us bigint,
-    not_before_us bigint
+    not_before_us bigint,
+    pace_us bigint NOT NULL DEFAULT 0,
+    paced_at_us bigint
 )
 -- ;;
--- a table made before the hold (by _v1) gains its column; its rows read NULL there: no hold. Only
--- then is the table altered (which takes its lock, and needs its owner's rights)
+-- a table made before the hold (by _v1) or before the slow-down gains the columns it lacks; its rows
+-- read NULL (no hold, never slowed) and 0 (no pace) there. Only then is the table altered (which takes
+-- its lock, and needs its owner's rights)
 DO $ratequeue$
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '@TABLE@'::regclass
-                   AND attname = 'not_before_us' AND NOT attisdropped) THEN
-        ALTER TABLE @TABLE@ ADD COLUMN IF NOT EXISTS not_before_us bigint;
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '@TABLE@'::regclass
+        AND attname IN ('not_before_us', 'pace_us', 'paced_at_us') AND NOT attisdropped) < 3 THEN
+        ALTER TABLE @TABLE@ ADD COLUMN IF NOT EXISTS not_before_us bigint,
+                            ADD COLUMN IF NOT EXISTS pace_us bigint NOT NULL DEFAULT 0,
+                            ADD COLUMN IF NOT EXISTS paced_at_us bigint;
     END IF;
 END
 $ratequeue$
@@ -41,8 +48,8 @@ $ratequeue$
 -- @FUNCTION@(op, name, ...): one operation of ratequeue.core.protocol on queue `name`, atomically, on the
 -- server's clock; called autocommit, each call is its own transaction.
 --
---   p_op           take, try_start, take_and_try, retime, set_paused, release, renew, hold, lift
---                  (they lock the row, creating it if missing, and write it back), read (changes
+--   p_op           take, try_start, take_and_try, retime, set_paused, release, renew, hold, lift,
+--                  slow (they lock the row, creating it if missing, and write it back), read (changes
 --                  nothing, creates nothing) or sweep (deletes the rows whose keep time has passed;
 --                  p_name ignored)
 --   p_interval, p_burst, p_max_running
@@ -53,7 +60,8 @@ $ratequeue$
 --   p_lease        the lease (us) a start or a renewal takes, with max_running
 --   p_now          NULL for the server's clock_timestamp(), or a fixed now (us) set by a test
 --   p_ticket, p_lead, p_cost, p_paused, p_token
---                  the operation's own arguments (unused ones are ignored; hold's lead_us is p_lead)
+--                  the operation's own arguments (unused ones are ignored; the lead_us of hold and
+--                  of slow, the interval to slow to at least, is p_lead)
 --
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
 --   take                               ("taken", TICKET, POS, AT)
@@ -62,16 +70,18 @@ $ratequeue$
 --   set_paused                         ("set", 1 if the flag changed else 0)
 --   hold                               ("set", 1 if the hold moved else 0)
 --   lift                               ("set", 1 if a hold was on at now else 0)
+--   slow                               ("set", 1 if the queue was slowed else 0)
 --   release, renew                     ("live", 1 if the ticket's lease was live else 0)
 --   read                               ("record", stored = the row as jsonb) or ("none")
 --   sweep                              ("swept", how many rows were deleted)
 -- and, changing nothing (the client words the error):
 --   a stored row the protocol could not have written          ("corrupt", stored = the row)
 --   a stored row with another interval, burst or max_running  ("mismatch", stored = the row)
---   `at` or `held` more than MAX_LEAD past now, `not_before` more than MAX_LEAD + MAX_HOLD, a lease's
---   expiry more than MAX_LEAD + MAX_LEASE (protocol.check)
+--   `at`, `held` or `paced_at` more than MAX_LEAD past now, `not_before` more than MAX_LEAD + MAX_HOLD,
+--   a lease's expiry more than MAX_LEAD + MAX_LEASE (protocol.check)
 --                                       ("unwritten_at", AT), ("unwritten_held", HELD),
---                                       ("unwritten_not_before", NOT_BEFORE), ("unwritten_leases", EXPIRY)
+--                                       ("unwritten_not_before", NOT_BEFORE),
+--                                       ("unwritten_paced_at", PACED_AT), ("unwritten_leases", EXPIRY)
 --   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
 -- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
 -- can overflow them; every value stored stays below 2^54.
@@ -92,7 +102,7 @@ LANGUAGE plpgsql VOLATILE
 AS $ratequeue$
 DECLARE
     -- ratequeue.core.protocol.NEVER, MAX_US, MAX_LEAD_US, MAX_BURST, PAUSED_RECHECK_US,
-    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING, MAX_LEASE_US and MAX_HOLD_US
+    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING, MAX_LEASE_US, MAX_HOLD_US, MAX_SLOW and RECOVER_US
     c_never CONSTANT bigint := -4503599627370496;
     c_limit CONSTANT bigint := 4503599627370496;
     c_max_lead CONSTANT bigint := 3600000000;
@@ -103,6 +113,8 @@ DECLARE
     c_max_running CONSTANT integer := 1000;
     c_max_lease CONSTANT bigint := 86400000000;
     c_max_hold CONSTANT bigint := 86400000000;
+    c_max_slow CONSTANT bigint := 64;
+    c_recover CONSTANT bigint := 5000000;
     -- keep times past this (about 146,000 years) are as good as forever
     c_keep_cap CONSTANT numeric := 4611686018427387904;
     r @TABLE@%ROWTYPE;
@@ -116,6 +128,11 @@ DECLARE
     v_due bigint;
     v_held bigint;
     v_not_before bigint;
+    v_pace bigint;
+    v_paced_at bigint;
+    v_halvings bigint;
+    v_step bigint;
+    v_slowest bigint;
     v_paused boolean;
     v_leases bigint[];
     v_live bigint[];
@@ -190,11 +207,17 @@ BEGIN
             AND 0 < r.interval_us AND r.interval_us < c_limit
             AND 1 <= r.burst AND r.burst <= c_max_burst
             AND r.burst::numeric * r.interval_us < c_limit
+            AND 0 <= coalesce(r.pace_us, 0)
+            AND coalesce(r.pace_us, 0)::numeric <= c_max_slow::numeric * r.interval_us
+            AND r.burst::numeric * coalesce(r.pace_us, 0) < c_limit
             AND r.at_us <= r.due_us
-            AND r.due_us::numeric <= r.at_us::numeric + (r.burst - 1)::numeric * r.interval_us
+            -- (at the slowest pace a slow-down may set: a due written then outlives a faster pace)
+            AND r.due_us::numeric <= r.at_us::numeric + (r.burst - 1)::numeric
+                                     * least(c_max_slow::numeric * r.interval_us, (c_limit - 1) / r.burst)
             AND 0 <= r.max_running AND r.max_running <= c_max_running
             AND c_never <= r.held_us AND r.held_us < c_limit
             AND c_never <= coalesce(r.not_before_us, c_never) AND coalesce(r.not_before_us, c_never) < c_limit
+            AND c_never <= coalesce(r.paced_at_us, c_never) AND coalesce(r.paced_at_us, c_never) < c_limit
             AND (v_n = 0 OR (array_ndims(r.leases) = 1 AND array_lower(r.leases, 1) = 1))
             AND v_n % 3 = 0 AND v_n / 3 <= r.max_running) THEN
         o_kind := 'corrupt'; o_stored := to_jsonb(r);
@@ -236,6 +259,11 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    IF r.paced_at_us > v_now + c_max_lead THEN
+        o_kind := 'unwritten_paced_at'; o_a := r.paced_at_us;
+        RETURN NEXT;
+        RETURN;
+    END IF;
     FOR v_i IN 1 .. v_n / 3 LOOP
         IF r.leases[3 * v_i - 1] > v_now + c_max_lead + c_max_lease THEN
             o_kind := 'unwritten_leases'; o_a := r.leases[3 * v_i - 1];
@@ -246,9 +274,20 @@ BEGIN
 
     v_ticket := r.ticket; v_pos := r.pos; v_at := r.at_us; v_due := r.due_us; v_held := r.held_us;
     v_not_before := coalesce(r.not_before_us, c_never); v_paused := r.paused;
-    -- protocol._due: what the slots of the tickets after pos count from, due or, if later, the
-    -- interval before the hold's end
-    v_from := greatest(v_due::numeric, v_not_before::numeric - r.interval_us);
+    v_pace := coalesce(r.pace_us, 0); v_paced_at := coalesce(r.paced_at_us, c_never);
+    -- protocol.effective_interval: what the slots count at now, the interval or, after a slow-down,
+    -- more: the pace's excess over the interval halves every RECOVER since paced_at (whole halvings)
+    IF v_pace <= r.interval_us THEN
+        v_step := r.interval_us;
+    ELSE
+        v_halvings := CASE WHEN v_now > v_paced_at THEN (v_now - v_paced_at) / c_recover ELSE 0 END;
+        v_step := CASE WHEN v_halvings < 53
+                       THEN r.interval_us + ((v_pace - r.interval_us) >> v_halvings::integer)
+                       ELSE r.interval_us END;
+    END IF;
+    -- protocol._due: what the slots of the tickets after pos count from, due or, if later, a step
+    -- before the hold's end
+    v_from := greatest(v_due::numeric, v_not_before::numeric - v_step);
     v_leases := CASE WHEN v_n = 0 THEN '{}'::bigint[] ELSE r.leases END;
     -- protocol.live_leases, for release, renew and a start on a queue with max_running
     v_live := '{}';
@@ -273,15 +312,15 @@ BEGIN
         o_kind := 'started'; o_a := v_live[3 * v_own - 2]; o_b := v_live[3 * v_own - 1] - p_lease;
     ELSIF p_op = 'take' OR p_op = 'take_and_try' THEN
         -- protocol.take: pos jumps to the last ticket handed out when every ticket since pos is at
-        -- least one interval past its slot (counted from v_from: a hold moves the slots to its end),
-        -- and no earlier one waits for a place
+        -- least one step past its slot (counted from v_from: a hold moves the slots to its end; a
+        -- slow-down counts them at the effective interval, v_step), and no earlier one waits for a place
         IF v_ticket + p_cost >= c_limit THEN
             o_kind := 'unwritten_ticket'; o_a := v_ticket;
             RETURN NEXT;
             RETURN;
         END IF;
         IF v_ticket - 1 > v_pos
-           AND v_from + (v_ticket - 1 - v_pos)::numeric * r.interval_us + r.interval_us <= v_now
+           AND v_from + (v_ticket - 1 - v_pos)::numeric * v_step + v_step <= v_now
            AND v_held + c_full_grace <= v_now THEN
             v_pos := v_ticket - 1;
         END IF;
@@ -308,10 +347,10 @@ BEGIN
         ELSIF v_pos >= v_t OR v_t >= v_ticket THEN
             o_kind := 'passed'; o_a := v_t; o_b := v_pos;
         ELSE
-            -- the strict slot, counted from v_from; never before the latest start, nor the hold's end
-            v_strict := v_from + (v_t - v_pos)::numeric * r.interval_us;
-            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * r.interval_us, v_at,
-                                   v_not_before);
+            -- the strict slot, counted from v_from at the effective interval; never before the latest
+            -- start, nor the hold's end
+            v_strict := v_from + (v_t - v_pos)::numeric * v_step;
+            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * v_step, v_at, v_not_before);
             IF v_t > v_pos + 1 THEN -- it would pass the tickets between: not while they wait for a place
                 v_earliest := greatest(v_earliest, v_held + c_full_grace);
             END IF;
@@ -375,6 +414,18 @@ BEGIN
         ELSE
             o_a := CASE WHEN v_not_before > v_now THEN 1 ELSE 0 END; v_not_before := c_never;
         END IF;
+    ELSIF p_op = 'slow' THEN
+        -- protocol.slow: the pace becomes p_lead (0: twice the effective interval), at most MAX_SLOW
+        -- intervals and so that burst slots of it stay below LIMIT; only if slower than the effective
+        -- interval now, from which it recovers by itself
+        o_kind := 'set';
+        v_t := least(CASE WHEN p_lead > 0 THEN p_lead ELSE 2 * v_step END, c_max_slow * r.interval_us,
+                     (c_limit - 1) / r.burst);
+        IF v_t <= v_step THEN
+            o_a := 0;
+        ELSE
+            o_a := 1; v_pace := v_t; v_paced_at := v_now;
+        END IF;
     ELSIF p_op = 'release' THEN
         -- protocol.release: drop the ticket's lease named by p_token, and the expired ones; whether
         -- it was live
@@ -413,11 +464,12 @@ BEGIN
 
     -- the keep time (see ratequeue.state._local.keep_until): p_keep after the later of now and
     -- protocol.expires, the slot of the next ticket plus an interval (a hold moves it to the
-    -- hold's end at least), the end of the grace after the queue was last found full, and every
-    -- lease's expiry; none while paused
+    -- hold's end at least; a slow-down counts both at its slowest, the pace), the end of the grace
+    -- after the queue was last found full, and every lease's expiry; none while paused
     IF p_keep > 0 AND NOT v_paused THEN
-        v_expires := greatest(greatest(v_due::numeric, v_not_before::numeric - r.interval_us)
-                                  + (v_ticket - v_pos)::numeric * r.interval_us + r.interval_us,
+        v_slowest := greatest(r.interval_us, v_pace);
+        v_expires := greatest(greatest(v_due::numeric, v_not_before::numeric - v_slowest)
+                                  + (v_ticket - v_pos)::numeric * v_slowest + v_slowest,
                               v_held::numeric + c_full_grace);
         FOR v_i IN 1 .. coalesce(cardinality(v_leases), 0) / 3 LOOP
             v_expires := greatest(v_expires, v_leases[3 * v_i - 1]);
@@ -430,11 +482,12 @@ BEGIN
     IF v_ticket <> r.ticket OR v_pos <> r.pos OR v_at <> r.at_us OR v_due <> r.due_us
        OR v_paused <> r.paused OR v_leases <> r.leases OR v_held <> r.held_us
        OR v_not_before <> coalesce(r.not_before_us, c_never)
+       OR v_pace <> coalesce(r.pace_us, 0) OR v_paced_at <> coalesce(r.paced_at_us, c_never)
        OR v_keep_until IS DISTINCT FROM r.keep_until_us THEN
         UPDATE @TABLE@
         SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
             leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
-            keep_until_us = v_keep_until
+            pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), keep_until_us = v_keep_until
         WHERE name = p_name;
     END IF;
     RETURN NEXT;

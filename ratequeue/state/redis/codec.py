@@ -159,7 +159,9 @@ def _flag(flag: int, now: int) -> bool:
 
 def _snapshot(now: int, *fields: int) -> Snapshot:
     """The :class:`Snapshot` of a ``record`` reply: its fields, then ``TICKET EXPIRY TOKEN`` per lease."""
-    ticket, pos, at, interval, burst, due, paused, max_running, held, not_before, *numbers = fields
+    ticket, pos, at, interval, burst, due, paused, max_running, held, not_before, pace, paced_at, *numbers = (
+        fields
+    )
     leases = tuple(zip(numbers[::3], numbers[1::3], numbers[2::3], strict=True))
     record = Record(
         ticket,
@@ -173,6 +175,8 @@ def _snapshot(now: int, *fields: int) -> Snapshot:
         leases,
         held,
         not_before,
+        pace,
+        paced_at,
     )
     return Snapshot(record=record, now=now)
 
@@ -183,15 +187,16 @@ parse_taken: Parser[Taken] = _parser(taken=Taken)
 #: the answer of ``try_start``, ``take_and_try`` or ``retime``: ``KIND TICKET VALUE NOW``
 parse_outcome: Parser[Outcome] = _parser(started=Started, wait=Wait, passed=Passed)
 
-#: the answer of ``set_paused``, ``hold`` and ``lift``: ``set CHANGED NOW``; whether the flag changed,
-#: the hold moved, or a hold was on
+#: the answer of ``set_paused``, ``hold``, ``lift`` and ``slow``: ``set CHANGED NOW``; whether the flag
+#: changed, the hold moved, a hold was on, or the queue was slowed
 parse_changed: Parser[bool] = _parser(set=_flag)
 
 #: the answer of ``release`` and ``renew``: ``live LIVE NOW``; whether the ticket's lease was live
 parse_live: Parser[bool] = _parser(live=_flag)
 
 #: the answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED MAX_RUNNING HELD
-#: NOT_BEFORE`` followed by ``TICKET EXPIRY TOKEN`` for each lease, or ``none NOW`` (a read checks no terms)
+#: NOT_BEFORE PACE PACED_AT`` followed by ``TICKET EXPIRY TOKEN`` for each lease, or ``none NOW`` (a read
+#: checks no terms)
 parse_snapshot: Parser[Snapshot] = _parser(record=_snapshot, none=lambda now: Snapshot(record=None, now=now))
 
 
@@ -232,4 +237,5 @@ PARSERS: dict[str, Parser[Answer]] = {
     "renew": parse_live,
     "hold": parse_changed,
     "lift": parse_changed,
+    "slow": parse_changed,
 }

@@ -9,8 +9,9 @@ are written once, and there is one SHA to send and one SCRIPT LOAD after a NOSCR
 KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole number in decimal:
           ticket, pos, at, interval, due, burst, paused ("1" or "0"), max_running ("0": no cap),
           held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY:TOKEN"
-          joined by commas ("" for none); and not_before, present only while it is not NEVER
-          (records written before it was added lack it: missing is NEVER)
+          joined by commas ("" for none); and not_before, pace and paced_at, each present only
+          while it is not its default (NEVER, 0, NEVER; records written before they were added
+          lack them: missing is the default)
 ARGV[1]   the operation (core/operation.py's Kind), or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
 ARGV[3]   the burst the caller expects; likewise
@@ -21,7 +22,8 @@ ARGV[5]   the max_running the caller expects (0: no cap); a record created now g
 ARGV[6]   the lease (us) a start or a renewal takes, used with max_running only
 ARGV[7]   "" to read the server's TIME, or a fixed now (us) set by a test
 ARGV[8]   the ticket (try_start, retime, release, renew)
-ARGV[9]   the lead (us) (try_start, take_and_try, retime, hold)
+ARGV[9]   the lead (us) (try_start, take_and_try, retime, hold); slow: the interval (us) to slow
+          to at least (0: twice the effective one)
 ARGV[10]  the cost (take, try_start, take_and_try)
 ARGV[11]  set_paused: 1 to pause, 0 to resume
 ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
@@ -34,17 +36,18 @@ a fraction of the CPU an array costs it); numbers are whole, in decimal:
   set_paused                         "set CHANGED NOW", CHANGED 1 if the flag changed, else 0
   hold                               "set CHANGED NOW", CHANGED 1 if the hold moved, else 0
   lift                               "set CHANGED NOW", CHANGED 1 if a hold was on at NOW, else 0
+  slow                               "set CHANGED NOW", CHANGED 1 if it slowed the queue, else 0
   release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
   read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
-                                     MAX_RUNNING HELD NOT_BEFORE" then each lease as
-                                     "TICKET EXPIRY TOKEN", or "none NOW"
+                                     MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT" then each lease
+                                     as "TICKET EXPIRY TOKEN", or "none NOW"
 and, changing nothing:
   any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
                                                                      (interval, burst, max_running)
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
-  any operation, when `at` or `held` lies more than MAX_LEAD past now, `not_before` more than
-  MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE (no start, now, hold
-  or lease the protocol makes does; see protocol.check):             "unwritten FIELD VALUE NOW"
+  any operation, when `at`, `held` or `paced_at` lies more than MAX_LEAD past now, `not_before`
+  more than MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE (no start,
+  now, hold or lease the protocol makes does; see protocol.check):   "unwritten FIELD VALUE NOW"
   take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
 
 While a record was found full within FULL_GRACE (held + FULL_GRACE > now), a release that frees
@@ -53,8 +56,8 @@ take it), also PUBLISH an empty message on the channel KEYS[1] .. "#freed", whic
 other processes waiting for a place listen on (freed.py); nothing else publishes.
 
 Every operation but read creates a missing record (protocol.new_record) and writes the whole
-record back (not_before removed from the hash when it is NEVER); read never writes. Numbers stay
-below 2^53, so every one is exact in a double.
+record back (not_before, pace and paced_at removed from the hash when they are their default);
+read never writes. Numbers stay below 2^53, so every one is exact in a double.
 ]]
 
 -- the constants of core/protocol.py (tests/test_constants.py holds them equal)
@@ -68,6 +71,8 @@ local FULL_GRACE = 300000         -- FULL_GRACE_US: after a record was full, no 
 local MAX_RUNNING = 1000          -- MAX_RUNNING: the largest max_running
 local MAX_LEASE = 86400000000     -- MAX_LEASE_US: no lease expires further past the now it was taken at
 local MAX_HOLD = 86400000000      -- MAX_HOLD_US: no hold ends further past the now it was set at
+local MAX_SLOW = 64               -- MAX_SLOW: a slow-down's pace is at most this many intervals
+local RECOVER = 5000000           -- RECOVER_US: a slow-down's excess halves this often
 
 local op = ARGV[1]
 
@@ -85,17 +90,30 @@ local function decimal(value)
 end
 
 local FIELDS = {"ticket", "pos", "at", "interval", "due", "burst", "max_running", "held", "paused",
-  "leases", "not_before"}
+  "leases", "not_before", "pace", "paced_at"}
 local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS))
 local ticket, pos, at, interval, due, burst, max_running, held
 -- no ticket starts before this time (protocol.hold); NEVER: no hold (also when the hash lacks it)
 local not_before = NEVER
+-- the interval the last slow-down set (protocol.slow), and when; 0 and NEVER: none (also when
+-- the hash lacks them)
+local pace, paced_at = 0, NEVER
 -- whether the queue is paused for every shard
 local paused = false
 -- the leases of running jobs as {ticket, expiry, token} in start order
 local leases = {}
+-- the slowest pace a slow-down may set (protocol.slow): MAX_SLOW intervals, and burst of them
+-- below LIMIT; (LIMIT - 1) // burst, corrected should the quotient round up
+local function slowest_pace()
+  local most = math.floor((LIMIT - 1) / burst)
+  while most * burst > LIMIT - 1 do
+    most = most - 1
+  end
+  return math.min(MAX_SLOW * interval, most)
+end
+
 if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
-        or stored[8] or stored[9] or stored[10] or stored[11]) then
+        or stored[8] or stored[9] or stored[10] or stored[11] or stored[12] or stored[13]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
@@ -121,7 +139,15 @@ else
   if not (1 <= burst and burst <= MAX_BURST and burst * interval < LIMIT) then
     return "corrupt burst " .. stored[6]
   end
-  if not (at <= due and due <= at + (burst - 1) * interval) then
+  if stored[12] then -- (a record written before the slow-down was added lacks it: 0)
+    pace = string.find(stored[12], "^%d+$") and tonumber(stored[12])
+    if not (pace and pace <= MAX_SLOW * interval and burst * pace < LIMIT) then
+      return "corrupt pace " .. stored[12]
+    end
+  end
+  -- (due may lie as far ahead of at as the burst at the slowest pace allowed: a due written while
+  -- slowed outlives a later, faster pace)
+  if not (at <= due and due <= at + (burst - 1) * slowest_pace()) then
     return "corrupt due " .. stored[5]
   end
   if not (0 <= max_running and max_running <= MAX_RUNNING) then
@@ -134,6 +160,12 @@ else
     not_before = string.find(stored[11], "^%-?%d+$") and tonumber(stored[11])
     if not (not_before and NEVER <= not_before and not_before < LIMIT) then
       return "corrupt not_before " .. stored[11]
+    end
+  end
+  if stored[13] then -- (likewise: NEVER)
+    paced_at = string.find(stored[13], "^%-?%d+$") and tonumber(stored[13])
+    if not (paced_at and NEVER <= paced_at and paced_at < LIMIT) then
+      return "corrupt paced_at " .. stored[13]
     end
   end
   if stored[9] ~= "1" and stored[9] ~= "0" then
@@ -178,6 +210,9 @@ else
   if not_before > now + MAX_LEAD + MAX_HOLD then
     return "unwritten not_before " .. stored[11] .. " " .. decimal(now)
   end
+  if paced_at > now + MAX_LEAD then
+    return "unwritten paced_at " .. stored[13] .. " " .. decimal(now)
+  end
   for _, lease in ipairs(leases) do
     if lease[2] > now + MAX_LEAD + MAX_LEASE then
       return "unwritten leases " .. decimal(lease[2]) .. " " .. decimal(now)
@@ -186,7 +221,7 @@ else
   if op == "read" then
     local words = {"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
       decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held),
-      decimal(not_before)}
+      decimal(not_before), decimal(pace), decimal(paced_at)}
     for _, lease in ipairs(leases) do
       words[#words + 1] = decimal(lease[1])
       words[#words + 1] = decimal(lease[2])
@@ -225,20 +260,41 @@ local function live_leases()
   return live
 end
 
--- protocol.Record.slot: the strict slot of ticket t (> pos), counted from due or, if later, from
--- the interval before the hold's end (protocol._due)
-local function slot(t)
-  return math.max(due, not_before - interval) + (t - pos) * interval
+-- protocol.effective_interval: the interval the slots count at now, the queue's own or more after
+-- a slow-down, whose excess over it halves every RECOVER since paced_at (whole halvings)
+local function effective()
+  if pace <= interval then
+    return interval
+  end
+  local halvings = 0
+  if now > paced_at then
+    -- (floored exactly: where it is below 53, the quotient is too small to round up to a whole)
+    halvings = math.floor((now - paced_at) / RECOVER)
+  end
+  if halvings >= 53 then
+    return interval
+  end
+  -- (exact: dividing by a power of two below 2^53, the excess below 2^52)
+  return interval + math.floor((pace - interval) / 2 ^ halvings)
+end
+
+-- protocol.Record.slot with slots `step` apart: the strict slot of ticket t (> pos), counted from
+-- due or, if later, from a step before the hold's end (protocol._due)
+local function slot(t, step)
+  return math.max(due, not_before - step) + (t - pos) * step
 end
 
 -- protocol.take: hand out the next ticket, holding `cost` numbers; first jump pos to the last one
--- handed out if every ticket since pos is at least one interval past its slot (which a hold moves)
+-- handed out if every ticket since pos is at least one step past its slot (which a hold moves),
+-- the slots counting at the effective interval
 local function take(cost)
   if ticket + cost >= LIMIT then
     return nil
   end
   local last = ticket - 1
-  if last > pos and slot(last) + interval <= now and held + FULL_GRACE <= now then
+  local step = effective()
+  if last > pos and math.max(due, not_before - step) + (last - pos + 1) * step <= now
+      and held + FULL_GRACE <= now then
     pos = last
   end
   ticket = ticket + cost
@@ -257,9 +313,10 @@ local function try_start(t, lead, cost)
   if pos >= t or t >= ticket then
     return "passed", t, pos
   end
-  local strict = slot(t)
+  local step = effective() -- the interval, or more while a slow-down lasts
+  local strict = slot(t, step)
   -- never before the latest start, nor before the hold's end
-  local earliest = math.max(strict - (burst - cost) * interval, at, not_before)
+  local earliest = math.max(strict - (burst - cost) * step, at, not_before)
   if t > pos + 1 then -- it would pass the tickets between: not while they wait for a place
     earliest = math.max(earliest, held + FULL_GRACE)
   end
@@ -351,6 +408,19 @@ elseif op == "lift" then
   -- protocol.lift: no hold; whether one was on at now
   reply = {"set", not_before ~= NEVER and not_before > now and "1" or "0", decimal(now)}
   not_before = NEVER
+elseif op == "slow" then
+  -- protocol.slow: slots at the interval asked for at least (0: twice the effective one) from now,
+  -- at most MAX_SLOW intervals and so that burst of them stay below LIMIT; whether it slowed
+  local current = effective()
+  local wanted = tonumber(ARGV[9])
+  if wanted <= 0 then
+    wanted = 2 * current
+  end
+  local slower = math.min(wanted, slowest_pace())
+  reply = {"set", slower > current and "1" or "0", decimal(now)}
+  if slower > current then
+    pace, paced_at = slower, now
+  end
 elseif op == "release" or op == "renew" then
   local live
   if op == "release" then
@@ -394,25 +464,37 @@ else
   reply = {kind, decimal(t), decimal(value), decimal(now)}
 end
 
--- the latest of protocol.expires: the slot of the next ticket (moved by a hold) plus an interval,
--- the end of the grace after the queue was last found full, and every lease's expiry
-local expires = math.max(slot(ticket) + interval, held + FULL_GRACE)
+-- the latest of protocol.expires: the slot of the next ticket (moved by a hold) plus a step, the
+-- slots counting at the slowest pace held (the interval, or pace if slower), the end of the grace
+-- after the queue was last found full, and every lease's expiry
+local slowest = math.max(interval, pace)
+local expires = math.max(slot(ticket, slowest) + slowest, held + FULL_GRACE)
 local pairs_text = {}
 for i, lease in ipairs(leases) do
   pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2]) .. ":" .. decimal(lease[3])
   expires = math.max(expires, lease[2])
 end
--- not_before only while a hold is set: a record without one is stored as before the hold was added
-local hold_field = {}
-if not_before ~= NEVER then
-  hold_field = {"not_before", decimal(not_before)}
-elseif stored[11] then
-  redis.call("HDEL", KEYS[1], "not_before")
+-- not_before, pace and paced_at only while not their default: a record without a hold or a
+-- slow-down is stored as before they were added
+local extra_fields, defaults = {}, {}
+local function store_field(i, value, default)
+  if value ~= default then
+    extra_fields[#extra_fields + 1] = FIELDS[i]
+    extra_fields[#extra_fields + 1] = decimal(value)
+  elseif stored[i] then
+    defaults[#defaults + 1] = FIELDS[i]
+  end
+end
+store_field(11, not_before, NEVER)
+store_field(12, pace, 0)
+store_field(13, paced_at, NEVER)
+if #defaults > 0 then
+  redis.call("HDEL", KEYS[1], unpack(defaults))
 end
 redis.call("HSET", KEYS[1], "ticket", decimal(ticket), "pos", decimal(pos), "at", decimal(at),
   "interval", decimal(interval), "due", decimal(due), "burst", decimal(burst),
   "max_running", decimal(max_running), "held", decimal(held), "paused", paused and "1" or "0",
-  "leases", table.concat(pairs_text, ","), unpack(hold_field))
+  "leases", table.concat(pairs_text, ","), unpack(extra_fields))
 
 -- the keep time: until keep after the later of now and protocol.expires (see expires above), in
 -- whole milliseconds, rounded up, relative to now
