@@ -12,7 +12,12 @@ configured at 40/s (``--rate``), too fast for every phase. Compared in one run:
   per-worker sleep on a 429;
 * ``feedback``: ``httpx.Client(transport=ratequeue.httpx.Transport(limiter))``:
   every answer heeded (a quota left at 0, a 429's ``Retry-After``) by holding
-  the whole queue on the state.
+  the whole queue on the state;
+* ``adaptive``: the same with ``Limiter(..., adaptive=True)``: each refusal
+  also halves the queue's rate, which recovers by itself.
+
+``--no-headers`` makes the referee publish no quota (only 429 with
+``Retry-After``), the case the adaptive rate is for.
 
 Reported, as the referee saw it: the calls refused (429), the calls accepted
 against what the quota allowed over the run, and the calls that came while a
@@ -36,7 +41,7 @@ from typing import Any
 import _common
 from quota_referee import DEFAULT_PHASES, QuotaReferee, QuotaStats
 
-MODES = ("plain", "no-feedback", "feedback")
+MODES = ("plain", "no-feedback", "feedback", "adaptive")
 STATES = ("file", "redis")
 
 
@@ -51,8 +56,9 @@ def worker(index: int, arg: dict[str, Any], gate: _common.Gate) -> dict[str, Any
     call = f"{arg['referee']}/call?who={mode}-{index}"
     limiter = None
     if mode != "plain":
-        limiter = ratequeue.Limiter(arg["url"], name=arg["name"], rate=f"{rate}/second")
-    if mode == "feedback":
+        adaptive = mode == "adaptive"
+        limiter = ratequeue.Limiter(arg["url"], name=arg["name"], rate=f"{rate}/second", adaptive=adaptive)
+    if mode in ("feedback", "adaptive"):
         client = httpx.Client(transport=ratequeue.httpx.Transport(limiter, timeout=60))
     else:
         client = httpx.Client()
@@ -76,7 +82,7 @@ def worker(index: int, arg: dict[str, Any], gate: _common.Gate) -> dict[str, Any
             break
         response = client.get(call)
         calls += 1
-        if mode != "feedback" and response.status_code == 429:
+        if mode in ("plain", "no-feedback") and response.status_code == 429:
             time.sleep(float(response.headers.get("Retry-After", "1")))
         if time.monotonic() >= end:
             break
@@ -98,7 +104,9 @@ def run(mode: str, state: str, url: str, referee: QuotaReferee, args: argparse.N
         "rate": args.rate,
         "processes": args.processes,
     }
-    _common.run_processes(worker, [arg] * args.processes, before_start=lambda _: referee.reset())
+    _common.run_processes(
+        worker, [arg] * args.processes, before_start=lambda _: referee.reset(headers=not args.no_headers)
+    )
     stats = referee.stats()
     until = stats.started + seconds  # whole windows: the calls after the schedule's end are not counted
     return figures(mode, state, stats, until)
@@ -143,11 +151,14 @@ def figures(mode: str, state: str, stats: QuotaStats, until: float) -> dict[str,
 def main() -> None:
     parser = _common.new_parser(__doc__)
     parser.add_argument("--states", default=",".join(STATES), help="file,redis (default both)")
-    parser.add_argument("--modes", default=",".join(MODES), help="plain,no-feedback,feedback")
+    parser.add_argument("--modes", default=",".join(MODES), help="plain,no-feedback,feedback,adaptive")
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--rate", type=float, default=40.0, help="the clients' configured rate (per second)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--hog", type=int, default=0, help="busy-loop processes running throughout (0)")
+    parser.add_argument(
+        "--no-headers", action="store_true", help="the referee publishes no quota: only 429 with Retry-After"
+    )
     _common.add_common(parser, quick="one run of each", plot="write feedback.png (effective rate) here")
     args = parser.parse_args()
     states = _common.chosen(parser, args.states, STATES, "state")
@@ -159,7 +170,11 @@ def main() -> None:
         + " in 2 s windows\n"
     )
     rows = []
-    print(f"Load: {args.hog} busy-loop processes (--hog) beside the {args.processes} clients.\n")
+    print(f"Load: {args.hog} busy-loop processes (--hog) beside the {args.processes} clients.")
+    said = (
+        "no quota headers: only 429 with Retry-After" if args.no_headers else "X-RateLimit-* on every answer"
+    )
+    print(f"The referee publishes {said}.\n")
     with (
         tempfile.TemporaryDirectory(prefix="ratequeue-feedback-") as directory,
         QuotaReferee() as referee,

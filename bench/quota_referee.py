@@ -20,7 +20,9 @@ running.
 
 Endpoints: ``GET /call[?who=TAG]``; ``GET /stats`` (JSON: ``arrivals``
 ``[[t, status, who, retry_after], ...]``, ``started``, ``window``,
-``phases``); ``POST /reset?phases=30x6,10x6,20x6&window=2`` (each optional).
+``phases``); ``POST /reset?phases=30x6,10x6,20x6&window=2&headers=1`` (each
+optional; ``headers=0``: a service that publishes no quota, only 429 with
+``Retry-After``).
 
 Run standalone with ``python bench/quota_referee.py --port 8098``, or from
 Python (in a process of its own, so that the caller's GIL does not disturb it)::
@@ -68,9 +70,9 @@ class _Book:
         self.lock = threading.Lock()
         self.reset(DEFAULT_PHASES, DEFAULT_WINDOW)
 
-    def reset(self, phases: tuple[tuple[float, float], ...], window: float) -> None:
+    def reset(self, phases: tuple[tuple[float, float], ...], window: float, headers: bool = True) -> None:
         with self.lock:
-            self.phases, self.window = phases, window
+            self.phases, self.window, self.headers = phases, window, headers
             self.started = time.time()
             self.used: dict[int, int] = {}
             self.arrivals: list[list[Any]] = []
@@ -104,6 +106,8 @@ class _Book:
             "X-RateLimit-Remaining": str(quota - used),
             "X-RateLimit-Reset-After": f"{math.ceil(left * 1000) / 1000:.3f}",  # (never before the end)
         }
+        if not self.headers:  # a service that says nothing until it refuses
+            headers = {}
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
         return status, headers
@@ -146,7 +150,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, json.dumps(self.book.stats()).encode(), {"Content-Type": "application/json"})
         elif url.path == "/reset":
             phases = parse_phases(query["phases"]) if "phases" in query else DEFAULT_PHASES
-            self.book.reset(phases, float(query.get("window", DEFAULT_WINDOW)))
+            self.book.reset(
+                phases, float(query.get("window", DEFAULT_WINDOW)), query.get("headers", "1") != "0"
+            )
             self._answer(200, b"reset\n")
         else:
             self._answer(404, b"no such endpoint\n")
@@ -222,11 +228,14 @@ class QuotaReferee:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def reset(
-        self, phases: tuple[tuple[float, float], ...] = DEFAULT_PHASES, window: float = DEFAULT_WINDOW
+        self,
+        phases: tuple[tuple[float, float], ...] = DEFAULT_PHASES,
+        window: float = DEFAULT_WINDOW,
+        headers: bool = True,
     ) -> None:
-        """Clear every count; windows and phases start now."""
+        """Clear every count; windows and phases start now. ``headers=False``: no X-RateLimit-* sent."""
         text = ",".join(f"{rate:g}x{seconds:g}" for rate, seconds in phases)
-        query = urllib.parse.urlencode({"phases": text, "window": window})
+        query = urllib.parse.urlencode({"phases": text, "window": window, "headers": int(headers)})
         with urllib.request.urlopen(f"{self.url}/reset?{query}", data=b"", timeout=10):
             pass
 

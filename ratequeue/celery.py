@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from .core.protocol import MAX_HOLD_US, US
+from .core.flow import run
 from .errors import ConfigurationError
 from .headers import refusal_of
 from .limiter import Limiter
@@ -87,7 +87,7 @@ class TaskTurns:
                     if held is None or refused >= self.refusals:
                         raise
                     refused += 1
-                    limiter.hold(min(held, MAX_HOLD_US / US))
+                    run(limiter._refused_flow(held))
                 finally:
                     if limiter.max_running:
                         limiter.release(turn)

@@ -99,7 +99,7 @@ _log = logging.getLogger("ratequeue.events")
 #: what an :class:`Event` reports
 EventKind = Literal[
     "begin", "timeout", "call", "state_error", "passed", "late", "retry", "dead_letter",
-    "state_down", "state_back", "hold",
+    "state_down", "state_back", "hold", "slow",
 ]  # fmt: skip
 
 #: every :data:`EventKind`, in the order the docs list them
@@ -137,6 +137,8 @@ class Event(NamedTuple):
     ``"hold"``            this process held the whole queue (:meth:`~ratequeue.Limiter.hold`, or a
                           service's answer heeded): ``wait`` (seconds held from now), ``outcome``
                           (what asked: ``"call"`` or the status answered, e.g. ``"429"``)
+    ``"slow"``            this process slowed the whole queue (:meth:`~ratequeue.Limiter.slow_down`,
+                          or a refusal heard with ``adaptive=True``): ``outcome`` (what asked)
     ====================  ==========================================================================
 
     Times are seconds on this process's clock (``time.monotonic`` unless a

@@ -24,7 +24,7 @@ from .drivers import ThreadDriver
 from .events import flush
 from .headers import Feedback, HeadersLike
 from .running import LimiterBase, ReservationBase, ShardRunner, Status, entered
-from .settings import Options, Seconds, Settings
+from .settings import Options, Seconds, Settings, check_slow
 from .state import State, StateLike, open_state
 
 if TYPE_CHECKING:
@@ -170,14 +170,28 @@ class Limiter(LimiterBase):
         """End the queue's hold (:meth:`hold`) now, everywhere; whether one was on."""
         return run(self._lift_hold_flow())
 
+    def slow_down(self, interval: Seconds | None = None) -> bool:
+        """Slow the whole queue: starts at least ``interval`` s apart (``None``: twice as far as now).
+
+        One call to the state; every process's starts follow the queue's
+        effective interval, which recovers by itself (its excess over the
+        interval halves every 5 s without another slow-down) and never goes
+        below the interval. At most 64 intervals. Whether it slowed the queue
+        (``False`` when it is that slow already). ``adaptive=True`` does this
+        on every refusal :meth:`heed` hears.
+        """
+        return run(self._slow_flow(0 if interval is None else check_slow(interval)))
+
     def heed(self, headers: HeadersLike = (), *, status: int | None = None) -> Feedback:
         """Read a service's answer (its status and headers) and hold the whole queue if it asks.
 
         The rules of :func:`ratequeue.headers.parse_headers`: a 429 or 503
         with ``Retry-After``, or a quota whose remaining is 0, holds every
         shard until then (:meth:`hold`); a 429 that names no wait holds for
-        :data:`~ratequeue.headers.REFUSAL_HOLD` (1 s). No call to the state
-        when nothing asks for a hold. Returns what the headers said.
+        :data:`~ratequeue.headers.REFUSAL_HOLD` (1 s). With ``adaptive=True``
+        a refusal also slows the queue (:meth:`slow_down`), and headers that
+        state a slower quota than the limiter's slow it to that quota. No call
+        to the state when nothing asks for one. Returns what the headers said.
         """
         return run(self._heed_flow(headers, status))
 

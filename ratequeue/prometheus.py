@@ -38,6 +38,8 @@ name                                            labels       what it counts or t
 ``ratequeue_holds_total``                       queue,       holds this process put on the whole
                                                 cause        queue: ``429``, ``headers``,
                                                              ``refused``, ``call``
+``ratequeue_slowdowns_total``                   queue,       slow-downs this process put on the
+                                                cause        whole queue (``adaptive``)
 ``ratequeue_events_dropped_total``              (none)       events this process dropped, its
                                                              hooks being too slow for them
                                                              (:func:`ratequeue.events.dropped`)
@@ -174,6 +176,10 @@ class PrometheusMetrics:
             "Holds this process put on the whole queue, by what asked (429, headers, refused, call).",
             "cause",
         )
+        #: slow-downs this process put on its queues, by what asked
+        self.slowdowns = counter(
+            "slowdowns", "Slow-downs this process put on the whole queue, by what asked.", "cause"
+        )
         #: events this process dropped (read at each scrape: a dropped event never reaches this hook)
         self.events_dropped = _Dropped(namespace)
         metrics = [
@@ -206,6 +212,8 @@ class PrometheusMetrics:
             self._child(self.dead_letters, queue).inc()
         elif kind == "hold":
             self._child(self.holds, queue, event.outcome or "").inc()
+        elif kind == "slow":
+            self._child(self.slowdowns, queue, event.outcome or "").inc()
         elif kind in ("state_down", "state_back"):
             key = (self._label(queue), event.outcome or "")
             down = self._down[key] = max(0, self._down.get(key, 0) + (1 if kind == "state_down" else -1))

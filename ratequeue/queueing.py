@@ -36,7 +36,6 @@ from .core.jobs import (
     check_priority,
     delay_until,
 )
-from .core.protocol import MAX_HOLD_US, US
 from .core.shard import Turn
 from .drivers import AsyncioDriver, ThreadDriver
 from .errors import QueueClosed, QueueFull
@@ -415,7 +414,7 @@ class QueueBase(Generic[L, FutureT]):
         """
         job.refused += 1
         try:
-            yield from self._limiter._hold_flow(min(held, MAX_HOLD_US / US), "refused")
+            yield from self._limiter._refused_flow(held)
         except Exception as exc:
             _log.warning("queue %r: could not hold the queue after a refusal: %s", self.name, exc)
         _log.info("queue %r: the service refused a job (try %d); held %.3f s", self.name, job.attempts, held)

@@ -33,6 +33,7 @@ from .core.protocol import (
     Answer,
     Passed,
     Started,
+    effective_interval,
     live_leases,
     new_record,
 )
@@ -44,7 +45,7 @@ from .fallback import Fallback
 from .headers import REFUSAL_HOLD, Feedback, HeadersLike, parse_headers
 from .leasing import LeaseKeeper
 from .reporting import Reporter
-from .settings import Seconds, Settings, check_cost, check_hold, check_timeout, wait
+from .settings import Seconds, Settings, check_cost, check_hold, check_slow, check_timeout, wait
 from .state.base import AsyncState, Snapshot, State
 
 __all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
@@ -63,6 +64,7 @@ _PAIR_TRIES = 3
 #: a hold this process put on the whole queue (INFO: it is rare, and every process should see why)
 _log = logging.getLogger("ratequeue.limiter")
 _HELD = "queue %r held everywhere for %.3f s (asked by: %s)"
+_SLOWED = "queue %r slowed down everywhere (asked by: %s); it recovers while no refusal comes"
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class Status:
     #: state-clock time (s) until which the whole queue is held (:meth:`LimiterBase.hold`);
     #: ``None`` when no hold is on
     held_until: float | None = None
+    #: seconds between starts now: ``interval``, or more while the queue recovers from a slow-down
+    effective_interval: float | None = None
 
     @classmethod
     def of(cls, settings: Settings, snapshot: Snapshot, shard: Shard) -> Status:
@@ -120,6 +124,7 @@ class Status:
             max_running=record.max_running,
             running=len(live_leases(record, snapshot.now)),
             held_until=record.not_before / US if record.not_before > snapshot.now else None,
+            effective_interval=effective_interval(record, snapshot.now) / US,
         )
 
 
@@ -507,13 +512,36 @@ class LimiterBase:
         return grew
 
     def _heed_flow(self, headers: HeadersLike, status: int | None) -> Flow[Feedback]:
-        """Parse a service's answer and hold the queue for what it asks (a call only then)."""
+        """Parse a service's answer; hold (and, adaptive, slow) the queue as it asks (calls only then)."""
         feedback = parse_headers(headers, status=status)
-        held = REFUSAL_HOLD if feedback.hold is None and status == 429 else feedback.hold
-        if held:
-            why = "headers" if status is None else str(status)
-            yield from self._hold_flow(min(held, MAX_HOLD_US / US), why)
+        why = "headers" if status is None else str(status)
+        refused = status == 429 or (status == 503 and feedback.hold is not None)
+        if refused:
+            yield from self._refused_flow(REFUSAL_HOLD if feedback.hold is None else feedback.hold, why)
+        elif feedback.hold:
+            yield from self._hold_flow(min(feedback.hold, MAX_HOLD_US / US), why)
+        if self.settings.adaptive:
+            floor = feedback.slow_to(self.interval)
+            if floor is not None:
+                yield from self._slow_flow(check_slow(floor), "headers")
         return feedback
+
+    def _refused_flow(self, held: float, why: str = "refused") -> Flow[None]:
+        """A refusal heard: hold the queue ``held`` s and, with ``adaptive``, slow it down."""
+        yield from self._hold_flow(min(held, MAX_HOLD_US / US), why)
+        if self.settings.adaptive:
+            yield from self._slow_flow(0, why)
+
+    def _slow_flow(self, interval_us: int, why: str = "call") -> Flow[bool]:
+        """Slow the queue to ``interval_us`` at least (0: twice its effective interval): whether it did."""
+        runner = self._runner
+        op = Operation("slow", self.name, self.settings.terms, lead_us=interval_us)
+        slowed = bool((yield Call(runner.state.execute, (op,))))
+        if slowed:
+            if runner.reporter.on:
+                runner.reporter.emit(Event("slow", self.name, outcome=why))
+            _log.info(_SLOWED, self.name, why)
+        return slowed
 
     def _lift_hold_flow(self) -> Flow[bool]:
         """Lift the queue's hold (one call): whether one was on. This shard's head asks again at once."""

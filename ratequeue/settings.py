@@ -83,6 +83,10 @@ class Options(TypedDict, total=False):
         ``"raise"`` :class:`~ratequeue.StateUnavailable` (the default); ``"open"``: begin
         turns locally at this limiter's rate in each process; a share ``s`` (0 to 1): at
         ``s`` times the rate in each process. Rejoins the state without a burst once it answers.
+    :param adaptive: a refusal heard by :meth:`~ratequeue.Limiter.heed` (a 429, a 503 naming a
+        wait, a refused queue job) also slows the whole queue: its effective interval doubles (at
+        most 64 times the interval), and the excess halves every 5 s without another refusal.
+        Headers stating a slower quota slow it to that quota. Off by default.
     :param clock: this process's clock, ``time.monotonic`` by default (tests shift it).
     :param on_event: called with a :class:`~ratequeue.Event` for each begin, timeout, state call,
         passed ticket and late wake-up, off the acquire path (docs/api.md, "Event"). Not pickled.
@@ -97,6 +101,7 @@ class Options(TypedDict, total=False):
     max_running: int | None
     lease: Seconds
     when_down: WhenDown
+    adaptive: bool
     clock: Callable[[], float] | None
     on_event: EventHook | None
 
@@ -156,6 +161,8 @@ class Settings:
     lease: float = DEFAULT_LEASE
     #: what calls do while the state is down: ``"raise"``, ``"open"``, or the share of the rate kept
     when_down: WhenDown = "raise"
+    #: whether a refusal heard also slows the whole queue (:meth:`~ratequeue.Limiter.slow_down`)
+    adaptive: bool = False
     #: the queue's terms as every operation carries them
     terms: Terms = field(init=False, repr=False, compare=False)
 
@@ -178,6 +185,7 @@ class Settings:
         max_running: object = None,
         lease: object = DEFAULT_LEASE,
         when_down: object = "raise",
+        adaptive: object = False,
     ) -> Settings:
         """Settings from what a user passed: ``interval=`` or ``rate=`` (one of them), and the rest."""
         if rate is None:
@@ -208,8 +216,21 @@ class Settings:
             raise ConfigurationError(
                 f"max_running needs the state (it holds the leases): when_down must be 'raise', got {down!r}"
             )
+        if not isinstance(adaptive, bool):
+            raise ConfigurationError(f"adaptive must be True or False, got {adaptive!r}")
         # (max_running is checked with the other terms, by Terms.checked in __post_init__)
-        return cls(checked_name, pace, checked_burst, keep, lead, max_late, max_running, lease, down)  # type: ignore[arg-type]
+        return cls(
+            checked_name,
+            pace,
+            checked_burst,
+            keep,
+            lead,
+            max_late,
+            max_running,  # type: ignore[arg-type]
+            lease,
+            down,
+            adaptive,
+        )
 
     @classmethod
     def of(
@@ -293,6 +314,21 @@ def check_hold(value: object) -> int:
             f"a hold must be a number of seconds from 0 to {MAX_HOLD_US // US} (a day), got {value!r}"
         )
     return math.ceil(held * US)
+
+
+def check_slow(value: object) -> int:
+    """``value``, seconds between starts (over 0, at most an hour), as whole microseconds (rounded up)."""
+    pace = (
+        seconds("a slow-down's interval", value)
+        if not (isinstance(value, int) and value > MAX_LEAD_US)
+        else math.inf
+    )
+    if not 0 < pace <= MAX_LEAD_US / US:
+        raise ConfigurationError(
+            f"a slow-down's interval must be a number of seconds over 0, "
+            f"at most {MAX_LEAD_US // US}, got {value!r}"
+        )
+    return max(1, math.ceil(pace * US))
 
 
 def wait(timeout: float | None) -> float | None:

@@ -49,6 +49,7 @@ QUEUE_FIELDS = [
     "exists",
     "interval",
     "interval_us",
+    "effective_interval",
     "burst",
     "tickets",
     "pos",

@@ -336,7 +336,7 @@ def test_a_coroutine_function_hook_is_refused() -> None:
 
 
 def test_kinds_are_listed_once_and_an_event_is_immutable() -> None:
-    assert len(set(KINDS)) == len(KINDS) == 11
+    assert len(set(KINDS)) == len(KINDS) == 12
     event = Event("begin", "q", ticket=3, wait=0.5)
     assert (event.kind, event.queue, event.ticket, event.wait, event.lateness) == ("begin", "q", 3, 0.5, None)
     with pytest.raises(AttributeError):

@@ -24,7 +24,7 @@ from ..drivers import AsyncioDriver
 from ..fallback import PROBE_TASK, REJOIN_TASK
 from ..headers import Feedback, HeadersLike
 from ..running import LimiterBase, ReservationBase, ShardRunner, Status, entered
-from ..settings import Options, Seconds, Settings
+from ..settings import Options, Seconds, Settings, check_slow
 from ..state import AsyncState, AsyncStateLike, State, open_async_state
 
 if TYPE_CHECKING:
@@ -121,6 +121,10 @@ class Limiter(LimiterBase):
     async def lift_hold(self) -> bool:
         """End the queue's hold now, everywhere; whether one was on."""
         return await arun(self._lift_hold_flow())
+
+    async def slow_down(self, interval: Seconds | None = None) -> bool:
+        """Slow the whole queue (see :meth:`ratequeue.Limiter.slow_down`); whether it did."""
+        return await arun(self._slow_flow(0 if interval is None else check_slow(interval)))
 
     async def heed(self, headers: HeadersLike = (), *, status: int | None = None) -> Feedback:
         """Hold the whole queue if a service's answer asks (see :meth:`ratequeue.Limiter.heed`)."""

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, TextIO
 
 from ..core.operation import Terms, operation
-from ..core.protocol import NEVER, US, Record, live_leases, new_record
+from ..core.protocol import NEVER, US, Record, effective_interval, live_leases, new_record
 from ..state import Snapshot, State, open_state
 
 #: what the command line accepts for "the per-user default state file"
@@ -65,6 +65,7 @@ def queue_fields(name: str, snapshot: Snapshot) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "interval": shown.interval / US,
         "interval_us": shown.interval,
+        "effective_interval": effective_interval(shown, now) / US,
         "burst": shown.burst,
         "tickets": shown.ticket - 1,
         "pos": shown.pos,
@@ -109,8 +110,10 @@ def record_lines(where: str, fields: dict[str, Any], rate: str | None = None) ->
     lines = [f"state:      {where}", f"queue:      {fields['name']}"]
     if not fields["exists"]:
         return [*lines, "record:     none (no ticket handed out yet)"]
+    slowed = fields["effective_interval"] > fields["interval"]
     lines += [
-        f"interval:   {fields['interval']:g} s",
+        f"interval:   {fields['interval']:g} s"
+        + (f" (now {fields['effective_interval']:g} s: slowed down, recovering)" if slowed else ""),
         f"burst:      {fields['burst']}",
         f"tickets:    {fields['tickets']} handed out, {fields['pos']} is the latest started",
         *([] if rate is None else [f"rate:       {rate}"]),
