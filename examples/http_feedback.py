@@ -27,7 +27,9 @@ class Service:
     """Counts calls in fixed windows; answers as a rate-limited API does."""
 
     def __init__(self) -> None:
-        self.started, self.used, self.refused = time.monotonic(), {}, 0
+        self.started, self.refused = time.monotonic(), 0
+        #: calls answered 200 in each window, by the window's number
+        self.used: dict[int, int] = {}
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:

@@ -9,16 +9,31 @@ the hold. Only the I/O differs; the choices are made here once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from .errors import ConfigurationError
 from .headers import Feedback
 
-__all__ = ["Choice", "check_retries"]
+__all__ = ["Choice", "check_retries", "not_heeded"]
+
+#: an answer the state could not be told of (WARNING: the fleet was not held for it)
+_log = logging.getLogger("ratequeue.http")
 
 R = TypeVar("R")
 L = TypeVar("L")
+
+
+def not_heeded(limiter: Any, status: int, exc: BaseException) -> None:
+    """Log that a response of ``status`` could not be heeded: the state failed; the caller still gets it."""
+    _log.warning(
+        "queue %r: a %d answer could not be heeded (%s: %s); the response is returned as it came",
+        getattr(limiter, "name", "?"),
+        status,
+        type(exc).__name__,
+        exc,
+    )
 
 
 def check_retries(value: object) -> int:

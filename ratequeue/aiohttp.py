@@ -20,7 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from ._http import Choice
+from ._http import Choice, not_heeded
+from .errors import RateQueueError
 from .settings import Seconds
 
 __all__ = ["middleware"]
@@ -54,7 +55,11 @@ def middleware(
             finally:
                 if aio_limiter.max_running:
                     await aio_limiter.release(turn)
-            feedback = await aio_limiter.heed(response.headers, status=response.status)
+            try:
+                feedback = await aio_limiter.heed(response.headers, status=response.status)
+            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
+                not_heeded(aio_limiter, response.status, exc)
+                return response
             if not choice.again(response.status, feedback, tries):
                 return response
             response.release()

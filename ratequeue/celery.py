@@ -29,19 +29,22 @@ their parent's connections or file descriptors. docs/celery.md.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .core.flow import run
-from .errors import ConfigurationError
+from .errors import ConfigurationError, RateQueueError
 from .headers import refusal_of
 from .limiter import Limiter
 from .settings import Options, Settings
 from .state import StateLike
 
 __all__ = ["TaskTurns"]
+
+_log = logging.getLogger("ratequeue.celery")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,12 +87,21 @@ class TaskTurns:
                     return fn(*args, **kwargs)
                 except Exception as exc:
                     held = refusal_of(exc)
-                    if held is None or refused >= self.refusals:
+                    if held is None or refused >= self.refusals or not _held(limiter, held):
                         raise
                     refused += 1
-                    run(limiter._refused_flow(held))
                 finally:
                     if limiter.max_running:
                         limiter.release(turn)
 
         return cast(F, at_its_turn)
+
+
+def _held(limiter: Limiter, seconds: float) -> bool:
+    """Hold (and, adaptive, slow) the queue for a refusal; ``False`` if the state failed (it is logged)."""
+    try:
+        run(limiter._refused_flow(seconds))
+    except RateQueueError as exc:  # the run fails with the refusal itself, for Celery's policy
+        _log.warning("queue %r: could not hold the queue after a refusal: %s", limiter.name, exc)
+        return False
+    return True

@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from ._http import Choice
+from ._http import Choice, not_heeded
+from .errors import RateQueueError
 from .settings import Seconds
 
 __all__ = ["AsyncTransport", "Transport"]
@@ -66,7 +67,11 @@ class Transport(httpx.BaseTransport):
             finally:
                 if limiter.max_running:
                     limiter.release(turn)
-            feedback = limiter.heed(response.headers, status=response.status_code)
+            try:
+                feedback = limiter.heed(response.headers, status=response.status_code)
+            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
+                not_heeded(limiter, response.status_code, exc)
+                return response
             if not choice.again(response.status_code, feedback, tries):
                 return response
             response.close()
@@ -106,7 +111,11 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             finally:
                 if limiter.max_running:
                     await limiter.release(turn)
-            feedback = await limiter.heed(response.headers, status=response.status_code)
+            try:
+                feedback = await limiter.heed(response.headers, status=response.status_code)
+            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
+                not_heeded(limiter, response.status_code, exc)
+                return response
             if not choice.again(response.status_code, feedback, tries):
                 return response
             await response.aclose()

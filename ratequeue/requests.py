@@ -20,7 +20,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from ._http import Choice
+from ._http import Choice, not_heeded
+from .errors import RateQueueError
 from .settings import Seconds
 
 __all__ = ["Adapter"]
@@ -66,7 +67,11 @@ class Adapter(HTTPAdapter):
             finally:
                 if limiter.max_running:
                     limiter.release(turn)
-            feedback = limiter.heed(response.headers, status=response.status_code)
+            try:
+                feedback = limiter.heed(response.headers, status=response.status_code)
+            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
+                not_heeded(limiter, response.status_code, exc)
+                return response
             if not choice.again(response.status_code, feedback, tries):
                 return response
             response.close()

@@ -121,3 +121,20 @@ def test_an_idle_request_costs_one_state_call() -> None:
         http.get("https://api.example/a")
     limiter.close()  # delivers the events
     assert calls == ["take_and_try"]
+
+
+def test_an_answer_the_state_cannot_be_told_of_still_reaches_the_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The state down (a closed port; turns begin locally): a 429 is returned, not lost to an error."""
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    limiter = ratequeue.Limiter(f"redis://127.0.0.1:{port}/0", name="down", interval=0.01, when_down="open")
+    service = httpx.MockTransport(lambda request: httpx.Response(429, headers={"Retry-After": "1"}))
+    with httpx.Client(transport=ratequeue.httpx.Transport(limiter, service, retries=2)) as http:
+        assert http.get("https://api.example/a").status_code == 429, "returned as it came, not retried"
+    limiter.close()
+    assert "a 429 answer could not be heeded (StateUnavailable" in caplog.text

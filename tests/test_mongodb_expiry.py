@@ -318,9 +318,7 @@ def test_a_due_up_to_burst_paces_after_at_is_taken(state: MongoState) -> None:
 
 
 def test_a_paced_at_too_far_ahead_is_refused(clocked: MongoState) -> None:
-    """``paced_at`` more than MAX_LEAD_US past ``now`` was not written by the protocol, as ``held``.
-
-    """
+    """``paced_at`` more than MAX_LEAD_US past ``now`` was not written by the protocol, as ``held``."""
     for paced_at, refused in ((NOW + MAX_LEAD_US, False), (NOW + MAX_LEAD_US + 1, True)):
         document = document_of("q", pace=2000, paced_at=paced_at)
         clocked.collection.replace_one({"_id": "q"}, document, upsert=True)
