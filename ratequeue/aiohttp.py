@@ -52,15 +52,23 @@ def middleware(
             turn = await aio_limiter.acquire(timeout, cost=units)
             try:
                 response = await handler(request)
-            finally:
+            except BaseException:
                 if aio_limiter.max_running:
-                    await aio_limiter.release(turn)
+                    await aio_limiter._release_quietly((turn.ticket, turn.token))
+                raise
             try:
+                if aio_limiter.max_running:  # a failed release must not lose the answer: the lease expires
+                    await aio_limiter._release_quietly((turn.ticket, turn.token))
                 feedback = await aio_limiter.heed(response.headers, status=response.status)
             except RateQueueError as exc:  # the state failed: the answer still reaches the caller
                 not_heeded(aio_limiter, response.status, exc)
                 return response
-            if not choice.again(response.status, feedback, tries):
+            except BaseException:  # cancelled: the connection goes back to its pool
+                response.release()
+                raise
+            # (a streamed body was read by the first send: it is not sent again)
+            replayable = isinstance(request.body, (bytes, aiohttp.payload.BytesPayload))
+            if not (choice.again(response.status, feedback, tries) and replayable):
                 return response
             response.release()
 

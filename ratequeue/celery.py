@@ -91,8 +91,8 @@ class TaskTurns:
                         raise
                     refused += 1
                 finally:
-                    if limiter.max_running:
-                        limiter.release(turn)
+                    if limiter.max_running:  # a failed release must not fail the run: the lease expires
+                        limiter._release_quietly((turn.ticket, turn.token))
 
         return cast(F, at_its_turn)
 

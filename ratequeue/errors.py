@@ -120,12 +120,20 @@ class RateLimited(RateQueueError):
 
     Raise it from a queue's job to have the whole queue held for
     ``retry_after`` seconds and the job tried again at its next turn without
-    using a retry (docs/feedback.md); ratequeue's HTTP integrations raise it
-    when asked to. A queue also knows the HTTP errors of httpx, requests and
-    aiohttp that carry such a response.
+    using a retry (docs/feedback.md). A queue also knows the HTTP errors of
+    httpx, requests and aiohttp that carry such a response. ``retry_after``
+    is ``None`` or seconds >= 0 (:class:`ConfigurationError` otherwise).
     """
 
     def __init__(self, message: str = "", *, retry_after: float | None = None, status: int = 429) -> None:
+        if retry_after is not None and (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, (int, float))
+            or not 0 <= retry_after < float("inf")
+        ):
+            raise ConfigurationError(
+                f"retry_after must be None or a number of seconds >= 0, got {retry_after!r}"
+            )
         super().__init__(
             message
             or f"the service answered {status}"

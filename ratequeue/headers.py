@@ -600,7 +600,9 @@ def refusal_of(exc: BaseException, *, now: float | None = None) -> float | None:
     nothing); a 503 only when its headers ask for a wait.
     """
     if isinstance(exc, RateLimited):
-        return REFUSAL_HOLD if exc.retry_after is None else max(0.0, exc.retry_after)
+        wait = exc.retry_after
+        readable = isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 <= wait < math.inf
+        return float(wait) if readable else REFUSAL_HOLD  # type: ignore[arg-type]
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     headers = getattr(response, "headers", None)

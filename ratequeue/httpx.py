@@ -10,8 +10,9 @@ of a :class:`~ratequeue.LimiterGroup` chosen by ``key``, e.g. the host);
 then its response is given to :meth:`~ratequeue.Limiter.heed`: a 429, a 503
 naming a wait, or a quota left at 0 holds **every process** of the queue
 until the service said. With ``retries=N`` a refused request (429, or 503
-naming a wait) is sent again after the hold, at most N times; the last
-response is returned either way. A limiter with ``max_running`` has its
+naming a wait) is sent again after the hold, at most N times, if its body
+can be sent again (bytes in memory, not a stream); the last response is
+returned either way. A limiter with ``max_running`` has its
 place given back once the response's headers are in (a streamed body is
 read after that). docs/feedback.md.
 """
@@ -65,14 +66,14 @@ class Transport(httpx.BaseTransport):
             try:
                 response = self._transport.handle_request(request)
             finally:
-                if limiter.max_running:
-                    limiter.release(turn)
+                if limiter.max_running:  # a failed release must not lose the answer: the lease expires
+                    limiter._release_quietly((turn.ticket, turn.token))
             try:
                 feedback = limiter.heed(response.headers, status=response.status_code)
             except RateQueueError as exc:  # the state failed: the answer still reaches the caller
                 not_heeded(limiter, response.status_code, exc)
                 return response
-            if not choice.again(response.status_code, feedback, tries):
+            if not (choice.again(response.status_code, feedback, tries) and _replayable(request)):
                 return response
             response.close()
 
@@ -108,18 +109,29 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             turn = await limiter.acquire(self._timeout, cost=cost)
             try:
                 response = await self._transport.handle_async_request(request)
-            finally:
+            except BaseException:
                 if limiter.max_running:
-                    await limiter.release(turn)
+                    await limiter._release_quietly((turn.ticket, turn.token))
+                raise
             try:
+                if limiter.max_running:  # a failed release must not lose the answer: the lease expires
+                    await limiter._release_quietly((turn.ticket, turn.token))
                 feedback = await limiter.heed(response.headers, status=response.status_code)
             except RateQueueError as exc:  # the state failed: the answer still reaches the caller
                 not_heeded(limiter, response.status_code, exc)
                 return response
-            if not choice.again(response.status_code, feedback, tries):
+            except BaseException:  # cancelled: the connection goes back to its pool
+                await response.aclose()
+                raise
+            if not (choice.again(response.status_code, feedback, tries) and _replayable(request)):
                 return response
             await response.aclose()
 
     async def aclose(self) -> None:
         """Close the wrapped transport (the limiter is the caller's to close)."""
         await self._transport.aclose()
+
+
+def _replayable(request: httpx.Request) -> bool:
+    """Whether ``request`` can be sent again: its body is bytes in memory, not a stream already read."""
+    return isinstance(request.stream, httpx.ByteStream)

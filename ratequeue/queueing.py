@@ -417,7 +417,13 @@ class QueueBase(Generic[L, FutureT]):
             yield from self._limiter._refused_flow(held)
         except Exception as exc:
             _log.warning("queue %r: could not hold the queue after a refusal: %s", self.name, exc)
+        except BaseException:  # cancelled meanwhile: the job is queued again all the same
+            self._requeue(job)
+            raise
         _log.info("queue %r: the service refused a job (try %d); held %.3f s", self.name, job.attempts, held)
+        self._requeue(job)
+
+    def _requeue(self, job: Job[Any]) -> None:
         with self._driver.lock:
             self._pending.push(job)  # its own place in the order; not counted against max_waiting
             self._wake_pacer()

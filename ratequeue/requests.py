@@ -65,13 +65,15 @@ class Adapter(HTTPAdapter):
             try:
                 response = super().send(request, *args, **kwargs)
             finally:
-                if limiter.max_running:
-                    limiter.release(turn)
+                if limiter.max_running:  # a failed release must not lose the answer: the lease expires
+                    limiter._release_quietly((turn.ticket, turn.token))
             try:
                 feedback = limiter.heed(response.headers, status=response.status_code)
             except RateQueueError as exc:  # the state failed: the answer still reaches the caller
                 not_heeded(limiter, response.status_code, exc)
                 return response
-            if not choice.again(response.status_code, feedback, tries):
+            # (a body that is an iterator or a file was read by the first send: it is not sent again)
+            replayable = request.body is None or isinstance(request.body, (bytes, str))
+            if not (choice.again(response.status_code, feedback, tries) and replayable):
                 return response
             response.close()

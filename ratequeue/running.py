@@ -522,8 +522,8 @@ class LimiterBase:
             yield from self._hold_flow(min(feedback.hold, MAX_HOLD_US / US), why)
         if self.settings.adaptive:
             floor = feedback.slow_to(self.interval)
-            if floor is not None:
-                yield from self._slow_flow(check_slow(floor), "headers")
+            if floor is not None:  # (a day's quota says an hour at most: the pace is capped anyway)
+                yield from self._slow_flow(check_slow(min(floor, MAX_LEAD_US / US)), "headers")
         return feedback
 
     def _refused_flow(self, held: float, why: str = "refused") -> Flow[None]:

@@ -138,3 +138,30 @@ def test_an_answer_the_state_cannot_be_told_of_still_reaches_the_caller(
         assert http.get("https://api.example/a").status_code == 429, "returned as it came, not retried"
     limiter.close()
     assert "a 429 answer could not be heeded (StateUnavailable" in caplog.text
+
+
+def test_a_refused_streamed_body_is_not_sent_again(referee: QuotaReferee, tmp_path: Path) -> None:
+    """A body read from a generator cannot be replayed: the refusal is returned, not a broken retry."""
+    referee.reset(phases=((0.0, 100.0),), window=1.0)
+    with closing(ratequeue.Limiter(f"file://{tmp_path / 's.json'}", name="stream", interval=0.01)) as limiter:
+        transport = ratequeue.httpx.Transport(limiter, retries=2)
+        with httpx.Client(transport=transport) as http:
+            body = (part for part in (b"a", b"b"))
+            assert http.post(f"{referee.url}/call", content=body).status_code == 429
+    assert len(referee.stats().arrivals) == 1, "sent once"
+
+
+def test_an_adaptive_limiter_takes_any_stated_policy_without_raising() -> None:
+    with closing(ratequeue.Limiter("memory://", name="daily", interval=0.01, adaptive=True)) as limiter:
+        limiter.heed({"RateLimit-Policy": "10;w=86400"}, status=200)  # 10 a day: slowed as far as it goes
+        status = limiter.status()
+        assert status.effective_interval is not None
+        assert status.effective_interval == pytest.approx(0.64), "64 intervals at most"
+
+
+def test_a_refusal_with_an_unreadable_wait_is_refused_when_made() -> None:
+    with pytest.raises(ConfigurationError, match="retry_after"):
+        ratequeue.RateLimited(retry_after="2")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="retry_after"):
+        ratequeue.RateLimited(retry_after=-1)
+    assert ratequeue.RateLimited(retry_after=2).retry_after == 2
