@@ -30,6 +30,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "hold": ("lead_us",),
     "lift": (),
     "slow": ("lead_us",),
+    "settle": ("ticket", "cost", "lead_us"),
 }
 
 _TERMS = ("burst", "keep_us", "max_running", "lease_us")
@@ -125,5 +126,6 @@ def stored_fields(ticket: int, pos: Any, at: int | None, interval: int, **fields
         "not_before": None,
         "pace": 0,
         "paced_at": None,
+        "settled": 0,
         **fields,
     }

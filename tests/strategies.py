@@ -74,12 +74,15 @@ def burst_operations(
 
     ``("take", c)`` and ``("take_and_try", lead, c)``: ``c`` picks the cost
     (``1 + c % burst``); ``("try", n, lead)`` picks a ticket handed out (with
-    the cost it was taken for), or one never handed out. ``pauses`` as in :func:`operations`.
+    the cost it was taken for), or one never handed out. ``("settle", n, a)``:
+    the ticket ``n`` picks (as for ``try``) settled at cost ``a % (burst + 1)``.
+    ``pauses`` as in :func:`operations`.
     """
     kinds = [
         st.tuples(st.just("take"), st.integers(0, 200)),
         st.tuples(st.just("try"), st.integers(0, 40), leads_us),
         st.tuples(st.just("take_and_try"), leads_us, st.integers(0, 200)),
+        st.tuples(st.just("settle"), st.integers(0, 40), st.integers(0, 200)),
         st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
         st.tuples(st.just("clock"), clock_steps_us),
     ]

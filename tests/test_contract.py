@@ -134,6 +134,12 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
                 state, "try_start", name, interval, ticket, lead, burst=burst, cost=cost, keep_us=keep
             )
             assert answer == expected_outcome
+        elif kind == "settle":
+            ticket, cost = pick_ticket(int(op[1]), costs, reference.ticket)  # type: ignore[call-overload]
+            actual = int(op[2]) % (burst + 1)  # type: ignore[call-overload]
+            reference, changed = protocol.settle(reference, ticket, cost, actual, now)
+            answer = do(state, "settle", name, interval, ticket, cost, actual, burst=burst, keep_us=keep)
+            assert answer is changed
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
             lead = int(op[2])  # type: ignore[call-overload]

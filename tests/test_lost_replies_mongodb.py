@@ -99,6 +99,24 @@ def test_an_async_try_start_whose_reply_is_lost_still_starts(proxy: ReplyDropper
     asyncio.run(main())
 
 
+def test_a_settle_whose_reply_is_lost_counts_once(proxy: ReplyDropper) -> None:
+    """An overrun settled, its reply lost and the call re-sent: ``due`` moves by the excess once."""
+    client: MongoClient[Any] = MongoClient(proxied(proxy))
+    with MongoState(client, database="lost_replies") as state:
+        name = fresh_name()
+        started = do(state, "take_and_try", name, INTERVAL_US, 0, burst=4)
+        assert isinstance(started, Started)
+        before = state.read(name).record
+        assert before is not None
+        proxy.drop_reply_to(UPDATE)
+        # the first call moved due; the one re-sent finds the ticket settled and answers no move
+        assert do(state, "settle", name, INTERVAL_US, started.ticket, 1, 3, burst=4) is False
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        after = state.read(name).record
+        assert after is not None
+        assert (after.due, after.settled) == (before.due + 2 * INTERVAL_US, started.ticket)
+
+
 def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) -> None:
     """``ticket`` started, once: the answer is its start, and the record moved to it and no further."""
     assert isinstance(outcome, Started), f"the turn was lost: {outcome}"

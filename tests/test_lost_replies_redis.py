@@ -36,6 +36,8 @@ from .servers import Server
 TRY_START = b"$9\r\ntry_start\r\n"
 #: what only a take_and_try call sends
 TAKE_AND_TRY = b"$12\r\ntake_and_try\r\n"
+#: what only a settle call sends
+SETTLE = b"$6\r\nsettle\r\n"
 
 #: the limiters' interval: long enough that a turn after the first waits for its slot and then
 #: calls try_start (the lead, about one round-trip, is far shorter), short enough for a quick test
@@ -113,6 +115,22 @@ def test_a_lost_try_start_reply_on_a_burst_queue_still_starts(proxy: ReplyDroppe
         assert (record.ticket, record.pos, record.at) == (ticket + 2, ticket, outcome.start)
         assert record.due == first.start + INTERVAL_US, "its strict slot, one interval after the first"
         assert record.at < record.due, "it started early, from the burst"
+
+
+def test_a_lost_settle_reply_counts_once(proxy: ReplyDropper) -> None:
+    """A re-sent settle finds its ticket settled: the overrun moves due once, and the answer is False."""
+    with sync_state(proxy) as state:
+        name = fresh_name()
+        first = do(state, "take_and_try", name, INTERVAL_US, 0, burst=3)
+        assert isinstance(first, Started)
+        before = state.read(name).record
+        assert before is not None
+        proxy.drop_reply_to(SETTLE)
+        assert do(state, "settle", name, INTERVAL_US, first.ticket, 1, 3, burst=3) is False
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        record = state.read(name).record
+        assert record is not None
+        assert record == before._replace(due=before.due + 2 * INTERVAL_US, settled=first.ticket)
 
 
 def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) -> None:

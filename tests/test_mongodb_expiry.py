@@ -190,6 +190,7 @@ def test_every_document_holds_every_field(state: MongoState) -> None:
     assert (document["burst"], document["due"], document["max_running"]) == (1, document["at"], 0)
     assert (document["paused"], document["leases"], document["held"]) == (False, [], NEVER)
     assert (document["not_before"], document["pace"], document["paced_at"]) == (NEVER, 0, NEVER)
+    assert document["settled"] == 0
     do(state, "take_and_try", "three", US, 0, burst=3, cost=3)
     document = stored(state, "three") or {}
     assert set(document) == {"_id", *FIELDS, *NEWER_FIELDS}
@@ -207,9 +208,9 @@ def test_every_document_holds_every_field(state: MongoState) -> None:
         {"burst": "2"},
         {"burst": 2, "due": 2.5},
         {"burst": 2, "due": None},
-        {"burst": 2, "due": 4},
+        {"burst": 2, "due": 5 - 2 * 1000 - 1},
     ],
-    ids=["burst double", "burst text", "due double", "due null", "due before at"],
+    ids=["burst double", "burst text", "due double", "due null", "due a burst of intervals before at"],
 )
 def test_malformed_burst_fields_are_corrupted_and_unchanged(
     state: MongoState, fields: dict[str, Any]
@@ -221,8 +222,8 @@ def test_malformed_burst_fields_are_corrupted_and_unchanged(
     assert stored(state, "bad") == document
 
 
-#: the fields documents written before holds and slow-downs lack
-NEWER_FIELDS = ("not_before", "pace", "paced_at")
+#: the fields documents written before holds, slow-downs and settlements lack
+NEWER_FIELDS = ("not_before", "pace", "paced_at", "settled")
 
 #: a fixed state clock (us), for the tests on a clocked state
 NOW = 1_800_000_000_000_000
@@ -405,3 +406,190 @@ def test_async_names_and_sweep(mongodb_server: Server) -> None:
             await state.close()
 
     asyncio.run(main())
+
+
+# -- settle -----------------------------------------------------------------------
+
+
+def test_a_document_older_than_settlements_reads_as_none_and_is_filled_in(state: MongoState) -> None:
+    """A document without ``settled`` holds no settlement (0); any write adds it, a refusal does not."""
+    state.collection.insert_one(document_of("old"))
+    record = state.read("old").record
+    assert record is not None
+    assert record.settled == 0
+    do(state, "take", "old", 1000)
+    assert (stored(state, "old") or {})["settled"] == 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"settled": 1.0},
+        {"settled": "1"},
+        {"settled": None},
+        {"settled": True},
+        {"settled": -1},
+        {"settled": 3},
+        {"burst": 2, "due": 5 - 2 * 1000 - 1},
+    ],
+    ids=[
+        "settled double",
+        "settled text",
+        "settled null",
+        "settled true",
+        "settled negative",
+        "settled above pos",
+        "due a burst of intervals before at",
+    ],
+)
+def test_malformed_settlement_fields_are_corrupted_and_unchanged(
+    state: MongoState, fields: dict[str, Any]
+) -> None:
+    """``settled``, where present, is a ticket from 0 to ``pos``; ``due`` at most a burst before ``at``."""
+    document = document_of("bad", **fields)
+    state.collection.insert_one(document)
+    calls: list[tuple[Kind, tuple[int, ...]]] = [("take", ()), ("take_and_try", (0,)), ("settle", (2, 1, 0))]
+    for kind, args in calls:
+        with pytest.raises(StateCorrupted):
+            do(state, kind, "bad", 1000, *args, burst=fields.get("burst", 1), keep_us=US)
+        assert stored(state, "bad") == document
+    with pytest.raises(StateCorrupted):
+        state.read("bad")
+
+
+@pytest.mark.parametrize("settled", [0, 1, 2])
+def test_a_due_up_to_a_burst_before_at_and_a_settled_ticket_are_taken(
+    state: MongoState, settled: int
+) -> None:
+    """``due`` as far back as ``at - burst * interval`` and ``settled`` up to ``pos`` are well formed."""
+    document = document_of("refunded", burst=2, due=5 - 2 * 1000, settled=settled)
+    state.collection.insert_one(document)
+    record = state.read("refunded").record
+    assert record is not None
+    assert (record.due, record.settled) == (5 - 2000, settled)
+    do(state, "take", "refunded", 1000, burst=2)
+    assert (stored(state, "refunded") or {})["ticket"] == 4
+    assert (stored(state, "refunded") or {})["settled"] == settled
+
+
+#: records to settle on (fields of :func:`document_of`) and the settlements tried on each
+_SETTLEMENTS: list[tuple[dict[str, Any], list[tuple[int, int, int]]]] = [
+    # burst 4, ticket 5 started now with its slot 2 ms on (tickets 1-5 handed out, costs 1)
+    (
+        {"ticket": 6, "pos": 5, "at": NOW, "due": NOW + 2000, "burst": 4},
+        [(t, e, a) for t in (1, 4, 5, 6, 9) for e, a in ((1, 0), (1, 4), (2, 1), (3, 0), (4, 4), (2, 3))],
+    ),
+    # slowed: the overrun counts at the effective interval; capped at burst - 1 slowest paces
+    (
+        {
+            "ticket": 9,
+            "pos": 8,
+            "at": NOW,
+            "due": NOW + 3000,
+            "burst": 4,
+            "pace": 50_000,
+            "paced_at": NOW - 1,
+        },
+        [(8, 1, 4), (8, 2, 4), (7, 1, 0), (8, 4, 0), (3, 1, 2)],
+    ),
+    (
+        {
+            "ticket": 9,
+            "pos": 8,
+            "at": NOW,
+            "due": NOW + 3 * 64_000 - 10,
+            "burst": 4,
+            "pace": 64_000,
+            "paced_at": NOW,
+        },
+        [(8, 1, 4), (8, 1, 2)],
+    ),
+    # at the cap already: an overrun moves nothing
+    (
+        {
+            "ticket": 9,
+            "pos": 8,
+            "at": NOW,
+            "due": NOW + 3 * 64_000,
+            "burst": 4,
+            "pace": 64_000,
+            "paced_at": NOW,
+        },
+        [(8, 1, 4), (8, 2, 1)],
+    ),
+    # recovering (two halvings): the excess counts at the effective interval now
+    (
+        {
+            "ticket": 9,
+            "pos": 8,
+            "at": NOW,
+            "due": NOW,
+            "burst": 4,
+            "pace": 41_001,
+            "paced_at": NOW - 2 * RECOVER_US,
+        },
+        [(8, 1, 4), (8, 3, 4)],
+    ),
+    # the refund's floor: a started ticket far behind pos moves nothing
+    (
+        {"ticket": 4000, "pos": 3999, "at": NOW, "due": NOW, "burst": 4},
+        [(1, 4, 0), (3995, 4, 0), (3996, 4, 0)],
+    ),
+    # settled already: that ticket again moves nothing, another one does
+    ({"ticket": 6, "pos": 5, "at": NOW, "due": NOW + 2000, "burst": 4, "settled": 5}, [(5, 1, 3), (4, 1, 3)]),
+    # never started: nothing moves
+    ({"ticket": 6, "pos": 5, "at": NEVER, "due": NEVER, "burst": 4}, [(5, 1, 3), (5, 3, 0)]),
+    # near MAX_US: the floor's multiplier and every product stay exact
+    (
+        {
+            "ticket": MAX_US - 1,
+            "pos": MAX_US - 2,
+            "at": NOW,
+            "due": NOW + 2**40,
+            "burst": 2,
+            "interval": 2**41,
+        },
+        [(1, 2, 0), (MAX_US - 2, 2, 0), (MAX_US - 3, 1, 0), (MAX_US - 2, 1, 2), (MAX_US - 1, 1, 0)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "settlements"), _SETTLEMENTS, ids=lambda value: "")
+def test_settle_moves_due_as_the_reference(
+    clocked: MongoState, fields: dict[str, Any], settlements: list[tuple[int, int, int]]
+) -> None:
+    """Each settlement, on the same record, answers and stores what :func:`protocol.settle` does."""
+    interval, burst = fields.get("interval", 1000), fields["burst"]
+    for ticket, estimate, actual in settlements:
+        document = document_of("q", **{"interval": 1000, **fields})
+        clocked.collection.replace_one({"_id": "q"}, document, upsert=True)
+        record = check_document(document, "q")
+        want, moved = protocol.settle(record, ticket, estimate, actual, NOW)
+        answer = do(clocked, "settle", "q", interval, ticket, estimate, actual, burst=burst, keep_us=US)
+        assert answer is moved, (ticket, estimate, actual)
+        assert clocked.read("q").record == want, (ticket, estimate, actual)
+        if not moved:
+            assert {k: v for k, v in (stored(clocked, "q") or {}).items() if k != EXPIRES} == {
+                **document,
+                **dict.fromkeys(("not_before", "paced_at"), NEVER),
+                "pace": fields.get("pace", 0),
+                "settled": fields.get("settled", 0),
+                **{k: v for k, v in fields.items() if k in ("not_before", "paced_at")},
+            }
+
+
+def test_a_settlement_runs_on_after_a_refund_below_at(clocked: MongoState) -> None:
+    """A refund may leave ``due`` before ``at``; every operation then reads and keeps that record."""
+    assert do(clocked, "take_and_try", "q", 1000, 0, burst=4, cost=4, keep_us=US) == Started(1, NOW, NOW)
+    assert do(clocked, "settle", "q", 1000, 1, 4, 0, burst=4, keep_us=US) is True
+    assert do(clocked, "settle", "q", 1000, 1, 4, 0, burst=4, keep_us=US) is False  # counted once
+    record = clocked.read("q").record
+    assert record is not None
+    # the whole cost refunded: due a burst of intervals before at, the furthest back a record holds
+    assert (record.due, record.settled) == (NOW - 4000, 1)
+    assert (stored(clocked, "q") or {})[EXPIRES] == max(protocol.expires(record), NOW) + US
+    for kind, args in [("take", ()), ("slow", (0,)), ("hold", (0,)), ("lift", ())]:
+        do(clocked, kind, "q", 1000, *args, burst=4, keep_us=US)  # type: ignore[arg-type]
+    record = clocked.read("q").record
+    assert record is not None
+    assert (record.due, record.settled) == (NOW - 4000, 1)

@@ -16,8 +16,9 @@ import pytest
 
 import ratequeue
 from ratequeue import aio
-from ratequeue.core.protocol import US, Started
-from ratequeue.errors import ConfigurationError, StateUnavailable
+from ratequeue.core import protocol
+from ratequeue.core.protocol import MAX_SLOW, MAX_US, NEVER, US, Record, Started
+from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state import open_state, postgresql
 from ratequeue.state.postgresql import AsyncPostgresState, PostgresState, split_url
 
@@ -197,3 +198,156 @@ def test_asyncio_state_answers_and_closes(postgresql_server: Server) -> None:
         await state.close()
 
     asyncio.run(main())
+
+
+# -- the settlement: rows of older tables, stored fields, exact arithmetic ------------------------
+
+#: the state clock of the tests below
+NOW = 10**15
+
+#: the table as versions before the settlement made it, by what it lacks
+OLDER_TABLES = {
+    "settled": """
+        CREATE TABLE {} (
+            name text PRIMARY KEY, ticket bigint NOT NULL, pos bigint NOT NULL, at_us bigint NOT NULL,
+            interval_us bigint NOT NULL, burst bigint NOT NULL DEFAULT 1, due_us bigint NOT NULL,
+            paused boolean NOT NULL DEFAULT false, max_running integer NOT NULL DEFAULT 0,
+            leases bigint[] NOT NULL DEFAULT '{{}}', held_us bigint NOT NULL DEFAULT -4503599627370496,
+            keep_until_us bigint, not_before_us bigint, pace_us bigint NOT NULL DEFAULT 0, paced_at_us bigint
+        )""",
+    "hold, slow-down and settled (v1)": """
+        CREATE TABLE {} (
+            name text PRIMARY KEY, ticket bigint NOT NULL, pos bigint NOT NULL, at_us bigint NOT NULL,
+            interval_us bigint NOT NULL, burst bigint NOT NULL DEFAULT 1, due_us bigint NOT NULL,
+            paused boolean NOT NULL DEFAULT false, max_running integer NOT NULL DEFAULT 0,
+            leases bigint[] NOT NULL DEFAULT '{{}}', held_us bigint NOT NULL DEFAULT -4503599627370496,
+            keep_until_us bigint
+        )""",
+}
+
+#: a function of the current name and signature that is not this version's (it answers "old")
+OLD_FUNCTION = """
+    CREATE FUNCTION {}(text, text, bigint, bigint, bigint, integer, bigint, bigint, bigint, bigint, bigint,
+                       boolean, bigint)
+    RETURNS TABLE (o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean,
+                   o_stored jsonb)
+    LANGUAGE sql
+    AS $$ SELECT 'old'::text, 0::numeric, 0::numeric, 0::numeric, 0::bigint, false, NULL::jsonb $$
+"""
+
+
+def store(connection: psycopg.Connection[Any], table: str, name: str, record: Record, **columns: Any) -> None:
+    """``record`` as ``name``'s row of ``table`` (the state's setup done); ``columns`` override its values."""
+    row = {
+        "ticket": record.ticket, "pos": record.pos, "at_us": record.at, "interval_us": record.interval,
+        "burst": record.burst, "due_us": record.due, "paused": record.paused,
+        "max_running": record.max_running or 0, "leases": [n for lease in record.leases for n in lease],
+        "held_us": record.held, "not_before_us": None if record.not_before == NEVER else record.not_before,
+        "pace_us": record.pace, "paced_at_us": None if record.paced_at == NEVER else record.paced_at,
+        "settled": record.settled, **columns,
+    }  # fmt: skip
+    connection.execute(f"DELETE FROM {table} WHERE name = %s", (name,))
+    connection.execute(
+        f"INSERT INTO {table} (name, {', '.join(row)}) VALUES (%s{', %s' * len(row)})", (name, *row.values())
+    )
+
+
+@pytest.mark.parametrize("lacking", list(OLDER_TABLES))
+def test_a_table_made_before_the_settlement_gains_its_column(postgresql_server: Server, lacking: str) -> None:
+    """An older version's table and function: set up again, its rows read as never settled, then settle."""
+    table = "before_settle_" + str(list(OLDER_TABLES).index(lacking))
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {table}")
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v2")
+        connection.execute(OLDER_TABLES[lacking].format(table))
+        connection.execute(OLD_FUNCTION.format(f"{table}_op_v2"))
+        connection.execute(
+            f"INSERT INTO {table} (name, ticket, pos, at_us, interval_us, burst, due_us)"
+            " VALUES ('q', 4, 3, %s, 1000, 3, %s)",
+            (NOW - 500, NOW + 1500),
+        )
+        state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: NOW)
+        stored = state.read("q").record
+        assert stored == Record(4, 3, NOW - 500, 1000, NOW + 1500, 3)
+        reference, moved = protocol.settle(stored, 3, 3, 1, NOW)
+        assert moved
+        assert do(state, "settle", "q", 1000, 3, 3, 1, burst=3) is True
+        assert state.read("q").record == reference
+        assert do(state, "settle", "q", 1000, 3, 3, 1, burst=3) is False  # settled once
+        row = connection.execute(f"SELECT settled, due_us FROM {table} WHERE name = 'q'").fetchone()
+        assert row == (3, reference.due)
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("columns", "pattern"),
+    [
+        ({"settled": -1}, "settled=-1"),
+        ({"settled": 4}, "settled=4"),
+        ({"due_us": NOW - 3 * 1000 - 1}, f"due={NOW - 3001}"),
+    ],
+    ids=["settled below 0", "settled past pos", "due a burst of intervals below at"],
+)
+def test_stored_settled_and_due_are_checked(
+    postgresql_server: Server, columns: dict[str, Any], pattern: str
+) -> None:
+    """A row no version could have written is refused by the function and by a read, naming the field."""
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="settle_checks", clock=lambda: NOW)
+        state.read("q")  # the table exists
+        store(connection, "settle_checks", "q", Record(5, 3, NOW, 1000, NOW, 3), **columns)
+        for call in (
+            lambda: state.read("q"),
+            lambda: do(state, "take", "q", 1000, burst=3),
+            lambda: do(state, "settle", "q", 1000, 3, 1, 0, burst=3),
+        ):
+            with pytest.raises(StateCorrupted, match=pattern):
+                call()
+        # the bounds themselves are stored fields a settlement may write
+        edge = Record(5, 3, NOW, 1000, NOW - 3 * 1000, 3, settled=3)
+        store(connection, "settle_checks", "q", edge)
+        assert state.read("q").record == edge
+        assert do(state, "take", "q", 1000, burst=3).ticket == 5
+        state.close()
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        # a refund whose floor, (pos - ticket - estimate) intervals past at, is far past 2**63
+        Record(2**51, 2**51 - 1, NOW, 2**40, NOW + 2**40, 2),
+        Record(2**51, 2**51 - 1, NOW, 2**40, NOW + 2**40, 2, settled=2**51 - 2),
+        # a refund that meets its floor, far below at
+        Record(10, 9, NOW, (MAX_US - 1) // 2**31, NOW, 2**31),
+        # overruns to the slowest due, with the largest burst and pace
+        Record(10, 9, NOW, 2**20, NOW + 5, 2**31, pace=(MAX_US - 1) // 2**31, paced_at=NOW),
+        Record(10, 9, NOW, 3, NOW + 2, 2**31, pace=3 * MAX_SLOW, paced_at=NOW - 7 * 5 * US),
+    ],
+    ids=["far floor", "far floor, settled", "floor below at", "largest pace", "recovering pace"],
+)
+def test_settlements_are_exact_at_the_edges(postgresql_server: Server, record: Record) -> None:
+    """Every settlement of the last tickets answers and stores what the reference does, whatever the sizes."""
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="settle_edges", clock=lambda: NOW)
+        state.read("q")  # the table exists
+        burst = record.burst
+        for ticket in (record.pos, record.pos - 1, record.pos + 1, 1):
+            for estimate, actual in ((1, 0), (burst, 0), (burst, burst - 1), (1, burst), (1, 2), (2, 2)):
+                if not (1 <= estimate <= burst and actual <= burst):
+                    continue
+                store(connection, "settle_edges", "q", record)
+                reference, moved = protocol.settle(record, ticket, estimate, actual, NOW)
+                answer = do(state, "settle", "q", record.interval, ticket, estimate, actual, burst=burst)
+                assert answer is moved, (ticket, estimate, actual)
+                assert state.read("q").record == reference, (ticket, estimate, actual)
+        state.close()
+
+
+def test_the_warm_up_runs_every_path_without_an_error(postgresql_server: Server) -> None:
+    """The warm-up's failures are ignored when it runs: here one would fail the test, settle's included."""
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(connection, table="warm_up")
+        do(state, "take", "q", 1000)  # the table and the function exist
+        connection.execute(state._warm_up_script(), prepare=False)
+        assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert state.names() == ["q"]  # nothing kept

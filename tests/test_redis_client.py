@@ -383,24 +383,27 @@ def test_a_hash_missing_a_field_is_refused(redis_server: Server, admin: redis.Re
         ({"burst": "x", "due": 100}, "burst='x'"),
         ({"burst": 2**31 + 1, "due": 100}, f"burst='{2**31 + 1}'"),
         ({"burst": 2**40, "due": 100}, f"burst='{2**40}'"),  # burst * interval reaches 2**52
-        ({"burst": 3, "due": 99}, "due='99'"),  # before at
+        # before at by more than a burst of intervals (a refund moves it no further, protocol.settle)
+        ({"burst": 3, "due": 100 - 3 * 4096 - 1}, f"due='{100 - 3 * 4096 - 1}'"),
         # past at + 2 of the slowest pace allowed (MAX_SLOW intervals: a due written while slowed)
         (
             {"burst": 3, "due": 100 + 2 * protocol.MAX_SLOW * 4096 + 1},
             f"due='{100 + 2 * protocol.MAX_SLOW * 4096 + 1}'",
         ),
         ({"burst": 3, "due": "1.5"}, "due='1.5'"),
-        ({"due": 101}, "due='101'"),  # no burst: burst 1, so due must be at
+        ({"due": 101}, "due='101'"),  # no burst: burst 1, so due must be at at most
+        ({"due": 100 - 4096 - 1}, f"due='{100 - 4096 - 1}'"),  # and an interval before it at least
     ],
     ids=[
         "burst 0",
         "burst text",
         "burst 2**31+1",
         "burst*interval",
-        "due<at",
+        "due early",
         "due late",
         "due text",
-        "due not at",
+        "due past at",
+        "due an interval early",
     ],
 )
 def test_a_bad_burst_or_due_is_refused(
@@ -503,6 +506,149 @@ def test_bad_leases_are_refused(
             with pytest.raises(StateCorrupted, match=re.escape(pattern)):
                 call()
         assert admin.hgetall(key) == before
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"settled": "x"}, "settled='x'"),
+        ({"settled": "-1"}, "settled='-1'"),
+        ({"settled": "1.5"}, "settled='1.5'"),
+        ({"settled": 3}, "settled='3'"),  # a ticket not yet started (pos is 2)
+        ({"settled": 2**53}, f"settled='{2**53}'"),
+    ],
+    ids=["text", "negative", "double", "past pos", "huge"],
+)
+def test_a_bad_settled_is_refused(
+    redis_server: Server, admin: redis.Redis, fields: dict[str, Any], pattern: str
+) -> None:
+    """settled (absent: 0) is a ticket from 0 to pos, as base.check_record checks it; nothing is written."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="lean:")
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        admin.hset(key, mapping=full({"ticket": 3, "pos": 2, "at": 100, "interval": 4096, **fields}))
+        before = admin.hgetall(key)
+        for call in (
+            lambda: state.read(name),
+            lambda: do(state, "take", name, 4096),
+            lambda: do(state, "settle", name, 4096, 1, 1, 0),
+        ):
+            with pytest.raises(StateCorrupted, match=re.escape(pattern)):
+                call()
+        assert admin.hgetall(key) == before
+    finally:
+        state.close()
+
+
+def test_a_hash_holding_only_settled_is_refused(redis_server: Server, admin: redis.Redis) -> None:
+    """A hash with settled but no record is not a missing record: refused, not overwritten."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="lean:")
+    name = fresh_name()
+    try:
+        admin.hset(state.key(name), mapping={"settled": "0"})
+        with pytest.raises(StateCorrupted, match=r"ticket='\(missing\)'"):
+            do(state, "take", name, 4096)
+        assert admin.hgetall(state.key(name)) == {b"settled": b"0"}
+    finally:
+        state.close()
+
+
+def settled_as_the_reference(
+    state: RedisState, name: str, now: int, ticket: int, estimate: int, actual: int, **terms: Any
+) -> bool:
+    """Settle ``ticket`` on the server; assert its answer and record are protocol.settle's; the answer."""
+    before = state.read(name).record
+    assert before is not None
+    expected, changed = protocol.settle(before, ticket, estimate, actual, now)
+    interval = before.interval
+    assert (
+        do(state, "settle", name, interval, ticket, estimate, actual, burst=before.burst, **terms) is changed
+    )
+    assert state.read(name).record == expected
+    return changed
+
+
+def test_settle_moves_due_and_stores_settled_while_set(redis_server: Server, admin: redis.Redis) -> None:
+    """An overrun moves due on, a refund back (even before at); settled is a field of the hash once set."""
+    t0 = 10**15
+    now = [t0]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        assert do(state, "take_and_try", name, 1000, 0, burst=3) == Started(1, t0, t0)
+        assert b"settled" not in admin.hgetall(key)
+        assert settled_as_the_reference(state, name, t0, 1, 1, 3) is True  # two units over
+        record = state.read(name).record
+        assert record is not None
+        assert (record.due, record.settled) == (t0 + 2000, 1)
+        assert admin.hget(key, "settled") == b"1"
+        assert settled_as_the_reference(state, name, t0, 1, 1, 3) is False  # re-sent: counted once
+        assert settled_as_the_reference(state, name, t0, 1, 1, 0) is False  # ticket 1 settled already
+        assert settled_as_the_reference(state, name, t0, 2, 1, 0) is False  # not started
+        # ticket 2 starts at now, past its strict slot: due is its start; its refund moves due back
+        # an interval, to at + (pos - ticket - cost) intervals at least: an interval before at
+        now[0] = t0 + 5000
+        assert do(state, "take_and_try", name, 1000, 0, burst=3) == Started(2, t0 + 5000, t0 + 5000)
+        assert settled_as_the_reference(state, name, t0 + 5000, 2, 1, 1) is False  # as estimated
+        assert settled_as_the_reference(state, name, t0 + 5000, 2, 1, 0) is True
+        assert settled_as_the_reference(state, name, t0 + 5000, 2, 1, 0) is False
+        # ticket 1, settled no more, may not bring due below at + (2 - 1 - 1) intervals: at
+        assert settled_as_the_reference(state, name, t0 + 5000, 1, 1, 0) is False
+        record = state.read(name).record
+        assert record is not None
+        assert (record.at, record.due, record.settled) == (t0 + 5000, t0 + 4000, 2)
+        assert admin.hget(key, "due") == b"%d" % (t0 + 4000)
+        # every other operation carries settled through
+        assert do(state, "take", name, 1000, burst=3).ticket == 3
+        assert do(state, "slow", name, 1000, 0, burst=3) is True
+        record = state.read(name).record
+        assert record is not None
+        assert (record.due, record.settled) == (t0 + 4000, 2)
+        assert admin.hget(key, "settled") == b"2"
+        with pytest.raises(
+            ConfigurationError, match="a settled cost must be a whole number from 0 to the burst"
+        ):
+            do(state, "settle", name, 1000, 2, 1, 4, burst=3)
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "settle", "moved"),
+    [
+        # due a unit short of at + (burst - 1) slowest paces, near 2**53: an overrun moves it that unit
+        ({"due": 2**52 - 10**10 + 2999 * ((2**52 - 1) // 3000) - 1}, (2, 1, 3000), True),
+        # there already: nothing moves
+        ({"due": 2**52 - 10**10 + 2999 * ((2**52 - 1) // 3000)}, (2, 1, 3000), False),
+        # a refund down to at - burst intervals, the lowest due there is
+        ({"due": 2**52 - 10**10}, (5, 3000, 0), True),
+        # a refund of ticket 1, pos - ticket far past 2**52 intervals: the floor is beyond due
+        ({"due": 2**52 - 10**10 + 2999 * ((2**52 - 1) // 3000)}, (1, 3000, 0), False),
+    ],
+    ids=["overrun to the limit", "overrun at the limit", "refund to the floor", "refund past the floor"],
+)
+def test_settle_is_exact_near_2_53(
+    redis_server: Server,
+    admin: redis.Redis,
+    fields: dict[str, Any],
+    settle: tuple[int, int, int],
+    moved: bool,
+) -> None:
+    """Times and spans near 2**52, sums near 2**53: the script's doubles answer as Python's integers."""
+    at = 2**52 - 10**10
+    now = [at]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    interval, burst = 2**40, 3000  # burst * interval below 2**52; the slowest pace (2**52 - 1) // burst
+    ticket, pos = (2**52 - 2, 2**52 - 3) if settle[0] == 1 else (6, 5)
+    try:
+        base = {"ticket": ticket, "pos": pos, "at": at, "interval": interval, "burst": burst}
+        admin.hset(state.key(name), mapping=full({**base, **fields}))
+        assert settled_as_the_reference(state, name, at, *settle) is moved
     finally:
         state.close()
 
@@ -819,6 +965,7 @@ def test_the_script_serves_every_operation() -> None:
         ("set_paused", (0, 0, 1, 1, 0)),
         ("release", (7, 0, 1, 0, 12)),
         ("renew", (7, 0, 1, 0, 12)),
+        ("settle", (7, 3, 2, 0, 0)),
         ("read", codec.READ_ARGUMENTS),
     ],
 )
@@ -864,26 +1011,29 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     assert taken == Taken(ticket=1, pos=0, at=never, now=9)
     assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
     for reply in (
-        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never}".encode(),
-        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never}",
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never} 0".encode(),
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never} 0",
     ):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
             record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
         )
     paused = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21, paused=True)
-    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never} 0 {never}".encode()
+    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never} 0 {never} 0".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused
     leased = Record(
         ticket=3, pos=2, at=1, interval=10, due=1, max_running=2, leases=((1, 7, 0), (2, -3, 9)), held=4
     )
-    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 0 {never} 1 7 0 2 -3 9".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 0 {never} 0 1 7 0 2 -3 9".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == leased
     on_hold = Record(ticket=3, pos=2, at=1, interval=10, due=1, held=4, not_before=70)
-    reply = f"record 5 3 2 1 10 1 1 0 0 4 70 0 {never}".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 0 4 70 0 {never} 0".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == on_hold
     slowed = Record(ticket=3, pos=2, at=1, interval=10, due=1, pace=40, paced_at=-2)
-    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 40 -2".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 40 -2 0".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == slowed
+    settled = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=-9, settled=2)
+    reply = f"record 5 3 2 1 10 4 -9 0 0 {never} {never} 0 {never} 2".encode()
+    assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == settled
     for reply in (b"set 1 5", "set 1 5"):
         assert codec.parse_changed(reply, "q", "k", TERMS) is True
     assert codec.parse_changed(b"set 0 5", "q", "k", TERMS) is False
@@ -946,8 +1096,10 @@ def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
         b"record 5 3 2 1 10 1 1 1 2 0 0",  # no pace nor paced_at
         b"record 5 3 2 1 10 1 1 1 2 0 0 0",  # no paced_at
         b"record 5 3 2 1 10 1 1 1 2 0 0 0 x",
-        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 1",  # half a lease
-        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 1 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0",  # no settled
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 1",  # half a lease
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 1 x",
         b"?",
     ],
 )

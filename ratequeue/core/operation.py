@@ -31,6 +31,7 @@ from .protocol import (
     renew,
     retime,
     set_paused,
+    settle,
     slow,
     take,
     take_and_try,
@@ -52,7 +53,17 @@ __all__ = [
 
 #: the operations a state carries out
 Kind = Literal[
-    "take", "try_start", "take_and_try", "retime", "set_paused", "release", "renew", "hold", "lift", "slow"
+    "take",
+    "try_start",
+    "take_and_try",
+    "retime",
+    "set_paused",
+    "release",
+    "renew",
+    "hold",
+    "lift",
+    "slow",
+    "settle",
 ]
 
 #: every kind of operation
@@ -70,6 +81,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "hold": ("lead_us",),
     "lift": (),
     "slow": ("lead_us",),
+    "settle": ("ticket", "cost", "lead_us"),
 }
 
 
@@ -139,7 +151,8 @@ class Operation(NamedTuple):
     #: the ticket tried, re-timed, released or renewed
     ticket: int = 0
     #: how far ahead (us) a start may lie (try_start, take_and_try), be moved (retime) or be held
-    #: (hold); for slow, the interval to slow to at least (0: twice the effective one)
+    #: (hold); for slow, the interval to slow to at least (0: twice the effective one); for settle,
+    #: not a time but the job's actual cost (0 to the burst)
     lead_us: int = 0
     #: how many units of the rate the ticket takes or was taken for (1 to the burst)
     cost: int = 1
@@ -175,7 +188,12 @@ def operation(
     takes = ARGUMENTS[kind]
     if "ticket" in takes:
         _whole("ticket", ticket, 1)
-    if "lead_us" in takes:
+    if kind == "settle":
+        if not (_is_int(lead_us) and 0 <= lead_us <= terms.burst):
+            raise ConfigurationError(
+                f"a settled cost must be a whole number from 0 to the burst ({terms.burst}), got {lead_us!r}"
+            )
+    elif "lead_us" in takes:
         _whole("lead_us", lead_us, 0)
         most, said = (MAX_HOLD_US, "a day") if kind == "hold" else (MAX_LEAD_US, "an hour")
         if lead_us > most:
@@ -245,4 +263,5 @@ STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] =
     "hold": lambda rec, op, now: hold(rec, op.lead_us, now),
     "lift": lambda rec, op, now: lift(rec, now),
     "slow": lambda rec, op, now: slow(rec, op.lead_us, now),
+    "settle": lambda rec, op, now: settle(rec, op.ticket, op.cost, op.lead_us, now),
 }

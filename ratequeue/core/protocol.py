@@ -52,6 +52,7 @@ __all__ = [
     "repeats_start",
     "retime",
     "set_paused",
+    "settle",
     "slow",
     "take",
     "take_and_try",
@@ -147,6 +148,8 @@ class Record(NamedTuple):
     pace: Micros = 0
     #: when (state clock) the last slow-down was made; ``NEVER`` if none
     paced_at: Micros = NEVER
+    #: the ticket of the latest settlement that moved ``due`` (:func:`settle`); 0: none
+    settled: int = 0
 
     def slot(self, ticket: int) -> Micros:
         """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst.
@@ -307,9 +310,22 @@ def take(record: Record, now: Micros, cost: int = 1) -> tuple[Record, Taken]:
 
 def _taken(record: Record, now: Micros, cost: int) -> Record:
     """The record after :func:`take` (the ticket handed out is ``record.ticket``)."""
-    ticket, pos, at, interval, due, burst, paused, max_running, leases, held, not_before, pace, paced_at = (
-        record
-    )
+    (
+        ticket,
+        pos,
+        at,
+        interval,
+        due,
+        burst,
+        paused,
+        max_running,
+        leases,
+        held,
+        not_before,
+        pace,
+        paced_at,
+        settled,
+    ) = record
     if (
         at > now + MAX_LEAD_US
         or held > now + MAX_LEAD_US
@@ -344,6 +360,7 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
             not_before,
             pace,
             paced_at,
+            settled,
         ),
     )
 
@@ -393,6 +410,7 @@ def try_start(
         not_before,
         pace,
         paced_at,
+        settled,
     ) = record
     if (
         at > now + MAX_LEAD_US
@@ -448,6 +466,7 @@ def try_start(
             not_before,
             pace,
             paced_at,
+            settled,
         ),
     )
     return started, Started(ticket, start, now)
@@ -592,6 +611,48 @@ def slow(record: Record, interval: Micros, now: Micros) -> tuple[Record, bool]:
     if pace <= current:
         return record, False
     return record._replace(pace=pace, paced_at=now), True
+
+
+def settle(record: Record, ticket: int, estimate: int, actual: int, now: Micros) -> tuple[Record, bool]:
+    """``record`` once the job of ``ticket``, started for ``estimate``, is known to have cost ``actual``.
+
+    Answers whether the schedule moved. ``actual`` is from 0 to the burst.
+
+    * An overrun (``actual > estimate``) moves every later slot by the
+      excess, at the effective interval (:func:`effective_interval`): the
+      fleet pays it back. ``due`` moves at most to ``at + (burst - 1)``
+      slowest paces (:data:`MAX_SLOW` intervals): 64 bursts of debt at
+      least, beyond which an overrun is not counted.
+    * A refund (``actual < estimate``) moves ``due`` back by the saving, at
+      the queue's own interval, but never below
+      ``at + (pos - ticket - estimate) * interval``: a bound on what the
+      starts after ``ticket`` took, so that no credit returns that the
+      burst's cap had already dropped (the queue idle meanwhile). The
+      starts then follow the cell rate algorithm run with ``actual`` for
+      this job (never looser): any stretch of starts ``i`` to ``k`` has
+      costs, as known when ``k`` started, of at most ``burst`` plus the
+      stretch's length in intervals (docs/design.md, G8).
+    * Nothing moves for a ticket that has not started (above ``pos``), on a
+      record that never started one, or for ``ticket`` again right after
+      it settled (``settled``): a settlement re-sent after a lost reply
+      counts once.
+    """
+    check(record, now)
+    if not (0 < ticket <= record.pos) or record.at == NEVER or ticket == record.settled or actual == estimate:
+        return record, False
+    if actual > estimate:
+        step = effective_interval(record, now)
+        slowest = min(MAX_SLOW * record.interval, (MAX_US - 1) // record.burst)
+        most = record.at + (record.burst - 1) * slowest
+        due = min(record.due + (actual - estimate) * step, most)
+        moved = due > record.due
+    else:
+        floor = record.at + (record.pos - ticket - estimate) * record.interval
+        due = max(record.due - (estimate - actual) * record.interval, floor)
+        moved = due < record.due
+    if not moved:
+        return record, False
+    return record._replace(due=due, settled=ticket), True
 
 
 def expires(record: Record) -> Micros:

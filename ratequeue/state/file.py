@@ -1018,6 +1018,7 @@ def _encode(record: Record) -> dict[str, Any]:
         "not_before": None if record.not_before == NEVER else record.not_before,
         "pace": record.pace,
         "paced_at": None if record.paced_at == NEVER else record.paced_at,
+        "settled": record.settled,
     }
 
 

@@ -2,7 +2,7 @@
 
 Every state stores the fields of :class:`~ratequeue.core.protocol.Record`
 (numbers in whole microseconds; ``NEVER`` may be stored as null; "no cap"
-as ``max_running`` 0; ``not_before``, ``pace`` and ``paced_at``, which
+as ``max_running`` 0; ``not_before``, ``pace``, ``paced_at`` and ``settled``, which
 older records lack, as missing). :func:`check_record` turns stored fields into a record or raises
 :class:`~ratequeue.errors.StateCorrupted`: a record is never silently reset.
 :func:`check_terms` raises :class:`~ratequeue.errors.TermsMismatch` for a
@@ -100,8 +100,11 @@ def check_record(fields: Any, *, where: str) -> Record:
         )
     # (the slowest pace any slow-down may have set: a due written then outlives a later, faster pace)
     slowest = min(MAX_SLOW * interval, (MAX_US - 1) // burst)
-    if not (_is_int(due) and at <= due <= at + (burst - 1) * slowest):
-        raise refuse("due", "whole microseconds, at to at + (burst - 1) * the slowest pace allowed")
+    # (and as far behind as a refund moves it: a burst of intervals, protocol.settle)
+    if not (_is_int(due) and at - burst * interval <= due <= at + (burst - 1) * slowest):
+        raise refuse(
+            "due", "whole microseconds, at - burst * interval to at + (burst - 1) * the slowest pace allowed"
+        )
     if not isinstance(fields["paused"], bool):
         raise refuse("paused", "true or false")
     max_running = fields["max_running"]
@@ -119,6 +122,9 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise refuse("not_before", "whole microseconds or null")
     if not (_is_int(paced_at) and NEVER <= paced_at < MAX_US):
         raise refuse("paced_at", "whole microseconds or null")
+    settled = fields.get("settled", 0)
+    if not (_is_int(settled) and 0 <= settled <= pos):
+        raise refuse("settled", "a ticket from 0 (none) to pos")
     return Record(
         ticket,
         pos,
@@ -133,6 +139,7 @@ def check_record(fields: Any, *, where: str) -> Record:
         not_before,
         pace,
         paced_at,
+        settled,
     )
 
 

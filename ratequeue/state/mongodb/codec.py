@@ -6,13 +6,14 @@ operation leaves in its document (:data:`PARSERS`: anything unexpected
 raises :class:`StateCorrupted` naming where it is), and the URL handling.
 
 A queue's document is ``{_id: name, ticket, pos, at, interval, due, burst,
-paused, max_running, leases, held, not_before, pace, paced_at, answer,
-expires}``: every field of its record (integers, microseconds; ``leases`` an
+paused, max_running, leases, held, not_before, pace, paced_at, settled,
+answer, expires}``: every field of its record (integers, microseconds; ``leases`` an
 array of ``[ticket, expiry, token]`` arrays in start order; no cap is
 ``max_running`` 0; no hold is ``not_before`` ``NEVER``, as in a document
 written before holds existed, which lacks ``not_before``; no slow-down is
 ``pace`` 0 and ``paced_at`` ``NEVER``, as in a document written before
-slow-downs existed, which lacks both). ``expires`` (a
+slow-downs existed, which lacks both; no settlement is ``settled`` 0, as in
+a document written before settlements existed, which lacks it). ``expires`` (a
 ``Date``; on a test clock, whole microseconds on it) is there while the
 record is kept for a while only (``Terms.keep_us``): the collection's TTL
 index, and :func:`sweep_filter`, delete the document once it has passed.
@@ -451,6 +452,61 @@ def _keep_stages(keep_us: int, fixed: bool) -> Pipeline:
     ]
 
 
+def _settle_stages(op: Operation) -> Pipeline:
+    """``settle`` of ``op.ticket``, started for ``op.cost``, whose actual cost is ``op.lead_us``.
+
+    As :func:`ratequeue.core.protocol.settle`: nothing moves for a ticket
+    above ``pos``, on a record that never started one, for the ticket
+    ``settled`` last, or for an actual cost equal to the estimate. An
+    overrun moves ``due`` on by the excess at ``_p`` (:data:`_EFFECTIVE`),
+    to ``at + (burst - 1)`` slowest paces at most (the bound
+    :func:`update_filter` holds ``due`` to); a refund moves it back by the
+    saving at the interval, never below ``at + (pos - ticket - cost) *
+    interval``. A move sets ``settled`` to the ticket; the answer's
+    ``value`` is 1 if ``due`` moved, else 0 (the record unchanged).
+
+    The floor's multiplier is clamped to ``-burst`` (no lower while it
+    applies: the ticket is at most ``pos``) and to the first count of
+    intervals reaching ``MAX_US`` (a floor past every ``due`` the filter
+    lets through, which moves nothing, as a higher one would): the
+    product stays exact in an int64.
+    """
+    terms, ticket, estimate, actual = op.terms, op.ticket, op.cost, op.lead_us
+    told = {"$literal": ticket}
+    if actual == estimate:
+        return [{"$set": {"answer": _told("set", 0, told)}}]
+    counts = {
+        "$and": [
+            {"$lte": [told, "$pos"]},
+            {"$ne": ["$at", {"$literal": NEVER}]},
+            {"$ne": ["$settled", told]},
+        ]
+    }
+    interval = terms.interval_us
+    if actual > estimate:
+        slowest = min(MAX_SLOW * interval, (MAX_US - 1) // terms.burst)
+        most = {"$add": ["$at", {"$literal": (terms.burst - 1) * slowest}]}
+        later = {"$add": ["$due", {"$multiply": [{"$literal": actual - estimate}, "$_p"]}]}
+        wanted: Any = {"$min": [later, most]}
+        moved = {"$gt": ["$_n", "$due"]}
+        stages: Pipeline = [*_EFFECTIVE]
+    else:
+        reach = -(-MAX_US // interval)  # intervals enough to reach MAX_US
+        behind: Any = {"$toLong": {"$subtract": ["$pos", {"$literal": ticket + estimate}]}}
+        behind = {"$max": [{"$min": [behind, {"$literal": reach}]}, {"$literal": -terms.burst}]}
+        floor = {"$add": ["$at", {"$multiply": [behind, {"$literal": interval}]}]}
+        earlier = {"$subtract": ["$due", {"$literal": (estimate - actual) * interval}]}
+        wanted = {"$max": [earlier, floor]}
+        moved = {"$lt": ["$_n", "$due"]}
+        stages = []
+    settled = {"due": "$_n", "settled": told}
+    return [
+        *stages,
+        {"$set": {"_n": {"$cond": [counts, {"$toLong": wanted}, "$due"]}}},
+        {"$set": {"answer": _told("set", {"$cond": [moved, 1, 0]}, told), **_where(moved, settled)}},
+    ]
+
+
 #: the stages of each kind of operation, between the checks and the keep time
 _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "take": lambda op: [*_EFFECTIVE, *_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
@@ -473,6 +529,7 @@ _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "hold": _hold_stages,
     "lift": _lift_stages,
     "slow": lambda op: [*_EFFECTIVE, *_slow_stages(op)],
+    "settle": _settle_stages,
 }
 
 
@@ -483,16 +540,18 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     """
     refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
     # a document written before holds existed has no ``not_before``: no hold (``NEVER``); one
-    # written before slow-downs has no ``pace`` and ``paced_at``: none (0, ``NEVER``)
+    # written before slow-downs has no ``pace`` and ``paced_at``: none (0, ``NEVER``); one written
+    # before settlements has no ``settled``: none (0)
     read = {
         "_was": "$$ROOT",
         "_now": _now_expression(now_us),
         "not_before": _NOT_BEFORE,
         "pace": _PACE,
         "paced_at": _PACED_AT,
+        "settled": _SETTLED,
     }
     return [
-        {"$set": read},  # the document as read, the clock, the hold, the slow-down
+        {"$set": read},  # the document as read, the clock, the hold, the slow-down, the settlement
         *_check_stages(op),
         *_STAGES[op.kind](op),
         *_keep_stages(op.terms.keep_us, now_us is not None),
@@ -510,6 +569,9 @@ _PACE = {"$ifNull": ["$pace", 0]}
 
 #: the stored ``paced_at``, or ``NEVER`` where it is missing (a document older than slow-downs)
 _PACED_AT = {"$ifNull": ["$paced_at", {"$literal": NEVER}]}
+
+#: the stored ``settled``, or 0 where it is missing (a document older than settlements)
+_SETTLED = {"$ifNull": ["$settled", 0]}
 
 
 def read_pipeline(name: str, now_us: int | None) -> Pipeline:
@@ -562,8 +624,10 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
     # a slow-down's pace: at most MAX_SLOW intervals, and ``burst`` of it under MAX_US
     slowest = min(MAX_SLOW * terms.interval_us, (MAX_US - 1) // terms.burst)
     # ``due`` at most ``burst - 1`` slots after ``at``, at the slowest pace a slow-down may set (a due
-    # written then outlives a later, faster pace)
+    # written then outlives a later, faster pace), and at most a burst of intervals before it (as far
+    # back as a settlement's refund moves it)
     late = {"$literal": (terms.burst - 1) * slowest}
+    early = {"$literal": terms.burst * terms.interval_us}
     holder, expiry, token = _holder("$$this"), _expiry("$$this"), _token("$$this")
     whole = [{"$in": [{"$type": value}, _WHOLE]} for value in (holder, expiry, token)]
     lease = {
@@ -598,10 +662,14 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
                 {"$lte": [0, _PACE]},
                 {"$lte": [_PACE, {"$literal": slowest}]},
                 *_within(NEVER, _PACED_AT, MAX_US),
+                # ``settled`` whole or missing (a document older than settlements), a started ticket
+                {"$in": [{"$type": "$settled"}, ["missing", *_WHOLE]]},
+                {"$lte": [0, _SETTLED]},
+                {"$lte": [_SETTLED, "$pos"]},
                 *_within(0, "$pos", "$ticket"),
                 {"$lt": ["$ticket", MAX_US]},
                 *_within(NEVER, "$at", MAX_US),
-                {"$lte": ["$at", "$due"]},
+                {"$lte": [{"$subtract": ["$at", early]}, "$due"]},
                 {"$lte": ["$due", {"$add": ["$at", late]}]},
                 *_within(NEVER, "$held", MAX_US),
                 {"$lte": [{"$size": "$leases"}, {"$literal": terms.max_running or 0}]},
@@ -616,9 +684,9 @@ def _within(low: Any, value: Any, high: Any) -> list[Any]:
     return [{"$lte": [low, value]}, {"$lt": [value, high]}]
 
 
-#: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before``, ``pace``
-#: and ``paced_at`` where present
-_STORED = (*FIELDS, "not_before", "pace", "paced_at")
+#: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before``, ``pace``,
+#: ``paced_at`` and ``settled`` where present
+_STORED = (*FIELDS, "not_before", "pace", "paced_at", "settled")
 
 
 def check_document(document: Document, where: str) -> Record:
@@ -626,7 +694,7 @@ def check_document(document: Document, where: str) -> Record:
 
     A document without ``not_before`` (written before holds existed) holds no
     hold; one without ``pace`` and ``paced_at`` (written before slow-downs) no
-    slow-down.
+    slow-down; one without ``settled`` (written before settlements) no settlement.
     """
     return check_record({key: document[key] for key in _STORED if key in document}, where=where)
 
@@ -670,12 +738,12 @@ def parse_taken(document: Document, where: str) -> Taken:
 
 
 def parse_changed(document: Document, where: str) -> bool:
-    """The yes or no ``set_paused``, ``release``, ``renew``, ``hold``, ``lift`` or ``slow`` left.
+    """The yes or no ``set_paused``, ``release``, ``renew``, ``hold``, ``lift``, ``slow`` or ``settle`` left.
 
     Whether ``set_paused`` changed the flag; whether the lease ``release``
     gave back, or ``renew`` renewed, was live; whether ``hold`` moved the
     hold; whether a hold ``lift`` cleared was on; whether ``slow`` slowed
-    the queue.
+    the queue; whether ``settle`` moved the schedule.
     """
     _, _, _, value, _ = _answer(document, where, "set")
     if value not in (0, 1):
@@ -770,4 +838,5 @@ PARSERS: dict[str, Callable[[Document, str], Answer]] = {
     "hold": parse_changed,
     "lift": parse_changed,
     "slow": parse_changed,
+    "settle": parse_changed,
 }

@@ -8,7 +8,8 @@ another, in ``?schema=`` or the connection's search path)::
     leases bigint[]  -- (ticket, expiry, token) triples flattened, in start order
     held_us bigint, keep_until_us bigint,  -- NULL: kept forever
     not_before_us bigint,  -- the end of a hold; NULL: none
-    pace_us bigint, paced_at_us bigint  -- the last slow-down's interval (0: none) and when (NULL: never)
+    pace_us bigint, paced_at_us bigint,  -- the last slow-down's interval (0: none) and when (NULL: never)
+    settled bigint  -- the ticket of the latest settlement that moved due_us (0: none)
 
 Every operation is **one call** of one server-side PL/pgSQL function
 (``<table>_op_v2``, created beside the table): it locks the row (``SELECT
@@ -21,8 +22,8 @@ and no client reads then writes. The function and the table (``CREATE TABLE
 IF NOT EXISTS``) are created at a state's first call if missing, under a
 transaction-scoped advisory lock so that racing first users do not collide;
 a table made by an older version gains the columns it lacks then
-(``not_before_us``, ``pace_us``, ``paced_at_us``: its rows have no hold and
-were never slowed). Their text is ``function.sql`` beside this module.
+(``not_before_us``, ``pace_us``, ``paced_at_us``, ``settled``: its rows have
+no hold, were never slowed and never settled). Their text is ``function.sql`` beside this module.
 
 A shard waiting for a place on a full queue hears of a place freed by another
 process at once (:meth:`PostgresBackend.watch`): the function NOTIFYs, and the
@@ -84,8 +85,8 @@ __all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"
 
 #: the table used unless ``?table=`` names another
 DEFAULT_TABLE = "ratequeue"
-#: the version suffix of the function's name: a new one whenever the function changes (v2: the hold
-#: and the slow-down)
+#: the version suffix of the function's name: a new one whenever the function changes (v2: the hold,
+#: the slow-down and the settlement)
 FUNCTION_VERSION = "v2"
 #: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.postgresql")
@@ -285,9 +286,13 @@ class PostgresBackend(StateBase):
         """
         name, n, far = f"ratequeue warm-up {uuid.uuid4()}", 10**12, 10**13
 
-        def select(op: str, now: int, ticket: int, lead: int, interval: int = 1000, token: int = 1) -> Query:
-            # the function's arguments: burst, keep and max_running 1, a lease of 1000 us, a cost of 1
-            values = (op, name, interval, 1, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token)
+        def select(
+            op: str, now: int, ticket: int, lead: int, interval: int = 1000, token: int = 1, burst: int = 1
+        ) -> Query:
+            # the function's arguments: keep and max_running 1, a lease of 1000 us, a cost of 1; a
+            # burst of 2 on a queue of its own
+            queue = name if burst == 1 else f"{name} burst"
+            values = (op, queue, interval, burst, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token)
             arguments = sql.SQL(", ").join(map(sql.Literal, values))
             return sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
 
@@ -311,6 +316,10 @@ class PostgresBackend(StateBase):
             select("slow", n, 0, 0),  # slowed: twice the effective interval
             select("slow", n, 0, 1),  # no slower than the effective interval: unchanged
             select("try_start", n, 2, 0),  # (paused) its slots at the slowed, effective interval
+            select("settle", n, 1, 0),  # a refund: due moves back
+            select("settle", n, 1, 0),  # the ticket that settled last: unchanged
+            select("take_and_try", n, 0, 0, burst=2),
+            select("settle", n, 1, 2, burst=2),  # an overrun: due moves on
             select("take", far, 0, 0),  # pos jumps
             select("take", far, 0, 0, interval=7),  # mismatch
             select("read", far, 0, 0),
@@ -474,7 +483,7 @@ class PostgresBackend(StateBase):
         # its columns, and the function is replaced by this version's)
         exists = sql.SQL(
             "SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL AND EXISTS ("
-            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'paced_at_us' "
+            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'settled' "
             "AND NOT attisdropped)"
         )
         table_text, function_text = self._quoted(self._table_name), self._quoted(self._function_name)
@@ -553,11 +562,11 @@ class PostgresBackend(StateBase):
 #: the fields a row holds in a column named ``<field>_us`` (times and intervals, in us)
 _TIMES = ("at", "interval", "due", "held", "not_before", "pace", "paced_at")
 
-#: the column of a row holding each field of its record (``not_before``, ``pace`` and ``paced_at``,
-#: which rows made before the hold or the slow-down may lack, among them)
+#: the column of a row holding each field of its record (``not_before``, ``pace``, ``paced_at`` and
+#: ``settled``, which rows made before the hold, the slow-down or the settlement may lack, among them)
 _COLUMNS = {
     field: f"{field}_us" if field in _TIMES else field
-    for field in (*FIELDS, "not_before", "pace", "paced_at")
+    for field in (*FIELDS, "not_before", "pace", "paced_at", "settled")
 }
 
 

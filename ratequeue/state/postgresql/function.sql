@@ -4,14 +4,15 @@
 -- function before this is run; statements are separated by lines holding only "-- ;;".
 -- The function's name carries a version (_v2): a release that changes what it does or its
 -- signature gives it a new name, so that older and newer clients never replace each other's
--- (_v1 had no hold and no slow-down: it leaves not_before_us, pace_us and paced_at_us as it finds
--- them, and ignores them).
+-- (_v1 had no hold, no slow-down and no settlement: it leaves not_before_us, pace_us, paced_at_us
+-- and settled as it finds them, and ignores them).
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
 -- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
 -- order: {ticket1, expiry1, token1, ticket2, expiry2, token2, ...}. not_before_us is the end of a hold
 -- (protocol.hold; NULL: none, as NEVER). pace_us is the interval the last slow-down set (protocol.slow;
--- 0: none) and paced_at_us when it was made (NULL: never, as NEVER). keep_until_us is the state-clock
+-- 0: none) and paced_at_us when it was made (NULL: never, as NEVER). settled is the ticket of the
+-- latest settlement that moved due_us (protocol.settle; 0: none). keep_until_us is the state-clock
 -- time from which the row may be deleted (NULL: kept forever).
 CREATE TABLE IF NOT EXISTS @TABLE@ (
     name text PRIMARY KEY,
@@ -28,19 +29,21 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
     keep_until_us bigint,
     not_before_us bigint,
     pace_us bigint NOT NULL DEFAULT 0,
-    paced_at_us bigint
+    paced_at_us bigint,
+    settled bigint NOT NULL DEFAULT 0
 )
 -- ;;
--- a table made before the hold (by _v1) or before the slow-down gains the columns it lacks; its rows
--- read NULL (no hold, never slowed) and 0 (no pace) there. Only then is the table altered (which takes
--- its lock, and needs its owner's rights)
+-- a table made before the hold (by _v1), before the slow-down or before the settlement gains the
+-- columns it lacks; its rows read NULL (no hold, never slowed) and 0 (no pace, never settled) there.
+-- Only then is the table altered (which takes its lock, and needs its owner's rights)
 DO $ratequeue$
 BEGIN
     IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '@TABLE@'::regclass
-        AND attname IN ('not_before_us', 'pace_us', 'paced_at_us') AND NOT attisdropped) < 3 THEN
+        AND attname IN ('not_before_us', 'pace_us', 'paced_at_us', 'settled') AND NOT attisdropped) < 4 THEN
         ALTER TABLE @TABLE@ ADD COLUMN IF NOT EXISTS not_before_us bigint,
                             ADD COLUMN IF NOT EXISTS pace_us bigint NOT NULL DEFAULT 0,
-                            ADD COLUMN IF NOT EXISTS paced_at_us bigint;
+                            ADD COLUMN IF NOT EXISTS paced_at_us bigint,
+                            ADD COLUMN IF NOT EXISTS settled bigint NOT NULL DEFAULT 0;
     END IF;
 END
 $ratequeue$
@@ -49,7 +52,7 @@ $ratequeue$
 -- server's clock; called autocommit, each call is its own transaction.
 --
 --   p_op           take, try_start, take_and_try, retime, set_paused, release, renew, hold, lift,
---                  slow (they lock the row, creating it if missing, and write it back), read (changes
+--                  slow, settle (they lock the row, creating it if missing, and write it back), read (changes
 --                  nothing, creates nothing) or sweep (deletes the rows whose keep time has passed;
 --                  p_name ignored)
 --   p_interval, p_burst, p_max_running
@@ -61,7 +64,8 @@ $ratequeue$
 --   p_now          NULL for the server's clock_timestamp(), or a fixed now (us) set by a test
 --   p_ticket, p_lead, p_cost, p_paused, p_token
 --                  the operation's own arguments (unused ones are ignored; the lead_us of hold and
---                  of slow, the interval to slow to at least, is p_lead)
+--                  of slow, the interval to slow to at least, is p_lead; settle's estimate is p_cost
+--                  and its actual cost, not a time, p_lead)
 --
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
 --   take                               ("taken", TICKET, POS, AT)
@@ -71,6 +75,7 @@ $ratequeue$
 --   hold                               ("set", 1 if the hold moved else 0)
 --   lift                               ("set", 1 if a hold was on at now else 0)
 --   slow                               ("set", 1 if the queue was slowed else 0)
+--   settle                             ("set", 1 if due moved else 0)
 --   release, renew                     ("live", 1 if the ticket's lease was live else 0)
 --   read                               ("record", stored = the row as jsonb) or ("none")
 --   sweep                              ("swept", how many rows were deleted)
@@ -130,6 +135,8 @@ DECLARE
     v_not_before bigint;
     v_pace bigint;
     v_paced_at bigint;
+    v_settled bigint;
+    v_moved numeric;
     v_halvings bigint;
     v_step bigint;
     v_slowest bigint;
@@ -210,7 +217,8 @@ BEGIN
             AND 0 <= coalesce(r.pace_us, 0)
             AND coalesce(r.pace_us, 0)::numeric <= c_max_slow::numeric * r.interval_us
             AND r.burst::numeric * coalesce(r.pace_us, 0) < c_limit
-            AND r.at_us <= r.due_us
+            -- (a refund moves due behind at, by a burst of intervals at most: protocol.settle)
+            AND r.at_us::numeric - r.burst::numeric * r.interval_us <= r.due_us
             -- (at the slowest pace a slow-down may set: a due written then outlives a faster pace)
             AND r.due_us::numeric <= r.at_us::numeric + (r.burst - 1)::numeric
                                      * least(c_max_slow::numeric * r.interval_us, (c_limit - 1) / r.burst)
@@ -218,6 +226,7 @@ BEGIN
             AND c_never <= r.held_us AND r.held_us < c_limit
             AND c_never <= coalesce(r.not_before_us, c_never) AND coalesce(r.not_before_us, c_never) < c_limit
             AND c_never <= coalesce(r.paced_at_us, c_never) AND coalesce(r.paced_at_us, c_never) < c_limit
+            AND 0 <= coalesce(r.settled, 0) AND coalesce(r.settled, 0) <= r.pos
             AND (v_n = 0 OR (array_ndims(r.leases) = 1 AND array_lower(r.leases, 1) = 1))
             AND v_n % 3 = 0 AND v_n / 3 <= r.max_running) THEN
         o_kind := 'corrupt'; o_stored := to_jsonb(r);
@@ -275,6 +284,7 @@ BEGIN
     v_ticket := r.ticket; v_pos := r.pos; v_at := r.at_us; v_due := r.due_us; v_held := r.held_us;
     v_not_before := coalesce(r.not_before_us, c_never); v_paused := r.paused;
     v_pace := coalesce(r.pace_us, 0); v_paced_at := coalesce(r.paced_at_us, c_never);
+    v_settled := coalesce(r.settled, 0);
     -- protocol.effective_interval: what the slots count at now, the interval or, after a slow-down,
     -- more: the pace's excess over the interval halves every RECOVER since paced_at (whole halvings)
     IF v_pace <= r.interval_us THEN
@@ -426,6 +436,35 @@ BEGIN
         ELSE
             o_a := 1; v_pace := v_t; v_paced_at := v_now;
         END IF;
+    ELSIF p_op = 'settle' THEN
+        -- protocol.settle: the job of ticket p_ticket, started for p_cost, cost p_lead. An overrun moves
+        -- due on by the excess at the effective interval, to at + (burst - 1) slowest paces at most;
+        -- a refund moves it back by the saving at the interval, never below at + (pos - ticket -
+        -- estimate) intervals. Nothing for a ticket not started, a record that never started one, the
+        -- ticket that settled last, or an exact estimate (in numeric: the bound a refund may not pass
+        -- can lie far off)
+        o_kind := 'set'; o_a := 0;
+        IF 0 < p_ticket AND p_ticket <= v_pos AND v_at <> c_never AND p_ticket <> v_settled
+           AND p_lead <> p_cost THEN
+            IF p_lead > p_cost THEN
+                v_moved := least(v_due::numeric + (p_lead - p_cost)::numeric * v_step,
+                                 v_at::numeric + (r.burst - 1)::numeric
+                                                 * least(c_max_slow::numeric * r.interval_us,
+                                                         (c_limit - 1) / r.burst));
+                IF v_moved > v_due THEN
+                    o_a := 1;
+                END IF;
+            ELSE
+                v_moved := greatest(v_due::numeric - (p_cost - p_lead)::numeric * r.interval_us,
+                                    v_at::numeric + (v_pos - p_ticket - p_cost)::numeric * r.interval_us);
+                IF v_moved < v_due THEN
+                    o_a := 1;
+                END IF;
+            END IF;
+            IF o_a = 1 THEN
+                v_due := v_moved; v_settled := p_ticket;
+            END IF;
+        END IF;
     ELSIF p_op = 'release' THEN
         -- protocol.release: drop the ticket's lease named by p_token, and the expired ones; whether
         -- it was live
@@ -483,11 +522,13 @@ BEGIN
        OR v_paused <> r.paused OR v_leases <> r.leases OR v_held <> r.held_us
        OR v_not_before <> coalesce(r.not_before_us, c_never)
        OR v_pace <> coalesce(r.pace_us, 0) OR v_paced_at <> coalesce(r.paced_at_us, c_never)
+       OR v_settled <> coalesce(r.settled, 0)
        OR v_keep_until IS DISTINCT FROM r.keep_until_us THEN
         UPDATE @TABLE@
         SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
             leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
-            pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), keep_until_us = v_keep_until
+            pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), settled = v_settled,
+            keep_until_us = v_keep_until
         WHERE name = p_name;
     END IF;
     RETURN NEXT;

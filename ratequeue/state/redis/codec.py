@@ -159,9 +159,22 @@ def _flag(flag: int, now: int) -> bool:
 
 def _snapshot(now: int, *fields: int) -> Snapshot:
     """The :class:`Snapshot` of a ``record`` reply: its fields, then ``TICKET EXPIRY TOKEN`` per lease."""
-    ticket, pos, at, interval, burst, due, paused, max_running, held, not_before, pace, paced_at, *numbers = (
-        fields
-    )
+    (
+        ticket,
+        pos,
+        at,
+        interval,
+        burst,
+        due,
+        paused,
+        max_running,
+        held,
+        not_before,
+        pace,
+        paced_at,
+        settled,
+        *numbers,
+    ) = fields
     leases = tuple(zip(numbers[::3], numbers[1::3], numbers[2::3], strict=True))
     record = Record(
         ticket,
@@ -177,6 +190,7 @@ def _snapshot(now: int, *fields: int) -> Snapshot:
         not_before,
         pace,
         paced_at,
+        settled,
     )
     return Snapshot(record=record, now=now)
 
@@ -187,16 +201,16 @@ parse_taken: Parser[Taken] = _parser(taken=Taken)
 #: the answer of ``try_start``, ``take_and_try`` or ``retime``: ``KIND TICKET VALUE NOW``
 parse_outcome: Parser[Outcome] = _parser(started=Started, wait=Wait, passed=Passed)
 
-#: the answer of ``set_paused``, ``hold``, ``lift`` and ``slow``: ``set CHANGED NOW``; whether the flag
-#: changed, the hold moved, a hold was on, or the queue was slowed
+#: the answer of ``set_paused``, ``hold``, ``lift``, ``slow`` and ``settle``: ``set CHANGED NOW``; whether
+#: the flag changed, the hold moved, a hold was on, the queue was slowed, or the schedule moved
 parse_changed: Parser[bool] = _parser(set=_flag)
 
 #: the answer of ``release`` and ``renew``: ``live LIVE NOW``; whether the ticket's lease was live
 parse_live: Parser[bool] = _parser(live=_flag)
 
 #: the answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED MAX_RUNNING HELD
-#: NOT_BEFORE PACE PACED_AT`` followed by ``TICKET EXPIRY TOKEN`` for each lease, or ``none NOW`` (a read
-#: checks no terms)
+#: NOT_BEFORE PACE PACED_AT SETTLED`` followed by ``TICKET EXPIRY TOKEN`` for each lease, or ``none NOW``
+#: (a read checks no terms)
 parse_snapshot: Parser[Snapshot] = _parser(record=_snapshot, none=lambda now: Snapshot(record=None, now=now))
 
 
@@ -238,4 +252,5 @@ PARSERS: dict[str, Parser[Answer]] = {
     "hold": parse_changed,
     "lift": parse_changed,
     "slow": parse_changed,
+    "settle": parse_changed,
 }

@@ -9,9 +9,9 @@ are written once, and there is one SHA to send and one SCRIPT LOAD after a NOSCR
 KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole number in decimal:
           ticket, pos, at, interval, due, burst, paused ("1" or "0"), max_running ("0": no cap),
           held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY:TOKEN"
-          joined by commas ("" for none); and not_before, pace and paced_at, each present only
-          while it is not its default (NEVER, 0, NEVER; records written before they were added
-          lack them: missing is the default)
+          joined by commas ("" for none); and not_before, pace, paced_at and settled, each present
+          only while it is not its default (NEVER, 0, NEVER, 0; records written before they were
+          added lack them: missing is the default)
 ARGV[1]   the operation (core/operation.py's Kind), or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
 ARGV[3]   the burst the caller expects; likewise
@@ -21,10 +21,11 @@ ARGV[4]   the keep time (us): a write with keep > 0 keeps the key until keep aft
 ARGV[5]   the max_running the caller expects (0: no cap); a record created now gets it
 ARGV[6]   the lease (us) a start or a renewal takes, used with max_running only
 ARGV[7]   "" to read the server's TIME, or a fixed now (us) set by a test
-ARGV[8]   the ticket (try_start, retime, release, renew)
+ARGV[8]   the ticket (try_start, retime, release, renew, settle)
 ARGV[9]   the lead (us) (try_start, take_and_try, retime, hold); slow: the interval (us) to slow
-          to at least (0: twice the effective one)
-ARGV[10]  the cost (take, try_start, take_and_try)
+          to at least (0: twice the effective one); settle: not a time, the job's actual cost
+          (0 to the burst)
+ARGV[10]  the cost (take, try_start, take_and_try); settle: the cost the ticket was taken for
 ARGV[11]  set_paused: 1 to pause, 0 to resume
 ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
 
@@ -37,10 +38,12 @@ a fraction of the CPU an array costs it); numbers are whole, in decimal:
   hold                               "set CHANGED NOW", CHANGED 1 if the hold moved, else 0
   lift                               "set CHANGED NOW", CHANGED 1 if a hold was on at NOW, else 0
   slow                               "set CHANGED NOW", CHANGED 1 if it slowed the queue, else 0
+  settle                             "set CHANGED NOW", CHANGED 1 if the schedule (due) moved,
+                                     else 0
   release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
   read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
-                                     MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT" then each lease
-                                     as "TICKET EXPIRY TOKEN", or "none NOW"
+                                     MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED" then each
+                                     lease as "TICKET EXPIRY TOKEN", or "none NOW"
 and, changing nothing:
   any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
                                                                      (interval, burst, max_running)
@@ -56,7 +59,8 @@ take it), also PUBLISH an empty message on the channel KEYS[1] .. "#freed", whic
 other processes waiting for a place listen on (freed.py); nothing else publishes.
 
 Every operation but read creates a missing record (protocol.new_record) and writes the whole
-record back (not_before, pace and paced_at removed from the hash when they are their default);
+record back (not_before, pace, paced_at and settled removed from the hash when they are their
+default);
 read never writes. Numbers stay below 2^53, so every one is exact in a double.
 ]]
 
@@ -90,7 +94,7 @@ local function decimal(value)
 end
 
 local FIELDS = {"ticket", "pos", "at", "interval", "due", "burst", "max_running", "held", "paused",
-  "leases", "not_before", "pace", "paced_at"}
+  "leases", "not_before", "pace", "paced_at", "settled"}
 local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS))
 local ticket, pos, at, interval, due, burst, max_running, held
 -- no ticket starts before this time (protocol.hold); NEVER: no hold (also when the hash lacks it)
@@ -98,6 +102,9 @@ local not_before = NEVER
 -- the interval the last slow-down set (protocol.slow), and when; 0 and NEVER: none (also when
 -- the hash lacks them)
 local pace, paced_at = 0, NEVER
+-- the ticket of the latest settlement that moved due (protocol.settle); 0: none (also when the
+-- hash lacks it)
+local settled = 0
 -- whether the queue is paused for every shard
 local paused = false
 -- the leases of running jobs as {ticket, expiry, token} in start order
@@ -113,7 +120,8 @@ local function slowest_pace()
 end
 
 if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
-        or stored[8] or stored[9] or stored[10] or stored[11] or stored[12] or stored[13]) then
+        or stored[8] or stored[9] or stored[10] or stored[11] or stored[12] or stored[13]
+        or stored[14]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
@@ -146,8 +154,9 @@ else
     end
   end
   -- (due may lie as far ahead of at as the burst at the slowest pace allowed: a due written while
-  -- slowed outlives a later, faster pace)
-  if not (at <= due and due <= at + (burst - 1) * slowest_pace()) then
+  -- slowed outlives a later, faster pace; and as far behind as a refund moves it, a burst of
+  -- intervals, protocol.settle; exact: at and both spans lie within 2^52 of 0)
+  if not (at - burst * interval <= due and due <= at + (burst - 1) * slowest_pace()) then
     return "corrupt due " .. stored[5]
   end
   if not (0 <= max_running and max_running <= MAX_RUNNING) then
@@ -166,6 +175,12 @@ else
     paced_at = string.find(stored[13], "^%-?%d+$") and tonumber(stored[13])
     if not (paced_at and NEVER <= paced_at and paced_at < LIMIT) then
       return "corrupt paced_at " .. stored[13]
+    end
+  end
+  if stored[14] then -- (a record written before the settlement was added lacks it: 0)
+    settled = string.find(stored[14], "^%d+$") and tonumber(stored[14])
+    if not (settled and settled <= pos) then
+      return "corrupt settled " .. stored[14]
     end
   end
   if stored[9] ~= "1" and stored[9] ~= "0" then
@@ -221,7 +236,7 @@ else
   if op == "read" then
     local words = {"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
       decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held),
-      decimal(not_before), decimal(pace), decimal(paced_at)}
+      decimal(not_before), decimal(pace), decimal(paced_at), decimal(settled)}
     for _, lease in ipairs(leases) do
       words[#words + 1] = decimal(lease[1])
       words[#words + 1] = decimal(lease[2])
@@ -421,6 +436,40 @@ elseif op == "slow" then
   if slower > current then
     pace, paced_at = slower, now
   end
+elseif op == "settle" then
+  -- protocol.settle: ticket t's job, started for `estimate`, cost `actual`; whether due moved
+  local t, actual, estimate = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local moved = false
+  if 0 < t and t <= pos and at ~= NEVER and t ~= settled and actual ~= estimate then
+    -- (every span below is whole and stays below 2^53, so exact; see each)
+    if actual > estimate then
+      -- an overrun: due moves by the excess at the effective interval, to at + (burst - 1)
+      -- slowest paces at most (room: at most that span plus a burst of intervals, below 2^53;
+      -- the excess, less than burst steps of at most the slowest pace, below 2^52)
+      local room = at + (burst - 1) * slowest_pace() - due
+      if room > 0 then
+        due = due + math.min((actual - estimate) * effective(), room)
+        moved = true
+      end
+    else
+      -- a refund: due moves back by the saving at the interval (below burst intervals, 2^52), to
+      -- at + (pos - t - estimate) intervals at least. That span is at least -burst intervals; past
+      -- 2^52 (however rounded: rounding keeps it there) the floor lies beyond due, which lies
+      -- less than 2^52 past at, so nothing moves; below, it is exact, and so is due less the floor
+      local span = (pos - t - estimate) * interval
+      if span < LIMIT then
+        local room = (due - at) - span
+        if room > 0 then
+          due = due - math.min((estimate - actual) * interval, room)
+          moved = true
+        end
+      end
+    end
+  end
+  reply = {"set", moved and "1" or "0", decimal(now)}
+  if moved then
+    settled = t
+  end
 elseif op == "release" or op == "renew" then
   local live
   if op == "release" then
@@ -474,8 +523,8 @@ for i, lease in ipairs(leases) do
   pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2]) .. ":" .. decimal(lease[3])
   expires = math.max(expires, lease[2])
 end
--- not_before, pace and paced_at only while not their default: a record without a hold or a
--- slow-down is stored as before they were added
+-- not_before, pace, paced_at and settled only while not their default: a record without a hold,
+-- a slow-down or a settlement is stored as before they were added
 local extra_fields, defaults = {}, {}
 local function store_field(i, value, default)
   if value ~= default then
@@ -488,6 +537,7 @@ end
 store_field(11, not_before, NEVER)
 store_field(12, pace, 0)
 store_field(13, paced_at, NEVER)
+store_field(14, settled, 0)
 if #defaults > 0 then
   redis.call("HDEL", KEYS[1], unpack(defaults))
 end
