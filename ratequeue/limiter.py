@@ -195,6 +195,24 @@ class Limiter(LimiterBase):
         """
         return run(self._heed_flow(headers, status))
 
+    def settle(self, turn: Turn, cost: int) -> bool:
+        """Tell the fleet what ``turn``'s call really cost: an overrun moves later starts on, a refund back.
+
+        ``turn`` is what :meth:`acquire` returned, taken with an estimated
+        ``cost=``; ``cost`` here is the actual one, from 0 to the burst
+        (LLM tokens, GraphQL points). One call to the state, none when it is
+        the estimate. An overrun moves every later start by the excess; a
+        refund gives back what the burst still holds of the saving (never
+        credit the queue had already lost while idle). A turn settles once.
+        Returns whether later starts moved. The guarantee (G8): any run of
+        starts costs, as known when its last one started, at most the burst
+        plus its length in intervals (docs/feedback.md, "Costs settled after
+        the call").
+
+        :raises StateUnavailable: if the state cannot be reached.
+        """
+        return run(self._settle_flow(turn, cost))
+
     def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
         runner = self._runner

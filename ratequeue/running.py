@@ -39,13 +39,22 @@ from .core.protocol import (
 )
 from .core.shard import Begin, BeginAt, Expired, Place, Shard, SleepUntil, Turn, WaitForTurn
 from .drivers import Driver
-from .errors import AcquireTimeout, StateUnavailable
+from .errors import AcquireTimeout, ConfigurationError, StateUnavailable
 from .events import Event, EventHook, check_hook
-from .fallback import Fallback
+from .fallback import LOCAL_TICKET, Fallback
 from .headers import REFUSAL_HOLD, Feedback, HeadersLike, parse_headers
 from .leasing import LeaseKeeper
 from .reporting import Reporter
-from .settings import Seconds, Settings, check_cost, check_hold, check_slow, check_timeout, wait
+from .settings import (
+    Seconds,
+    Settings,
+    check_cost,
+    check_hold,
+    check_settled,
+    check_slow,
+    check_timeout,
+    wait,
+)
 from .state.base import AsyncState, Snapshot, State
 
 __all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
@@ -64,6 +73,7 @@ _PAIR_TRIES = 3
 #: a hold this process put on the whole queue (INFO: it is rare, and every process should see why)
 _log = logging.getLogger("ratequeue.limiter")
 _HELD = "queue %r held everywhere for %.3f s (asked by: %s)"
+_SETTLED = "queue %r: ticket %d, taken for cost %d, settled at %d; later starts moved"
 _SLOWED = "queue %r slowed down everywhere (asked by: %s); it recovers while no refusal comes"
 
 
@@ -395,7 +405,7 @@ class ShardRunner:
         if not isinstance(answer, Started):
             return None
         offset = None if state_now is None else received - state_now
-        return self.shard.convert(answer, sent, received, offset=offset, token=turn.token)
+        return self.shard.convert(answer, sent, received, offset=offset, token=turn.token, cost=turn.cost)
 
     def _lost(self, token: int, answer: Answer) -> None:
         """A call naming ``token`` was answered after its caller was cancelled: its lease goes back."""
@@ -542,6 +552,27 @@ class LimiterBase:
                 runner.reporter.emit(Event("slow", self.name, outcome=why))
             _log.info(_SLOWED, self.name, why)
         return slowed
+
+    def _settle_flow(self, turn: Turn, cost: int) -> Flow[bool]:
+        """Tell the state what ``turn``'s call cost (one call; none at the estimate): whether starts moved.
+
+        A refund lets this shard's waiting head ask again at once.
+        """
+        if not isinstance(turn, Turn):
+            raise ConfigurationError(f"settle() takes the Turn acquire() returned, got {type(turn).__name__}")
+        runner = self._runner
+        actual = check_settled(cost, self.settings.burst)
+        if actual == turn.cost or turn.ticket == LOCAL_TICKET:  # (a local turn: the state never knew it)
+            return False
+        op = Operation("settle", self.name, self.settings.terms, turn.ticket, actual, turn.cost)
+        moved = bool((yield Call(runner.state.execute, (op,))))
+        if moved:
+            _log.debug(_SETTLED, self.name, turn.ticket, turn.cost, actual)
+            if actual < turn.cost:
+                with runner.driver.lock:
+                    runner.shard.ask_again()
+                    runner.changed()
+        return moved
 
     def _lift_hold_flow(self) -> Flow[bool]:
         """Lift the queue's hold (one call): whether one was on. This shard's head asks again at once."""

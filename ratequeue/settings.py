@@ -295,6 +295,15 @@ def check_cost(value: object, burst: int) -> int:
     return value  # type: ignore[return-value]
 
 
+def check_settled(value: object, burst: int) -> int:
+    """``value`` as what a call really cost (``Limiter.settle``): a whole number from 0 to the burst."""
+    if _is_int(value) and 0 <= value <= burst:  # type: ignore[operator]
+        return value  # type: ignore[return-value]
+    raise ConfigurationError(
+        f"a settled cost must be a whole number from 0 to the burst ({burst}), got {value!r}"
+    )
+
+
 def check_timeout(value: object) -> float | None:
     """``value`` as ``None`` (wait for ever) or seconds >= 0; over :data:`FOREVER` (or ``inf``): ``None``."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > FOREVER):

@@ -213,8 +213,22 @@ def check_http_feedback(output: str) -> None:
     assert max(counts) <= 5
 
 
+def check_token_budget(output: str) -> None:
+    shares = {}
+    for said in ("never settled", "settled after each call"):
+        match = search(
+            said + r" *: +\d+ calls used +\d+ of the +\d+ tokens the budget allowed \( *(\d+) %\), "
+            r"runs of calls over the budget: (\d+)",
+            output,
+        )
+        assert match[2] == "0", f"{said}: the budget was exceeded"
+        shares[said] = int(match[1])
+    assert shares["settled after each call"] > shares["never settled"], "the refunds were used"
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "http_feedback.py": check_http_feedback,
+    "token_budget.py": check_token_budget,
     "metrics_prometheus.py": check_metrics_prometheus,
     "retries.py": check_retries,
     "max_running.py": check_max_running,

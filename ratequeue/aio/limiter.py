@@ -130,6 +130,10 @@ class Limiter(LimiterBase):
         """Hold the whole queue if a service's answer asks (see :meth:`ratequeue.Limiter.heed`)."""
         return await arun(self._heed_flow(headers, status))
 
+    async def settle(self, turn: Turn, cost: int) -> bool:
+        """Tell the fleet what ``turn``'s call really cost (see :meth:`ratequeue.Limiter.settle`)."""
+        return await arun(self._settle_flow(turn, cost))
+
     async def status(self) -> Status:
         """Read the queue's shared record (one call to the state) and this shard's state."""
         return Status.of(self.settings, await self.state.read(self.name), self._runner.shard)

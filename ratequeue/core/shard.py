@@ -89,6 +89,8 @@ class Turn(NamedTuple):
     #: the number this turn's shard gave its ticket (0 without ``max_running``): releasing the
     #: turn names it, so a turn releases its own lease only
     token: int = 0
+    #: the cost its ticket was taken for (the estimate a settlement corrects, ``Limiter.settle``)
+    cost: int = 1
 
     @property
     def start(self) -> float:
@@ -511,7 +513,7 @@ class Shard:
             if self._holder is not place or place.turn is None:
                 return  # the turn was abandoned meanwhile
             if isinstance(answer, Started):
-                place.turn = self._turn(answer, offset, sent, place.turn.token)
+                place.turn = self._turn(answer, offset, sent, place.turn.token, place.turn.cost)
                 place.doubt = doubt
             elif self.burst > 1:
                 place.begins_late = True
@@ -526,7 +528,7 @@ class Shard:
                 return
             head = line.popleft()  # the caller itself, or the next one if it left meanwhile
             head.queued = False
-            head.turn = self._turn(answer, offset, sent, self._token)
+            head.turn = self._turn(answer, offset, sent, self._token, self._call_cost)
             head.doubt = doubt
             self._holder = head
         elif isinstance(answer, Wait):
@@ -551,7 +553,7 @@ class Shard:
         else:
             self._ticket = self._slot = None
 
-    def _turn(self, started: Started, offset: float, sent: float, token: int) -> Turn:
+    def _turn(self, started: Started, offset: float, sent: float, token: int, cost: int) -> Turn:
         """The turn ``started`` gives, its start converted to local time with ``offset``.
 
         A tighter offset bound learnt since this shard's previous begun turn
@@ -566,10 +568,17 @@ class Shard:
             gap = (started.start - last.start_us) / US
             room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
             local = max(local, last.local_start + gap - max(0.0, room))
-        return tuple.__new__(Turn, (started.ticket, started.start, local, token))
+        return tuple.__new__(Turn, (started.ticket, started.start, local, token, cost))
 
     def convert(
-        self, started: Started, sent: float, received: float, *, offset: float | None = None, token: int = 0
+        self,
+        started: Started,
+        sent: float,
+        received: float,
+        *,
+        offset: float | None = None,
+        token: int = 0,
+        cost: int = 1,
     ) -> Turn:
         """The turn ``started`` gives (with ``token``), converted to local time as :meth:`receive` would.
 
@@ -579,7 +588,8 @@ class Shard:
             offset, _ = self.estimator.bound(received, started.now / US, max(0.0, received - sent))
         else:
             self.estimator.direct(offset)
-        return Turn(started.ticket, started.start, _to_local(started.start, started.now, offset, sent), token)
+        local = _to_local(started.start, started.now, offset, sent)
+        return Turn(started.ticket, started.start, local, token, cost)
 
     def learn_clock(self, other: Shard, now: float) -> None:
         """Start from what ``other``, a shard of the same state, knows of its clock (a group's new key)."""
