@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 
 from ratequeue import ConfigurationError, Limiter, aio
 from ratequeue.core import protocol
-from ratequeue.core.protocol import NEVER, Started, Wait
+from ratequeue.core.operation import Operation
+from ratequeue.core.protocol import NEVER, Answer, Started, Wait
+from ratequeue.state import State
 
 from .backends import Backend
+from .test_wakeups import Counting
 
 INTERVAL = 10_000  # 10 ms
 
@@ -211,3 +214,33 @@ def test_settle_takes_a_turn() -> None:
 def test_a_record_that_never_started_reads_as_unsettled() -> None:
     assert protocol.new_record(INTERVAL).settled == 0
     assert protocol.new_record(INTERVAL).at == NEVER
+
+
+def test_settling_costs_an_idle_acquire_nothing(backend: Backend) -> None:
+    """No cost when unused: on a queue that was settled, an idle acquire still asks for its turn once.
+
+    (A start the shard would begin late is moved by a ``retime``, G7's own
+    call, whatever was settled: it is not counted here.)
+    """
+    state = _Kinds(backend.open())
+    with closing(Limiter(state, name=backend.fresh_name(), interval=0.01, burst=10)) as limiter:
+        turn = limiter.acquire(cost=5)
+        assert limiter.settle(turn, 5) is False
+        state.kinds.clear()
+        assert limiter.settle(turn, 2) is True
+        assert state.kinds == ["settle"], "a settlement is one call, and none at the estimate"
+        state.kinds.clear()
+        limiter.acquire()
+        assert [kind for kind in state.kinds if kind != "retime"] == ["take_and_try"]
+
+
+class _Kinds(Counting):
+    """A state that notes the kind of each operation made through it."""
+
+    def __init__(self, inner: State) -> None:
+        super().__init__(inner)
+        self.kinds: list[str] = []
+
+    def execute(self, op: Operation) -> Answer:
+        self.kinds.append(op.kind)
+        return super().execute(op)
