@@ -2,17 +2,20 @@
 
 ``PATH`` itself is a small header that says what the state is; the records
 live in the directory ``PATH.d``, one file per queue name, each with a lock
-file of its own. An operation on a name reads its record (about a hundred
-bytes) and decides; if the record changes, it writes the new one whole to a
-temporary file and syncs it to disk, then locks that name only to check that
-the record is still the one it decided from and to rename the new file into
-place (else it decides again). Its cost therefore does not depend on how many
-names the state holds, a process killed mid-way never leaves a torn record, a
-change survives an operating-system crash once its operation has returned,
-the lock is held for a read and a rename (microseconds, never a disk sync),
-and a process stopped while it holds a name's lock stalls that name only
-(docs/file-state.md). The clock is the host's wall clock, which every user
-of the state shares.
+file of its own. An operation on a name takes that name's lock, reads its
+record (a few hundred bytes), decides, and, if the record changes, writes
+the new one over the file in place: one ``pwrite`` of at most a page,
+padded with spaces to the file's length, which a process killed at any
+instant has made whole or not at all. A new record, or one grown past its
+file, is written whole to a temporary file and renamed into place. With
+``durable`` (``?durable=1``) every change is written so, synced to disk
+before the rename and its directory after, so that it also survives an
+operating-system crash or a power loss. Its cost therefore does not depend
+on how many names the state holds, a process killed mid-way never leaves a
+torn record, the lock is held for microseconds (and a disk sync, if
+durable), and a process stopped while it holds a name's lock stalls that
+name only (docs/file-state.md). The clock is the host's wall clock, which
+every user of the state shares.
 
 Waiting for a lock costs no CPU while it stays held: the threads of a
 process queue on an in-process lock, and the one at the head waits for the
@@ -79,12 +82,19 @@ KEPT_LOCKS = 64
 #: hex digits of SHA-256 in a record file's name
 KEY_DIGITS = 32
 
-#: how many times an operation decides from a record read without the lock before it decides
-#: holding the lock (when other processes keep changing the record in between)
-OPTIMISTIC_TRIES = 3
+#: a record file written whole is padded with spaces to a multiple of this many bytes, so that the
+#: next records, a little longer or shorter, are written over it in place
+RECORD_BLOCK = 512
+
+#: the longest record file written over in place: one write of at most a page, which a process
+#: killed mid-way finishes or never starts; a longer one is written whole and renamed into place
+IN_PLACE_MOST = 4096
 
 #: what a record that is not there reads as
 _MISSING: Any = object()
+
+#: how many more times a record is read without its lock (held by another) until two reads agree
+_READS = 10
 
 #: the directory in ``PATH.d`` of the doorbells: a release that frees a place of a record found
 #: full lately (or a start that leaves one free) closes the empty file named as the record file
@@ -129,6 +139,7 @@ class FileState(LocalState):
         clock: Clock | None = None,
         lock_timeout: float = 30.0,
         create_parents: bool = False,
+        durable: bool = False,
     ) -> None:
         """Use the state at ``path`` (created on first write).
 
@@ -137,6 +148,9 @@ class FileState(LocalState):
         :param lock_timeout: seconds to wait for a lock before raising
             :class:`StateUnavailable`.
         :param create_parents: create missing parent directories (mode 0700).
+        :param durable: sync every change to disk before the operation returns, so that it
+            survives an operating-system crash or a power loss (``?durable=1`` in the URL); by
+            default a change survives any process's death, not the host's (docs/file-state.md).
         """
         self.path = Path(os.path.abspath(os.fspath(path)))
         self.url = self.path.as_uri()
@@ -144,6 +158,10 @@ class FileState(LocalState):
         self.records = self.path.with_name(f"{self.path.name}.d")
         self._clock = clock
         self._lock_timeout = lock_timeout
+        #: whether every change is synced to disk before its operation returns
+        self.durable = durable
+        if durable:
+            self.url += "?durable=1"
         _refuse_link_or_directory(self.path)
         if create_parents:
             _make_directories(self.path.parent)
@@ -158,11 +176,11 @@ class FileState(LocalState):
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
-        """Open ``file:///absolute/path.json``."""
+        """Open ``file:///absolute/path.json``, or ``file:///absolute/path.json?durable=1``."""
         parts = urlsplit(url)
-        if parts.netloc not in ("", "localhost") or not parts.path or parts.query or parts.fragment:
+        if parts.netloc not in ("", "localhost") or not parts.path or parts.fragment:
             raise ConfigurationError(f"a file URL is file:///absolute/path.json, got {url!r}")
-        return cls(unquote(parts.path))
+        return cls(unquote(parts.path), durable=_durable(parts.query, url))
 
     @classmethod
     def default(cls) -> FileState:
@@ -221,21 +239,16 @@ class FileState(LocalState):
         name = op.name
         self._ready(create=True)
         file, lock = self.record_files(name)
-        for _ in range(OPTIMISTIC_TRIES):
+        with self._locked(self._name_lock(lock)):
             seen = self._record_bytes(name, file)
             record, now, answer, content = self._decided(op, file, seen)
-            if content is None:
-                break
-            bell = self._freeing(op, record, now, answer)
-            if self._write_if_unchanged(name, file, lock, seen, content, bell):
-                break
-        else:  # the record kept changing under us: decide and write holding the lock
-            with self._locked(self._name_lock(lock)):
-                record, now, answer, content = self._decided(op, file, self._record_bytes(name, file))
-                if content is not None:
-                    self._replace(file, content, what=f"queue {name!r}")
-                    if self._freeing(op, record, now, answer):
-                        self._ring(file)
+            if content is not None:
+                renamed = self._store(file, content, seen, what=f"queue {name!r}")
+        if content is not None:
+            if self._freeing(op, record, now, answer):
+                self._ring(file)  # after the lock, which a woken waiter may want at once
+            if renamed and self.durable:
+                _sync_directory(file.parent)
         if record is None and self._sweep_due(now):
             self._sweep()
         return answer
@@ -259,10 +272,9 @@ class FileState(LocalState):
         )
 
     def _read(self, name: str) -> Snapshot:
-        # A record file is replaced whole, never changed in place: reading needs no lock.
-        raw = (
-            self._read_record(name, self.record_files(name)[0])[0] if self._ready(create=False) else _MISSING
-        )
+        raw = _MISSING
+        if self._ready(create=False):
+            raw = self._read_record(name, self.record_files(name)[0])[0]
         record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{name}")
         return self._checked(name, record, self._now())
 
@@ -283,40 +295,48 @@ class FileState(LocalState):
             return record, now, answer, None
         return record, now, answer, _record_bytes(op.name, _encode(updated), until)
 
-    def _write_if_unchanged(
-        self, name: str, file: Path, lock: Path, seen: bytes | None, content: bytes, bell: bool = False
-    ) -> bool:
-        """Replace queue ``name``'s record file with ``content`` if it still holds ``seen``; whether it did.
+    def _store(self, file: Path, content: bytes, seen: bytes | None, *, what: str) -> bool:
+        """Make ``file``, which holds ``seen`` (``None``: no file), hold ``content``; whether it was renamed.
 
-        The new record is written whole to a temporary file and synced to
-        disk *before* the lock is taken; holding the lock, the record file
-        is read again and, if its bytes are those decided from, the
-        temporary file is renamed over it. So the lock is held for a small
-        read and a rename (microseconds), never for a disk sync, and a
-        process stopped while it holds the lock stalls that name for no
-        longer than that.
-
-        With ``bell``, the record's doorbell rings once it is renamed (a place
-        is free from then on, before the directory is synced).
+        Called holding the name's lock. Over a record file of at least
+        ``content``'s length, up to :data:`IN_PLACE_MOST` bytes, unless
+        durable: written over in place, padded to its length (one write,
+        which a killed process finishes or never starts). Else written whole
+        to a temporary file (synced to disk if durable), padded to a
+        multiple of :data:`RECORD_BLOCK`, and renamed over it.
         """
-        tmp = self._write_synced(file, content, what=f"queue {name!r}")
-        renamed = False
+        if not self.durable and seen is not None and len(content) <= len(seen) <= IN_PLACE_MOST:
+            self._write_in_place(file, content, seen, what=what)
+            return False
+        tmp = self._write_new(file, _padded(content, RECORD_BLOCK), what=what, sync=self.durable)
         try:
-            with self._locked(self._name_lock(lock)):
-                if self._record_bytes(name, file) != seen:
-                    return False  # another process wrote it meanwhile: decide again
-                os.replace(tmp, file)
-                renamed = True
-            if bell:
-                self._ring(file)  # after the lock, which a woken waiter may want at once
+            os.replace(tmp, file)
         except OSError as exc:
-            raise self._cannot_write(f"queue {name!r}", file, exc) from exc
-        finally:
-            if not renamed:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-        _sync_directory(file.parent)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise self._cannot_write(what, file, exc) from exc
         return True
+
+    def _write_in_place(self, file: Path, content: bytes, seen: bytes, *, what: str) -> None:
+        """Write ``content``, padded to the length of ``seen`` (``file``'s bytes), over ``file``.
+
+        A write the system cuts short (a file-size limit) puts the bytes it
+        overwrote back, so the record stays as it was, and raises.
+        """
+        padded = _padded(content, len(seen))
+        try:
+            fd = os.open(file, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            raise self._cannot_write(what, file, exc) from exc
+        try:
+            written = os.pwrite(fd, padded, 0)
+            if written != len(padded):
+                os.pwrite(fd, seen[:written], 0)
+                raise OSError(errno.EFBIG, f"the write was cut short at {written} of {len(padded)} bytes")
+        except OSError as exc:
+            raise self._cannot_write(what, file, exc) from exc
+        finally:
+            os.close(fd)
 
     def _names(self, prefix: str) -> list[str]:
         return [name for name, _ in self._record_names() if name.startswith(prefix)]
@@ -331,7 +351,7 @@ class FileState(LocalState):
         gone = 0
         for name, file in self._record_names(expired_by=now):
             with self._locked(self._name_lock(self.record_files(name)[1])):
-                _, kept = self._read_record(name, file)
+                _, kept = self._parse_record(name, file, self._record_bytes(name, file))
                 if kept is None or kept > self._now():
                     continue
                 with contextlib.suppress(FileNotFoundError):
@@ -469,8 +489,28 @@ class FileState(LocalState):
     # --- record files and locks ---
 
     def _read_record(self, name: str, file: Path) -> tuple[Any, int | None]:
-        """The stored fields of queue ``name``'s record, unchecked, or :data:`_MISSING`; and its keep time."""
-        return self._parse_record(name, file, self._record_bytes(name, file))
+        """The stored fields of queue ``name``'s record, unchecked, or :data:`_MISSING`; and its keep time.
+
+        Read holding the name's lock if it is free, since a record may be
+        being written over in place; if another holds it (for a moment, or
+        stopped), read until two reads agree: a write over in place is one
+        system call, which a stopped process is never in the middle of.
+        """
+        lock = self._name_lock(file.with_suffix(".lock"))
+        try:
+            lock.acquire(0)
+        except (LockTimeout, OSError):
+            seen = self._record_bytes(name, file)
+            for _ in range(_READS):
+                again = self._record_bytes(name, file)
+                if again == seen:
+                    break
+                seen = again
+            return self._parse_record(name, file, seen)
+        try:
+            return self._parse_record(name, file, self._record_bytes(name, file))
+        finally:
+            lock.release()
 
     def _record_bytes(self, name: str, file: Path) -> bytes | None:
         """The bytes of queue ``name``'s record file, or ``None`` if there is none."""
@@ -517,8 +557,8 @@ class FileState(LocalState):
             )
         return data["record"], kept
 
-    def _write_synced(self, target: Path, content: bytes, *, what: str) -> Path:
-        """A new temporary file beside ``target`` holding ``content``, written whole and synced to disk.
+    def _write_new(self, target: Path, content: bytes, *, what: str, sync: bool = True) -> Path:
+        """A new temporary file beside ``target`` holding ``content``, written whole (and synced if ``sync``).
 
         Its name is new (``mkstemp``: created exclusively, mode 0600), since a
         record is written without the lock: two processes never share one,
@@ -539,7 +579,8 @@ class FileState(LocalState):
             with os.fdopen(fd, "wb") as written:
                 written.write(content)
                 written.flush()
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(name)
@@ -554,7 +595,7 @@ class FileState(LocalState):
         where the platform allows. A failed or short write leaves the old file
         as it was and removes the temporary file.
         """
-        tmp = self._write_synced(target, content, what=what)
+        tmp = self._write_new(target, content, what=what)
         try:
             os.replace(tmp, target)
         except OSError as exc:
@@ -973,6 +1014,30 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _padded(content: bytes, length: int) -> bytes:
+    """``content`` (ending in a newline) with spaces before its newline up to ``length`` bytes, or a multiple.
+
+    JSON allows the whitespace, so the record reads the same.
+    """
+    size = length if len(content) <= length else -(-len(content) // length) * length
+    return content[:-1] + b" " * (size - len(content)) + b"\n"
+
+
+def _durable(query: str, url: str) -> bool:
+    """Whether a file URL's query (empty, or ``durable=1`` / ``0``) asks for a durable state."""
+    if not query:
+        return False
+    key, _, value = query.partition("=")
+    if key == "durable" and value in _YES_NO:
+        return _YES_NO[value]
+    raise ConfigurationError(
+        f"a file URL takes one option, durable=1 (sync every change to disk) or durable=0, got {url!r}"
+    )
+
+
+_YES_NO = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 def _identity(seen: os.stat_result) -> tuple[int, int, int, int]:
