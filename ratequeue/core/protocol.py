@@ -169,12 +169,13 @@ class Record(NamedTuple):
         A slowed record counts at its slowest pace (as :meth:`slot`): a bound
         :func:`try_start` may beat as the queue recovers.
 
-        Its strict slot less what the burst allows, and never before the
-        latest start: starts follow each other in ticket order (the generic
-        cell rate algorithm, with tickets counted in units of cost).
+        Its strict slot less what the burst allows (at the queue's own
+        interval, so that a slow-down never lets a start come sooner), and
+        never before the latest start: starts follow each other in ticket
+        order (the generic cell rate algorithm, with tickets counted in
+        units of cost).
         """
-        step = self.pace if self.pace > self.interval else self.interval
-        return max(self.slot(ticket) - (self.burst - cost) * step, self.at, self.not_before)
+        return max(self.slot(ticket) - (self.burst - cost) * self.interval, self.at, self.not_before)
 
 
 def effective_interval(record: Record, now: Micros) -> Micros:
@@ -431,7 +432,7 @@ def try_start(
     # (conditional expressions rather than max(): this runs on every acquire)
     step = _effective(interval, pace, paced_at, now) if pace else interval
     slot = (due if due >= not_before - step else not_before - step) + (ticket - pos) * step
-    earliest = slot - (burst - cost) * step
+    earliest = slot - (burst - cost) * interval  # (the burst at the interval: a slow-down never speeds up)
     earliest = earliest if earliest > at else at
     earliest = earliest if earliest > not_before else not_before
     if ticket > pos + 1 and held + FULL_GRACE_US > earliest:  # it would pass the tickets between:

@@ -246,7 +246,7 @@ def _try_stages(op: Operation) -> Pipeline:
     repeated_start = {"$subtract": [_expiry("$_mine"), {"$literal": op.terms.lease_us}]}
     # a start, but not the same start again
     started = {"$and": [{"$eq": ["$answer.kind", "started"]}, {"$ne": ["$pos", "$_t"]}, {"$not": [repeated]}]}
-    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$_p"]}
+    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$interval"]}
     passing = {"$gt": ["$_t", {"$add": ["$pos", 1]}]}  # it would pass the tickets between
     grace = {"$cond": [passing, _GRACE_END, "$at"]}
     earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", "$not_before", grace]}

@@ -360,7 +360,7 @@ BEGIN
             -- the strict slot, counted from v_from at the effective interval; never before the latest
             -- start, nor the hold's end
             v_strict := v_from + (v_t - v_pos)::numeric * v_step;
-            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * v_step, v_at, v_not_before);
+            v_earliest := greatest(v_strict - (r.burst - v_cost)::numeric * r.interval_us, v_at, v_not_before);
             IF v_t > v_pos + 1 THEN -- it would pass the tickets between: not while they wait for a place
                 v_earliest := greatest(v_earliest, v_held + c_full_grace);
             END IF;

@@ -331,7 +331,7 @@ local function try_start(t, lead, cost)
   local step = effective() -- the interval, or more while a slow-down lasts
   local strict = slot(t, step)
   -- never before the latest start, nor before the hold's end
-  local earliest = math.max(strict - (burst - cost) * step, at, not_before)
+  local earliest = math.max(strict - (burst - cost) * interval, at, not_before)
   if t > pos + 1 then -- it would pass the tickets between: not while they wait for a place
     earliest = math.max(earliest, held + FULL_GRACE)
   end
