@@ -984,17 +984,22 @@ def test_writers_killed_at_random_leave_no_torn_record_and_no_ticket_twice(path:
             )
             for i in range(3)
         ]
+        first = []
         for worker in workers:
             assert worker.stdout is not None
-            line = worker.stdout.readline()  # in its loop now
-            started.extend(int(word) for word in line.split())
+            first.append(worker.stdout.readline())  # in its loop now
         time.sleep(chance.random() * 0.02)  # (a random moment of their loops: this is the test)
         for worker in workers:
             worker.kill()
             kills += 1
-        for worker in workers:
-            out, _ = worker.communicate(timeout=30)
-            started.extend(int(line) for line in out.split())
+        for worker, line in zip(workers, first, strict=True):
+            assert worker.stdout is not None
+            # (read() after readline(): communicate() with a timeout would skip what readline buffered)
+            lines = (line + worker.stdout.read()).splitlines(keepends=True)
+            worker.stdout.close()
+            worker.wait(timeout=30)
+            # (a worker killed while printing leaves its last line cut short, without its newline)
+            started.extend(int(line) for line in lines if line.endswith("\n"))
         record = state.read("q").record  # whole, or this raises StateCorrupted
         assert record is not None
         assert record.pos >= max(started)

@@ -173,6 +173,11 @@ class FileState(LocalState):
         self._header: tuple[int, int, int, int] | None = None
         #: hears the doorbells of places freed elsewhere (made at the first watch)
         self._doorbells: _Doorbells | None = None
+        #: the names used last: their record and lock files, and the bytes last read or written in
+        #: their record file with the record and keep time they hold (a record read back as this
+        #: process wrote it, the usual case, is not parsed and checked again)
+        self._files: dict[str, tuple[Path, Path]] = {}
+        self._known: dict[str, tuple[bytes, Record | None, int | None]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> FileState:
@@ -194,8 +199,12 @@ class FileState(LocalState):
         the name in UTF-8, so that any name makes a short, portable file
         name, distinct even where file names ignore case.
         """
-        key = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_DIGITS]
-        return self.records / f"{key}.json", self.records / f"{key}.lock"
+        files = self._files.get(name)
+        if files is None:
+            key = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_DIGITS]
+            files = self.records / f"{key}.json", self.records / f"{key}.lock"
+            _remember(self._files, name, files)
+        return files
 
     def watch(self, name: str, freed: Callable[[], None]) -> Callable[[], None] | None:
         """As :meth:`ratequeue.state.State.watch`: by inotify on the doorbells (:data:`DOORBELLS`).
@@ -241,9 +250,10 @@ class FileState(LocalState):
         file, lock = self.record_files(name)
         with self._locked(self._name_lock(lock)):
             seen = self._record_bytes(name, file)
-            record, now, answer, content = self._decided(op, file, seen)
+            record, now, answer, content, written = self._decided(op, file, seen)
             if content is not None:
-                renamed = self._store(file, content, seen, what=f"queue {name!r}")
+                stored, renamed = self._store(file, content, seen, what=f"queue {name!r}")
+                _remember(self._known, name, (stored, *written))
         if content is not None:
             if self._freeing(op, record, now, answer):
                 self._ring(file)  # after the lock, which a woken waiter may want at once
@@ -280,23 +290,32 @@ class FileState(LocalState):
 
     def _decided(
         self, op: Operation, file: Path, seen: bytes | None
-    ) -> tuple[Record | None, int, Answer, bytes | None]:
+    ) -> tuple[Record | None, int, Answer, bytes | None, tuple[Record, int | None]]:
         """``op`` decided from ``seen``, the bytes of its record file (``None``: no file).
 
-        The record found, the time, the answer, and the record file's new
-        content (``None`` if the answer changes nothing, and so writes nothing).
+        The record found, the time, the answer, the record file's new
+        content (``None`` if the answer changes nothing, and so writes
+        nothing), and the new record with its keep time.
         """
-        raw, kept = self._parse_record(op.name, file, seen)
+        known = self._known.get(op.name)
+        if known is not None and seen is not None and known[0] == seen:
+            record, kept = known[1], known[2]
+        else:
+            raw, kept = self._parse_record(op.name, file, seen)
+            record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{op.name}")
+            if seen is not None:
+                _remember(self._known, op.name, (seen, record, kept))
         now = self._now()
-        record = None if raw is _MISSING else check_record(raw, where=f"{self.path}#{op.name}")
         updated, answer = self._applied(op, record, now)
         until = keep_until(updated, op.terms, now)
         if updated == record and until == kept:
-            return record, now, answer, None
-        return record, now, answer, _record_bytes(op.name, _encode(updated), until)
+            return record, now, answer, None, (updated, until)
+        return record, now, answer, _record_bytes(op.name, _encode(updated), until), (updated, until)
 
-    def _store(self, file: Path, content: bytes, seen: bytes | None, *, what: str) -> bool:
-        """Make ``file``, which holds ``seen`` (``None``: no file), hold ``content``; whether it was renamed.
+    def _store(self, file: Path, content: bytes, seen: bytes | None, *, what: str) -> tuple[bytes, bool]:
+        """Make ``file``, which holds ``seen`` (``None``: no file), hold ``content``.
+
+        Its bytes now (``content`` padded), and whether it was renamed.
 
         Called holding the name's lock. Over a record file of at least
         ``content``'s length, up to :data:`IN_PLACE_MOST` bytes, unless
@@ -306,19 +325,19 @@ class FileState(LocalState):
         multiple of :data:`RECORD_BLOCK`, and renamed over it.
         """
         if not self.durable and seen is not None and len(content) <= len(seen) <= IN_PLACE_MOST:
-            self._write_in_place(file, content, seen, what=what)
-            return False
-        tmp = self._write_new(file, _padded(content, RECORD_BLOCK), what=what, sync=self.durable)
+            return self._write_in_place(file, content, seen, what=what), False
+        padded = _padded(content, RECORD_BLOCK)
+        tmp = self._write_new(file, padded, what=what, sync=self.durable)
         try:
             os.replace(tmp, file)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise self._cannot_write(what, file, exc) from exc
-        return True
+        return padded, True
 
-    def _write_in_place(self, file: Path, content: bytes, seen: bytes, *, what: str) -> None:
-        """Write ``content``, padded to the length of ``seen`` (``file``'s bytes), over ``file``.
+    def _write_in_place(self, file: Path, content: bytes, seen: bytes, *, what: str) -> bytes:
+        """Write ``content``, padded to the length of ``seen`` (``file``'s bytes), over it; its bytes now.
 
         A write the system cuts short (a file-size limit) puts the bytes it
         overwrote back, so the record stays as it was, and raises.
@@ -337,6 +356,7 @@ class FileState(LocalState):
             raise self._cannot_write(what, file, exc) from exc
         finally:
             os.close(fd)
+        return padded
 
     def _names(self, prefix: str) -> list[str]:
         return [name for name, _ in self._record_names() if name.startswith(prefix)]
@@ -525,13 +545,24 @@ class FileState(LocalState):
                     f"record file {file} of queue {name!r} is a symbolic link; reset the queue", where=where
                 ) from exc
             raise self._unavailable(f"cannot read the record of queue {name!r}, {file}: {exc}") from exc
-        with os.fdopen(fd, "rb") as opened:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            seen = os.fstat(fd)
+            if not stat.S_ISREG(seen.st_mode):
                 raise StateCorrupted(
                     f"record file {file} of queue {name!r} is not a regular file; reset the queue",
                     where=where,
                 )
-            return opened.read()
+            data = os.read(fd, seen.st_size + 1)
+            if len(data) <= seen.st_size:  # (all of it, the usual case: one read)
+                return data
+            chunks = [data]  # it grew meanwhile (a durable writer renamed it: read what this opened)
+            while chunks[-1]:
+                chunks.append(os.read(fd, 65536))
+            return b"".join(chunks)
+        except OSError as exc:
+            raise self._unavailable(f"cannot read the record of queue {name!r}, {file}: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def _parse_record(self, name: str, file: Path, raw: bytes | None) -> tuple[Any, int | None]:
         """The stored fields in a record file's bytes (see :meth:`_read_record`)."""
@@ -1014,6 +1045,15 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _remember(cache: dict[str, Any], name: str, value: Any) -> None:
+    """``cache[name] = value``, the oldest entry dropped past :data:`KEPT_LOCKS` names."""
+    cache.pop(name, None)
+    cache[name] = value
+    if len(cache) > KEPT_LOCKS:
+        with contextlib.suppress(StopIteration, RuntimeError, KeyError):  # (another thread's meanwhile)
+            del cache[next(iter(cache))]
 
 
 def _padded(content: bytes, length: int) -> bytes:
