@@ -54,6 +54,10 @@ __all__ = ["QueueBase"]
 _log = logging.getLogger("ratequeue.queue")
 
 #: the options of a queue that its limiter does not take
+#: how many refusals of one job are waited out (the queue held, no retry used); the next one is a
+#: failure like any other (retries, dead letter), so that a job the service never accepts ends
+MAX_REFUSALS = 100
+
 _QUEUE_ONLY = ("retries", "backoff", "retry_on", "dead_letter", "max_waiting", "overflow", "on_refusal")
 
 _NO_TURN = (
@@ -370,7 +374,8 @@ class QueueBase(Generic[L, FutureT]):
             future.cancel()
             raise
         except BaseException as exc:
-            held = refusal_of(exc) if job.options.on_refusal == "hold" and not future.done() else None
+            holds = job.options.on_refusal == "hold" and job.refused < MAX_REFUSALS and not future.done()
+            held = refusal_of(exc) if holds else None
             if held is not None:
                 yield from self._hold_and_requeue(job, held)
             elif not future.done() and not self._retried(job, exc):

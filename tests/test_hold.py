@@ -221,3 +221,22 @@ def test_the_refusals_of_http_clients_are_read_from_their_errors() -> None:
     assert refusal_of(requests.HTTPError()) is None, "an HTTPError without a response"
     assert refusal_of(RateLimited()) == REFUSAL_HOLD
     assert refusal_of(ValueError()) is None
+
+
+def test_a_job_refused_without_end_fails_after_the_most_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job the service never accepts is not tried for ever: past MAX_REFUSALS it fails as any other."""
+    from ratequeue import queueing
+
+    monkeypatch.setattr(queueing, "MAX_REFUSALS", 3)
+    tries: list[float] = []
+
+    def call() -> None:
+        tries.append(0)
+        raise RateLimited(retry_after=0.0)
+
+    with (
+        Queue("memory://", name="refused-always", interval=0.01, retries=1) as queue,
+        pytest.raises(RateLimited),
+    ):
+        queue.add(call).result(timeout=30)
+    assert len(tries) == 3 + 2, "three refusals waited out, then the try and its one retry"

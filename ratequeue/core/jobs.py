@@ -129,7 +129,8 @@ class JobOptions:
     dead_letter: Callable[[DeadLetter], Any] | None = None
     #: a try the service refused for its rate (:func:`ratequeue.headers.refusal_of`): ``"hold"`` the
     #: whole queue for the wait it asked and try the job again at its next turn without using a
-    #: retry, or ``"retry"``: a failure like any other
+    #: retry (up to ``queueing.MAX_REFUSALS`` times, 100; then a failure), or ``"retry"``: a
+    #: failure like any other
     on_refusal: str = "hold"
 
     def __post_init__(self) -> None:
