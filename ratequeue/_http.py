@@ -4,25 +4,31 @@
 each take a turn before sending, feed every response to the limiter
 (:meth:`~ratequeue.Limiter.heed`: a 429, a 503 naming a wait, or a quota
 left at 0 holds the whole queue), and may send a refused request again after
-the hold. Only the I/O differs; the choices are made here once.
+the hold. Only the I/O differs: :func:`exchange` is the one flow
+(:mod:`ratequeue.core.flow`) each runs with its client's functions, in a
+thread (``run``) or on the event loop (``arun``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from .errors import ConfigurationError
-from .headers import Feedback
+from .core.flow import Call, Flow
+from .errors import ConfigurationError, RateQueueError
+from .headers import Feedback, HeadersLike
+from .settings import Seconds
 
-__all__ = ["Choice", "check_retries", "not_heeded"]
+__all__ = ["Choice", "check_retries", "exchange", "not_heeded"]
 
 #: an answer the state could not be told of (WARNING: the fleet was not held for it)
 _log = logging.getLogger("ratequeue.http")
 
 R = TypeVar("R")
 L = TypeVar("L")
+A = TypeVar("A")
 
 
 def not_heeded(limiter: Any, status: int, exc: BaseException) -> None:
@@ -93,3 +99,52 @@ class Choice(Generic[R, L]):
         """
         refused = status == 429 or (status == 503 and feedback.hold is not None)
         return refused and tries <= self.retries
+
+
+def exchange(
+    choice: Choice[R, Any],
+    request: R,
+    timeout: Seconds | None,
+    *,
+    send: Callable[[R], Any],
+    status: Callable[[A], int],
+    headers: Callable[[A], HeadersLike],
+    close: Callable[[A], Any],
+    replayable: Callable[[R], bool],
+) -> Flow[A]:
+    """Send ``request`` at its turn, heed the answer, send a refused one again if ``choice`` allows.
+
+    ``send`` sends the request and returns the answer; ``status``,
+    ``headers`` and ``close`` read and close an answer; ``replayable`` says
+    whether the request's body can be sent again. A limiter with
+    ``max_running`` has its place given back once the answer's headers are
+    in, or the send failed (a failed release must not lose the answer: the
+    lease expires). The state failing to heed an answer is logged, and the
+    answer still reaches the caller; a cancel while heeding closes the
+    answer, so its connection goes back to its pool.
+    """
+    limiter, cost, tries = choice.limiter(request), choice.cost(request), 0
+    while True:
+        tries += 1
+        turn = yield Call(functools.partial(limiter.acquire, timeout, cost=cost))
+        held = ((turn.ticket, turn.token),)
+        try:
+            answer: A = yield Call(send, (request,))
+        except BaseException:
+            if limiter.max_running:
+                yield Call(limiter._release_quietly, held)
+            raise
+        code = status(answer)
+        try:
+            if limiter.max_running:
+                yield Call(limiter._release_quietly, held)
+            feedback = yield Call(functools.partial(limiter.heed, headers(answer), status=code))
+        except RateQueueError as exc:
+            not_heeded(limiter, code, exc)
+            return answer
+        except BaseException:
+            yield Call(close, (answer,))
+            raise
+        if not (choice.again(code, feedback, tries) and replayable(request)):
+            return answer
+        yield Call(close, (answer,))

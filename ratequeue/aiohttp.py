@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from ._http import Choice, not_heeded
-from .errors import RateQueueError
+from ._http import Choice, exchange
+from .core.flow import arun
 from .settings import Seconds
 
 __all__ = ["middleware"]
@@ -46,30 +46,30 @@ def middleware(
     choice: Choice[aiohttp.ClientRequest, Any] = Choice(limiter, key=key, cost=cost, retries=retries)
 
     async def ratequeue_turns(request: aiohttp.ClientRequest, handler: Handler) -> aiohttp.ClientResponse:
-        aio_limiter, units, tries = choice.limiter(request), choice.cost(request), 0
-        while True:
-            tries += 1
-            turn = await aio_limiter.acquire(timeout, cost=units)
-            try:
-                response = await handler(request)
-            except BaseException:
-                if aio_limiter.max_running:
-                    await aio_limiter._release_quietly((turn.ticket, turn.token))
-                raise
-            try:
-                if aio_limiter.max_running:  # a failed release must not lose the answer: the lease expires
-                    await aio_limiter._release_quietly((turn.ticket, turn.token))
-                feedback = await aio_limiter.heed(response.headers, status=response.status)
-            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
-                not_heeded(aio_limiter, response.status, exc)
-                return response
-            except BaseException:  # cancelled: the connection goes back to its pool
-                response.release()
-                raise
-            # (a streamed body was read by the first send: it is not sent again)
-            replayable = isinstance(request.body, (bytes, aiohttp.payload.BytesPayload))
-            if not (choice.again(response.status, feedback, tries) and replayable):
-                return response
-            response.release()
+        return await arun(
+            exchange(
+                choice,
+                request,
+                timeout,
+                send=handler,
+                status=_status,
+                headers=_headers,
+                close=aiohttp.ClientResponse.release,
+                replayable=_replayable,
+            )
+        )
 
     return ratequeue_turns
+
+
+def _status(response: aiohttp.ClientResponse) -> int:
+    return response.status
+
+
+def _headers(response: aiohttp.ClientResponse) -> Any:
+    return response.headers
+
+
+def _replayable(request: aiohttp.ClientRequest) -> bool:
+    """Whether ``request``'s body can be sent again (a streamed one was read by the first send)."""
+    return isinstance(request.body, (bytes, aiohttp.payload.BytesPayload))

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from ._http import Choice, not_heeded
-from .errors import RateQueueError
+from ._http import Choice, exchange
+from .core.flow import arun, run
 from .settings import Seconds
 
 __all__ = ["AsyncTransport", "Transport"]
@@ -58,24 +58,18 @@ class Transport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` at its turn; heed the response; send a refused one again if ``retries`` allow."""
-        choice = self._choice
-        limiter, cost, tries = choice.limiter(request), choice.cost(request), 0
-        while True:
-            tries += 1
-            turn = limiter.acquire(self._timeout, cost=cost)
-            try:
-                response = self._transport.handle_request(request)
-            finally:
-                if limiter.max_running:  # a failed release must not lose the answer: the lease expires
-                    limiter._release_quietly((turn.ticket, turn.token))
-            try:
-                feedback = limiter.heed(response.headers, status=response.status_code)
-            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
-                not_heeded(limiter, response.status_code, exc)
-                return response
-            if not (choice.again(response.status_code, feedback, tries) and _replayable(request)):
-                return response
-            response.close()
+        return run(
+            exchange(
+                self._choice,
+                request,
+                self._timeout,
+                send=self._transport.handle_request,
+                status=_status,
+                headers=_headers,
+                close=httpx.Response.close,
+                replayable=_replayable,
+            )
+        )
 
     def close(self) -> None:
         """Close the wrapped transport (the limiter is the caller's to close)."""
@@ -102,34 +96,30 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` at its turn; heed the response; send a refused one again if ``retries`` allow."""
-        choice = self._choice
-        limiter, cost, tries = choice.limiter(request), choice.cost(request), 0
-        while True:
-            tries += 1
-            turn = await limiter.acquire(self._timeout, cost=cost)
-            try:
-                response = await self._transport.handle_async_request(request)
-            except BaseException:
-                if limiter.max_running:
-                    await limiter._release_quietly((turn.ticket, turn.token))
-                raise
-            try:
-                if limiter.max_running:  # a failed release must not lose the answer: the lease expires
-                    await limiter._release_quietly((turn.ticket, turn.token))
-                feedback = await limiter.heed(response.headers, status=response.status_code)
-            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
-                not_heeded(limiter, response.status_code, exc)
-                return response
-            except BaseException:  # cancelled: the connection goes back to its pool
-                await response.aclose()
-                raise
-            if not (choice.again(response.status_code, feedback, tries) and _replayable(request)):
-                return response
-            await response.aclose()
+        return await arun(
+            exchange(
+                self._choice,
+                request,
+                self._timeout,
+                send=self._transport.handle_async_request,
+                status=_status,
+                headers=_headers,
+                close=httpx.Response.aclose,
+                replayable=_replayable,
+            )
+        )
 
     async def aclose(self) -> None:
         """Close the wrapped transport (the limiter is the caller's to close)."""
         await self._transport.aclose()
+
+
+def _status(response: httpx.Response) -> int:
+    return response.status_code
+
+
+def _headers(response: httpx.Response) -> httpx.Headers:
+    return response.headers
 
 
 def _replayable(request: httpx.Request) -> bool:

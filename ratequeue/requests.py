@@ -20,8 +20,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from ._http import Choice, not_heeded
-from .errors import RateQueueError
+from ._http import Choice, exchange
+from .core.flow import run
 from .settings import Seconds
 
 __all__ = ["Adapter"]
@@ -57,23 +57,32 @@ class Adapter(HTTPAdapter):
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
         """Send ``request`` at its turn; heed the response; send a refused one again if ``retries`` allow."""
-        choice = self._choice
-        limiter, cost, tries = choice.limiter(request), choice.cost(request), 0
-        while True:
-            tries += 1
-            turn = limiter.acquire(self._turn_timeout, cost=cost)
-            try:
-                response = super().send(request, *args, **kwargs)
-            finally:
-                if limiter.max_running:  # a failed release must not lose the answer: the lease expires
-                    limiter._release_quietly((turn.ticket, turn.token))
-            try:
-                feedback = limiter.heed(response.headers, status=response.status_code)
-            except RateQueueError as exc:  # the state failed: the answer still reaches the caller
-                not_heeded(limiter, response.status_code, exc)
-                return response
-            # (a body that is an iterator or a file was read by the first send: it is not sent again)
-            replayable = request.body is None or isinstance(request.body, (bytes, str))
-            if not (choice.again(response.status_code, feedback, tries) and replayable):
-                return response
-            response.close()
+
+        def sent(prepared: requests.PreparedRequest) -> requests.Response:
+            return super(Adapter, self).send(prepared, *args, **kwargs)
+
+        return run(
+            exchange(
+                self._choice,
+                request,
+                self._turn_timeout,
+                send=sent,
+                status=_status,
+                headers=_headers,
+                close=requests.Response.close,
+                replayable=_replayable,
+            )
+        )
+
+
+def _status(response: requests.Response) -> int:
+    return response.status_code
+
+
+def _headers(response: requests.Response) -> Any:
+    return response.headers
+
+
+def _replayable(request: requests.PreparedRequest) -> bool:
+    """Whether ``request``'s body can be sent again: none, or bytes (an iterator or file was read)."""
+    return request.body is None or isinstance(request.body, (bytes, str))
