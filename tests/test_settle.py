@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratequeue import ConfigurationError, Limiter, aio
+from ratequeue import ConfigurationError, Limiter, StateUnavailable, aio
 from ratequeue.core import protocol
 from ratequeue.core.operation import Operation
 from ratequeue.core.protocol import NEVER, Answer, Started, Wait
 from ratequeue.state import State
+from ratequeue.state import open_state as ratequeue_state
 
 from .backends import Backend
 from .test_wakeups import Counting
@@ -244,3 +245,40 @@ class _Kinds(Counting):
     def execute(self, op: Operation) -> Answer:
         self.kinds.append(op.kind)
         return super().execute(op)
+
+
+class _FailingSettle(_Kinds):
+    """A state whose settlements fail, as a state that went down would; every other call goes through."""
+
+    def execute(self, op: Operation) -> Answer:
+        if op.kind == "settle":
+            raise StateUnavailable("the state is down (injected)", where="test")
+        return super().execute(op)
+
+
+def test_a_settlement_the_state_fails_raises_and_leaves_the_limiter_working() -> None:
+    inner = ratequeue_state("memory://settle-down")
+    state = _FailingSettle(inner)
+    with closing(Limiter(state, name="settle-down", interval=0.01, burst=5)) as limiter:
+        turn = limiter.acquire(cost=5)
+        before = inner.read("settle-down").record
+        with pytest.raises(StateUnavailable, match="injected"):
+            limiter.settle(turn, 1)
+        assert inner.read("settle-down").record == before, "no schedule moved"
+        assert limiter.acquire(timeout=5).ticket > turn.ticket, "the next caller still gets its turn"
+
+
+def test_a_cancelled_settlement_leaves_the_asyncio_limiter_working() -> None:
+    async def main() -> None:
+        limiter = aio.Limiter("memory://", name="settle-cancel", interval=0.01, burst=5)
+        try:
+            turn = await limiter.acquire(cost=5)
+            task = asyncio.ensure_future(limiter.settle(turn, 1))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await limiter.acquire(timeout=5)).ticket > turn.ticket
+        finally:
+            await limiter.close()
+
+    asyncio.run(main())
