@@ -7,7 +7,8 @@ change of the machine's load falls on both alike:
 * **idle acquire**, µs per call: one thread, a queue whose interval (1 µs)
   has always passed, ``acquire()`` back to back (the best of three batches
   per round), on ``memory://`` (the library alone, no I/O), ``file://`` and
-  a Redis of our own;
+  a Redis of our own; and the CPU time (user + system) per call, the least of
+  the three batches;
 * **contended CPU per start** on Redis: ``--procs`` processes (4) call
   ``acquire()`` back to back on one queue (interval 5 ms) for ``--seconds``;
   the CPU time (user + system) of all of them divided by their starts.
@@ -39,7 +40,8 @@ from _common import Progress, busy_loops, checkout, machine, new_parser, redis_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: run in a fresh process with PYTHONPATH set to one checkout: prints {state: µs per idle acquire}
+#: run in a fresh process with PYTHONPATH set to one checkout: prints {state: µs per idle acquire,
+#: "cpu " + state: CPU µs (user + system) per idle acquire}
 IDLE = """
 import json, sys, time
 import ratequeue
@@ -49,13 +51,15 @@ for key, url in urls.items():
     limiter = ratequeue.Limiter(url, name="cost-" + str(time.monotonic_ns()), interval=1e-6)
     for _ in range(n // 10):
         limiter.acquire()
-    best = float("inf")
+    best, cpu = float("inf"), float("inf")
     for _ in range(3):
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         for _ in range(n):
             limiter.acquire()
         best = min(best, (time.perf_counter() - started) / n * 1e6)
+        cpu = min(cpu, (time.process_time() - used) / n * 1e6)
     out[key] = best
+    out["cpu " + key] = cpu
     limiter.close()
 print(json.dumps(out))
 """
@@ -197,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                     if not idle["from"].startswith(str(tree.resolve())):  # type: ignore[index]
                         raise SystemExit(f"{label}: ratequeue came from {idle['from']}, not {tree}")  # type: ignore[index]
                     rows[label].setdefault(f"idle acquire, {key} (µs)", []).append(idle[key])  # type: ignore[index]
+                    rows[label].setdefault(f"CPU per idle acquire, {key} (µs)", []).append(  # type: ignore[index]
+                        idle["cpu " + key]  # type: ignore[index]
+                    )
                 cpu = contended_cpu(tree, redis_url, args.procs, seconds)
                 rows[label].setdefault(f"CPU per contended start, Redis, {args.procs} procs (µs)", []).append(
                     cpu * 1e6

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ratequeue.core import protocol
 from ratequeue.core.protocol import NEVER, Passed, Started, Wait
@@ -1004,3 +1006,68 @@ def test_writers_killed_at_random_leave_no_torn_record_and_no_ticket_twice(path:
         assert record is not None
         assert record.pos >= max(started)
     assert len(started) == len(set(started)), "a ticket started twice"
+
+
+# --------------------------------------------------------------------------- the fast path
+
+
+_micros = st.one_of(st.just(NEVER), st.integers(min_value=0, max_value=2**62))
+_counts = st.integers(min_value=0, max_value=2**62)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.text(),
+    record=st.builds(
+        protocol.Record,
+        ticket=_counts,
+        pos=_counts,
+        at=_micros,
+        interval=_counts,
+        due=_micros,
+        burst=st.integers(1, 10**6),
+        paused=st.booleans(),
+        max_running=st.one_of(st.none(), st.integers(1, 1000)),
+        leases=st.lists(st.tuples(_counts, _counts, _counts), max_size=4).map(tuple),
+        held=_micros,
+        not_before=_micros,
+        pace=_counts,
+        paced_at=_micros,
+        settled=_counts,
+    ),
+    kept=st.one_of(st.none(), _counts),
+)
+def test_a_record_is_written_as_json_dumps_writes_it(
+    name: str, record: protocol.Record, kept: int | None
+) -> None:
+    """The hand-made content of a record file is, byte for byte, what ``json.dumps`` makes of its fields."""
+    assert file_state._record_content(name, record, kept) == file_state._record_bytes(
+        name, file_state._encode(record), kept
+    )
+
+
+def test_an_operation_on_a_name_in_use_opens_no_file(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record file stays open between operations (and the state's header is not looked at again)."""
+    state = FileState(path)
+    do(state, "take", "q", INTERVAL)
+    do(state, "take", "q", INTERVAL)
+    opened: list[str] = []
+    real_open, real_lstat = os.open, os.lstat
+    monkeypatch.setattr(os, "open", lambda file, *a: (opened.append(str(file)), real_open(file, *a))[1])
+    monkeypatch.setattr(os, "lstat", lambda file, *a: (opened.append(str(file)), real_lstat(file, *a))[1])
+    for ticket in range(3, 10):
+        assert do(state, "take", "q", INTERVAL).ticket == ticket
+    assert opened == []
+
+
+def test_a_record_deleted_or_replaced_by_another_process_is_opened_again(path: Path) -> None:
+    """A record file kept open is not used once another process has deleted or replaced it."""
+    state, other = FileState(path), FileState(path, durable=True)
+    for ticket in range(1, 4):
+        assert do(state, "take", "q", INTERVAL).ticket == ticket
+    assert other.reset("q")
+    assert do(state, "take", "q", INTERVAL).ticket == 1, "a fresh record, not the deleted one"
+    assert do(other, "take", "q", INTERVAL).ticket == 2  # renamed into place
+    assert do(state, "take", "q", INTERVAL).ticket == 3
+    state.record_files("q")[0].unlink()  # as by hand
+    assert do(state, "take", "q", INTERVAL).ticket == 1
