@@ -180,9 +180,14 @@ class ShardRunner:
         #: whether the state's clock is this one (a memory state's, read on ``time.monotonic``)
         self._same_clock = clock is time.monotonic and state.reads_monotonic and state.local_now() is not None
         if estimator is None:  # a memory state reads this process's own clock: it never steps against it
-            estimator = OffsetEstimator(same_clock=self._same_clock)
+            estimator = OffsetEstimator(same_clock=self._same_clock, resolution=state.clock_resolution)
         self.shard = Shard(
-            settings.name, settings.terms, lead=settings.lead, max_late=self.max_late, estimator=estimator
+            settings.name,
+            settings.terms,
+            lead=settings.lead,
+            max_late=self.max_late,
+            estimator=estimator,
+            doubting=max_late is not None,  # (on MongoDB too, which checks no lateness)
         )
         self.reporter = Reporter(
             settings.name,

@@ -21,9 +21,9 @@ __all__ = ["POSITIONAL", "Step", "ado", "do", "flag_step", "is_step", "make_shar
 #: the arguments of each kind, in the order the tests pass them after the name and interval
 POSITIONAL: dict[str, tuple[str, ...]] = {
     "take": (),
-    "try_start": ("ticket", "lead_us"),
-    "take_and_try": ("lead_us",),
-    "retime": ("ticket", "lead_us"),
+    "try_start": ("ticket", "lead_us", "doubt_us"),
+    "take_and_try": ("lead_us", "doubt_us"),
+    "retime": ("ticket", "lead_us", "doubt_us"),
     "set_paused": ("paused",),
     "release": ("ticket",),
     "renew": ("ticket",),
@@ -41,7 +41,9 @@ def op(kind: Kind, name: str, interval_us: int, *args: Any, **kwargs: Any) -> Op
     terms = {key: kwargs.pop(key) for key in _TERMS if key in kwargs}
     if terms.get("max_running") == 0:
         terms["max_running"] = None
-    arguments = dict(zip(POSITIONAL[kind], args, strict=True), **kwargs)
+    names = POSITIONAL[kind]
+    assert len(args) <= len(names), f"{kind} takes {names}, got {args}"
+    arguments = dict(zip(names, args, strict=False), **kwargs)  # (trailing ones may be left out)
     return operation(kind, name, Terms.checked(interval_us, **terms), **arguments)
 
 

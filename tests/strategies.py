@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ratequeue.core.protocol import MAX_HOLD_US
+from ratequeue.core.protocol import MAX_DOUBT_US, MAX_HOLD_US
 
 #: the operations on a queue's pause and hold that ``pauses`` adds (see :func:`tests.ops.flag_step`)
 FLAGS = ("pause", "resume", "hold", "lift", "slow")
@@ -14,6 +14,8 @@ intervals_us = st.one_of(st.sampled_from([1, 1000, 20_000, 100_000, 1_000_000]),
 
 #: leads in microseconds
 leads_us = st.one_of(st.just(0), st.integers(0, 50_000))
+#: a starter's doubt of the state's clock (us): mostly none, as on a fast state
+doubts_us = st.one_of(st.just(0), st.integers(0, 5_000), st.just(MAX_DOUBT_US))
 
 #: state-clock starting points in microseconds (around "now" since the epoch, and small ones)
 epochs_us = st.one_of(st.integers(0, 10**9), st.integers(1_700_000_000_000_000, 1_900_000_000_000_000))
@@ -39,16 +41,16 @@ def operations(
 ) -> st.SearchStrategy[list[tuple[object, ...]]]:
     """Sequences of protocol operations and clock moves.
 
-    Each is ``("take",)``, ``("try", n, lead)`` (``n`` picks a ticket among those
-    handed out, or one more), ``("take_and_try", lead)``, ``("clock", step)``,
+    Each is ``("take",)``, ``("try", n, lead, doubt)`` (``n`` picks a ticket among those
+    handed out, or one more), ``("take_and_try", lead, doubt)``, ``("clock", step)``,
     with ``reads`` ``("read",)``, and with ``pauses`` ``("pause",)``, ``("resume",)``,
     ``("hold", lead)`` and ``("lift",)`` (:data:`FLAGS`).
     """
     kinds = [
         st.tuples(st.just("take")),
-        st.tuples(st.just("try"), st.integers(0, 40), leads_us),
-        st.tuples(st.just("take_and_try"), leads_us),
-        st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("try"), st.integers(0, 40), leads_us, doubts_us),
+        st.tuples(st.just("take_and_try"), leads_us, doubts_us),
+        st.tuples(st.just("retime"), st.integers(0, 40), leads_us, doubts_us),
         st.tuples(st.just("clock"), clock_steps_us),
     ]
     if reads:
@@ -83,7 +85,7 @@ def burst_operations(
         st.tuples(st.just("try"), st.integers(0, 40), leads_us),
         st.tuples(st.just("take_and_try"), leads_us, st.integers(0, 200)),
         st.tuples(st.just("settle"), st.integers(0, 40), st.integers(0, 200)),
-        st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
+        st.tuples(st.just("retime"), st.integers(0, 40), leads_us, doubts_us),
         st.tuples(st.just("clock"), clock_steps_us),
     ]
     if reads:

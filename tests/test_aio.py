@@ -53,9 +53,13 @@ def test_async_backend_answers_as_the_reference(
                 assert await ado(state, "take", name, interval) == taken
             elif kind == "try":
                 ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
-                lead = int(op[2])  # type: ignore[call-overload]
-                reference, outcome = protocol.try_start(reference, ticket, lead, now)
-                assert await ado(state, "try_start", name, interval, ticket, lead) == outcome
+                lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
+                reference, outcome = protocol.try_start(reference, ticket, lead, now, doubt=doubt)
+                assert await ado(state, "try_start", name, interval, ticket, lead, doubt) == outcome
+            elif kind == "take_and_try":
+                lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
+                reference, outcome = protocol.take_and_try(reference, lead, now, doubt=doubt)
+                assert await ado(state, "take_and_try", name, interval, lead, doubt) == outcome
             else:
                 lead = int(op[1])  # type: ignore[call-overload]
                 reference, outcome = protocol.take_and_try(reference, lead, now)

@@ -132,3 +132,37 @@ def test_a_new_estimator_learns_only_recent_bounds() -> None:
     stale.learn_from(working, 100.0 + OFFSET_WINDOW + 1)
     assert not stale.ever_bounded
     assert OFFSET_SLACK > 0
+
+
+@given(answers, st.sampled_from([0.0, 0.001]))
+def test_the_width_covers_the_true_offset_and_is_the_tightest_recent_one(
+    answers: list[tuple[float, float, float]], resolution: float
+) -> None:
+    """The offset's bounds hold the true one (a clock of ``resolution`` reads up to that much behind),
+    and how far apart they are is what the tightest recent answers on each side allow."""
+    estimator = OffsetEstimator(resolution=resolution)
+    received, uppers, lowers = 100.0, [], []
+    for gap, delay, rtt in answers:
+        received += gap
+        state_now = received - delay - TRUE
+        if resolution:
+            state_now = int(state_now / resolution) * resolution  # a coarse clock's reading
+        upper, _ = estimator.bound(received, state_now, rtt)
+        uppers.append((received, received - state_now))
+        lowers.append((received, received - rtt - state_now - resolution))
+        width = estimator.width(received)
+        assert upper - width <= TRUE + 1e-9 <= upper + 1e-9, "the true offset lies within the bounds"
+        recent_upper = min(b + DRIFT * (received - at) for at, b in uppers if received - at <= OFFSET_WINDOW)
+        recent_lower = max(b - DRIFT * (received - at) for at, b in lowers if received - at <= OFFSET_WINDOW)
+        assert width == pytest.approx(max(0.0, recent_upper - recent_lower), abs=1e-9)
+
+
+def test_no_width_without_recent_bounds_and_none_after_a_step() -> None:
+    estimator = OffsetEstimator()
+    assert estimator.width(100.0) == 0.0
+    estimator.bound(100.0, 100.0 - 0.001 - TRUE, 0.002)
+    assert estimator.width(100.0) == pytest.approx(0.002)
+    assert estimator.width(100.0 + OFFSET_WINDOW + 0.1) == 0.0, "too old to vouch for anything"
+    estimator.bound(101.0, 101.0 - TRUE - 1.0, 0.002)  # the state's clock went back a second
+    assert estimator.steps == 1
+    assert estimator.width(101.0) == pytest.approx(0.002), "only the answer after the step counts"

@@ -34,6 +34,7 @@ CONSTANTS = [
     ("MAX_HOLD_US", "MAX_HOLD", "c_max_hold"),
     ("MAX_SLOW", "MAX_SLOW", "c_max_slow"),
     ("RECOVER_US", "RECOVER", "c_recover"),
+    ("MAX_DOUBT_US", "MAX_DOUBT", "c_max_doubt"),
 ]
 
 

@@ -73,18 +73,18 @@ def test_backend_answers_as_the_reference(
             assert do(state, "take", name, interval) == expected_taken
         elif kind == "try":
             ticket = 1 + int(op[1]) % (reference.ticket + 1)  # type: ignore[call-overload]
-            lead = int(op[2])  # type: ignore[call-overload]
-            reference, expected_outcome = protocol.try_start(reference, ticket, lead, now)
-            assert do(state, "try_start", name, interval, ticket, lead) == expected_outcome
+            lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.try_start(reference, ticket, lead, now, doubt=doubt)
+            assert do(state, "try_start", name, interval, ticket, lead, doubt) == expected_outcome
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), reference.pos, reference.ticket)  # type: ignore[call-overload]
-            lead = int(op[2])  # type: ignore[call-overload]
-            reference, expected_outcome = protocol.retime(reference, ticket, lead, now)
-            assert do(state, "retime", name, interval, ticket, lead) == expected_outcome
+            lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.retime(reference, ticket, lead, now, doubt)
+            assert do(state, "retime", name, interval, ticket, lead, doubt) == expected_outcome
         else:
-            lead = int(op[1])  # type: ignore[call-overload]
-            reference, expected_outcome = protocol.take_and_try(reference, lead, now)
-            assert do(state, "take_and_try", name, interval, lead) == expected_outcome
+            lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.take_and_try(reference, lead, now, doubt=doubt)
+            assert do(state, "take_and_try", name, interval, lead, doubt) == expected_outcome
         if kind != "clock":
             created = True
     assert state.read(name).record == (reference if created else None)

@@ -20,14 +20,23 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.collection import Collection
 
 from ratequeue.core import protocol
-from ratequeue.core.operation import Kind
-from ratequeue.core.protocol import MAX_LEAD_US, MAX_SLOW, MAX_US, NEVER, RECOVER_US, US, Started
+from ratequeue.core.operation import Kind, apply
+from ratequeue.core.protocol import (
+    MAX_DOUBT_US,
+    MAX_LEAD_US,
+    MAX_SLOW,
+    MAX_US,
+    NEVER,
+    RECOVER_US,
+    US,
+    Started,
+)
 from ratequeue.errors import StateCorrupted
 from ratequeue.state.mongodb import AsyncMongoState, MongoState
 from ratequeue.state.mongodb.codec import EXPIRES, TTL_INDEX, check_document, datetime_us
 from ratequeue.state.records import FIELDS
 
-from .ops import ado, do
+from .ops import ado, do, op
 from .servers import Server
 
 DATABASE = "expiry"
@@ -261,7 +270,7 @@ def test_a_document_older_than_slow_downs_reads_as_none_and_is_filled_in(state: 
         {"paced_at": 2.0},
         {"paced_at": MAX_US},
         {"paced_at": NEVER - 1},
-        {"burst": 2, "due": 5 + MAX_SLOW * 1000 + 1},
+        {"burst": 2, "due": 5 + MAX_SLOW * 1000 + MAX_DOUBT_US + 1},
     ],
     ids=[
         "pace double",
@@ -275,7 +284,7 @@ def test_a_document_older_than_slow_downs_reads_as_none_and_is_filled_in(state: 
         "paced_at double",
         "paced_at at MAX_US",
         "paced_at before NEVER",
-        "due past burst - 1 of the slowest paces",
+        "due past burst - 1 of the slowest paces and a doubt",
     ],
 )
 def test_malformed_slow_down_fields_are_corrupted_and_unchanged(
@@ -316,6 +325,17 @@ def test_a_due_up_to_burst_paces_after_at_is_taken(state: MongoState) -> None:
     assert record.due == 5 + 6000
     do(state, "take", "slowed", 1000, burst=3)
     assert (stored(state, "slowed") or {})["ticket"] == 4
+
+
+def test_a_due_up_to_a_doubt_past_the_slowest_paces_is_taken(state: MongoState) -> None:
+    """``due`` may lie up to ``MAX_DOUBT_US`` (a doubt) past ``burst - 1`` slowest paces after ``at``."""
+    due = 5 + MAX_SLOW * 1000 + MAX_DOUBT_US
+    state.collection.insert_one(document_of("doubted", burst=2, due=due))
+    record = state.read("doubted").record
+    assert record is not None
+    assert record.due == due
+    do(state, "take", "doubted", 1000, burst=2)
+    assert (stored(state, "doubted") or {})["ticket"] == 4
 
 
 def test_a_paced_at_too_far_ahead_is_refused(clocked: MongoState) -> None:
@@ -517,6 +537,20 @@ _SETTLEMENTS: list[tuple[dict[str, Any], list[tuple[int, int, int]]]] = [
         },
         [(8, 1, 4), (8, 2, 1)],
     ),
+    # past the cap by a doubt: an overrun moves nothing (never back), a refund moves it
+    (
+        {
+            "ticket": 9,
+            "pos": 8,
+            "at": NOW,
+            "due": NOW + 3 * 64_000 + MAX_DOUBT_US,
+            "burst": 4,
+            "pace": 64_000,
+            "paced_at": NOW,
+        },
+        [(8, 1, 4), (8, 2, 1)],
+    ),
+    ({"ticket": 6, "pos": 5, "at": NOW, "due": NOW + 94_000, "burst": 2}, [(5, 1, 2), (5, 2, 1)]),
     # recovering (two halvings): the excess counts at the effective interval now
     (
         {
@@ -593,3 +627,21 @@ def test_a_settlement_runs_on_after_a_refund_below_at(clocked: MongoState) -> No
     record = clocked.read("q").record
     assert record is not None
     assert (record.due, record.settled) == (NOW - 4000, 1)
+
+
+def test_a_doubt_moves_due_and_a_retime_keeps_it(clocked: MongoState) -> None:
+    """A start adds its doubt to ``due``; a retime moves ``due`` as much as the start; as the reference."""
+    reference = protocol.new_record(1000, 2)
+    steps: list[tuple[Kind, tuple[int, ...]]] = [
+        ("take_and_try", (0, 30_000)),
+        ("retime", (1, 5000)),
+        ("take", ()),
+        ("try_start", (2, MAX_LEAD_US, MAX_DOUBT_US)),
+        ("try_start", (2, MAX_LEAD_US, 7)),  # the same start again: nothing moves
+        ("settle", (2, 1, 2)),  # past the cap by the doubt: nothing moves
+    ]
+    for kind, args in steps:
+        reference, want = apply(reference, op(kind, "q", 1000, *args, burst=2), NOW)
+        assert do(clocked, kind, "q", 1000, *args, burst=2) == want, (kind, args)
+        assert clocked.read("q").record == reference, (kind, args)
+    assert (reference.at, reference.due) == (NOW + 35_000, NOW + 36_000 + MAX_DOUBT_US)

@@ -17,7 +17,7 @@ import pytest
 import ratequeue
 from ratequeue import aio
 from ratequeue.core import protocol
-from ratequeue.core.protocol import MAX_SLOW, MAX_US, NEVER, US, Record, Started
+from ratequeue.core.protocol import MAX_DOUBT_US, MAX_SLOW, MAX_US, NEVER, US, Record, Started
 from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state import open_state, postgresql
 from ratequeue.state.postgresql import AsyncPostgresState, PostgresState, split_url
@@ -98,7 +98,7 @@ def test_schema_and_table_are_where_the_rows_go(postgresql_server: Server) -> No
         assert row.fetchall() == [(2, 1)]
         function = connection.execute(
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-            " WHERE n.nspname = 'rq_schema' AND p.proname = 'MixedCase_op_v2'"
+            " WHERE n.nspname = 'rq_schema' AND p.proname = 'MixedCase_op_v3'"
         )
         assert function.fetchone() == (1,)
 
@@ -225,7 +225,7 @@ OLDER_TABLES = {
         )""",
 }
 
-#: a function of the current name and signature that is not this version's (it answers "old")
+#: a function of the previous version's name and signature (v2: no p_doubt) that answers "old"
 OLD_FUNCTION = """
     CREATE FUNCTION {}(text, text, bigint, bigint, bigint, integer, bigint, bigint, bigint, bigint, bigint,
                        boolean, bigint)
@@ -254,11 +254,15 @@ def store(connection: psycopg.Connection[Any], table: str, name: str, record: Re
 
 @pytest.mark.parametrize("lacking", list(OLDER_TABLES))
 def test_a_table_made_before_the_settlement_gains_its_column(postgresql_server: Server, lacking: str) -> None:
-    """An older version's table and function: set up again, its rows read as never settled, then settle."""
+    """An older version's table and function: set up again, its rows read as never settled, then settle.
+
+    The older function is left as it was, for the older clients still calling it.
+    """
     table = "before_settle_" + str(list(OLDER_TABLES).index(lacking))
     with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
         connection.execute(f"DROP TABLE IF EXISTS {table}")
         connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v2")
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v3")
         connection.execute(OLDER_TABLES[lacking].format(table))
         connection.execute(OLD_FUNCTION.format(f"{table}_op_v2"))
         connection.execute(
@@ -276,6 +280,41 @@ def test_a_table_made_before_the_settlement_gains_its_column(postgresql_server: 
         assert do(state, "settle", "q", 1000, 3, 3, 1, burst=3) is False  # settled once
         row = connection.execute(f"SELECT settled, due_us FROM {table} WHERE name = 'q'").fetchone()
         assert row == (3, reference.due)
+        old = connection.execute(
+            f"SELECT o_kind FROM {table}_op_v2('read', 'q', 1, 1, 0, 0, 0, NULL, 0, 0, 1, false, 0)"
+        )
+        assert old.fetchone() == ("old",)
+        state.close()
+
+
+def test_a_database_of_the_previous_version_gains_this_ones_function(postgresql_server: Server) -> None:
+    """A table and function set up by v2: this version's function is made beside it; v2's is left alone."""
+    table = "before_doubt"
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {table}")
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v2")
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v3")
+        setup = postgresql.SETUP_SQL.replace("@TABLE@", f'"{table}"').split("-- ;;\n")[:2]
+        for statement in setup:  # the table as v2 made it: every column it has now
+            connection.execute(statement)
+        connection.execute(OLD_FUNCTION.format(f"{table}_op_v2"))
+        record = Record(4, 3, NOW - 500, 1000, NOW + 1500, 3, settled=2)
+        store(connection, table, "q", record)
+        state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: NOW)
+        assert state.read("q").record == record
+        reference, outcome = protocol.take_and_try(record, 10**6, NOW, doubt=MAX_DOUBT_US)
+        assert isinstance(outcome, Started)
+        assert do(state, "take_and_try", "q", 1000, 10**6, MAX_DOUBT_US, burst=3) == outcome
+        assert state.read("q").record == reference
+        assert reference.due >= outcome.start + MAX_DOUBT_US
+        old = connection.execute(
+            f"SELECT o_kind FROM {table}_op_v2('read', 'q', 1, 1, 0, 0, 0, NULL, 0, 0, 1, false, 0)"
+        )
+        assert old.fetchone() == ("old",)
+        versions = connection.execute(
+            "SELECT proname, pronargs FROM pg_proc WHERE proname LIKE %s ORDER BY proname", (f"{table}_op_%",)
+        )
+        assert versions.fetchall() == [(f"{table}_op_v2", 13), (f"{table}_op_v3", 14)]
         state.close()
 
 
@@ -351,3 +390,44 @@ def test_the_warm_up_runs_every_path_without_an_error(postgresql_server: Server)
         connection.execute(state._warm_up_script(), prepare=False)
         assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert state.names() == ["q"]  # nothing kept
+
+
+# -- the starter's doubt: due past at + (burst - 1) slowest paces, retimed, never settled back -----
+
+
+@pytest.mark.parametrize("burst", [1, 3])
+def test_a_due_a_doubt_moved_is_stored_checked_and_kept(postgresql_server: Server, burst: int) -> None:
+    """due up to MAX_DOUBT_US past its cap is a record; one us more is refused; retime and settle keep it."""
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="doubt_edges", clock=lambda: NOW)
+        state.read("q")  # the table exists
+        interval = 1000
+        cap = NOW + (burst - 1) * MAX_SLOW * interval + MAX_DOUBT_US
+        store(connection, "doubt_edges", "q", Record(5, 3, NOW, interval, cap + 1, burst))
+        with pytest.raises(StateCorrupted, match=f"due={cap + 1}"):
+            state.read("q")
+        with pytest.raises(StateCorrupted, match=f"due={cap + 1}"):
+            do(state, "take", "q", interval, burst=burst)
+        edge = Record(5, 3, NOW, interval, cap, burst)
+        for kind, args in (
+            ("settle", (3, 1, burst)),  # an overrun: due lies past its cap already, and never moves back
+            ("settle", (3, 1, 0)),  # a refund
+            ("retime", (3, 5000)),  # due moves as far as the start
+            ("retime", (3, 0)),  # not back
+            ("try_start", (4, 10**9, MAX_DOUBT_US)),
+            ("take_and_try", (10**9, 1)),
+        ):
+            store(connection, "doubt_edges", "q", edge)
+            if kind == "settle":
+                reference, answer = protocol.settle(edge, args[0], args[1], args[2], NOW)
+            elif kind == "retime":
+                reference, answer = protocol.retime(edge, args[0], args[1], NOW)
+            elif kind == "try_start":
+                reference, answer = protocol.try_start(edge, args[0], args[1], NOW, doubt=args[2])
+            else:
+                reference, answer = protocol.take_and_try(edge, args[0], NOW, doubt=args[1])
+            assert do(state, kind, "q", interval, *args, burst=burst) == answer, (kind, args)
+            assert state.read("q").record == reference, (kind, args)
+            if kind == "retime" and args[1]:
+                assert reference.due == cap + 5000
+        state.close()

@@ -62,25 +62,32 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
             assert taken.now == now
         elif kind == "try":
             ticket = 1 + int(op[1]) % before.ticket  # type: ignore[call-overload]
-            lead = int(op[2])  # type: ignore[call-overload]
-            record, outcome = protocol.try_start(record, ticket, lead, now)
-            check_outcome(before, record, outcome, ticket, lead, now, history)
+            lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
+            record, outcome = protocol.try_start(record, ticket, lead, now, doubt=doubt)
+            check_outcome(before, record, outcome, ticket, lead, now, history, doubt)
         elif kind == "retime":
             ticket = retime_ticket(int(op[1]), before.pos, before.ticket)  # type: ignore[call-overload]
-            lead = int(op[2])  # type: ignore[call-overload]
-            record, outcome = protocol.retime(record, ticket, lead, now)
-            check_retime(before, record, outcome, ticket, lead, now, history)
+            lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
+            record, outcome = protocol.retime(record, ticket, lead, now, doubt)
+            check_retime(before, record, outcome, ticket, lead, now, history, doubt)
         else:
-            lead = int(op[1])  # type: ignore[call-overload]
-            record, outcome = protocol.take_and_try(record, lead, now)
+            lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
+            record, outcome = protocol.take_and_try(record, lead, now, doubt=doubt)
             assert outcome.ticket == before.ticket
-            check_outcome(before, record, outcome, outcome.ticket, lead, now, history)
+            check_outcome(before, record, outcome, outcome.ticket, lead, now, history, doubt)
         history.records.append(record)
     return history
 
 
 def check_outcome(
-    before: Record, after: Record, outcome: object, ticket: int, lead: int, now: int, history: History
+    before: Record,
+    after: Record,
+    outcome: object,
+    ticket: int,
+    lead: int,
+    now: int,
+    history: History,
+    doubt: int = 0,
 ) -> None:
     if before.paused:
         assert after.paused
@@ -99,6 +106,7 @@ def check_outcome(
         assert now <= outcome.start <= now + lead, "a start lies between now and now + lead"
         assert outcome.start >= before.not_before, "no start before a hold's end"
         assert (after.pos, after.at) == (ticket, outcome.start)
+        assert after.due >= outcome.start + doubt, "the starter's doubt moves the next start"
         history.starts.append((ticket, outcome.start))
     elif isinstance(outcome, Wait):
         assert outcome.slot > now + lead, "WAIT only when the slot is more than lead away"
@@ -110,7 +118,14 @@ def check_outcome(
 
 
 def check_retime(
-    before: Record, after: Record, outcome: object, ticket: int, lead: int, now: int, history: History
+    before: Record,
+    after: Record,
+    outcome: object,
+    ticket: int,
+    lead: int,
+    now: int,
+    history: History,
+    doubt: int = 0,
 ) -> None:
     if isinstance(outcome, Started):
         assert before.pos == ticket, "only the latest start moves"
@@ -120,7 +135,8 @@ def check_retime(
             before.pos,
             outcome.start,
             before.interval,
-            outcome.start,
+            # what the start added stays, and the doubt now is added at least
+            max(before.due + outcome.start - before.at, outcome.start + doubt),
             paused=before.paused,
             not_before=before.not_before,
             pace=before.pace,

@@ -33,7 +33,7 @@ import redis
 import redis.asyncio
 
 from ratequeue.core import protocol
-from ratequeue.core.operation import KINDS, Terms
+from ratequeue.core.operation import KINDS, Kind, Terms, apply
 from ratequeue.core.protocol import Passed, Record, Started, Taken, Wait
 from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state.base import Snapshot
@@ -42,6 +42,7 @@ from ratequeue.state.redis import AsyncRedisState, RedisState, codec
 
 from . import servers
 from .ops import ado, do
+from .ops import op as operation_of
 from .servers import Server
 
 INTERVAL = 1000  # us: every test's queue, so that takes and starts never wait
@@ -385,13 +386,15 @@ def test_a_hash_missing_a_field_is_refused(redis_server: Server, admin: redis.Re
         ({"burst": 2**40, "due": 100}, f"burst='{2**40}'"),  # burst * interval reaches 2**52
         # before at by more than a burst of intervals (a refund moves it no further, protocol.settle)
         ({"burst": 3, "due": 100 - 3 * 4096 - 1}, f"due='{100 - 3 * 4096 - 1}'"),
-        # past at + 2 of the slowest pace allowed (MAX_SLOW intervals: a due written while slowed)
+        # past at + 2 of the slowest pace allowed (MAX_SLOW intervals: a due written while slowed),
+        # and a starter's doubt (MAX_DOUBT_US)
         (
-            {"burst": 3, "due": 100 + 2 * protocol.MAX_SLOW * 4096 + 1},
-            f"due='{100 + 2 * protocol.MAX_SLOW * 4096 + 1}'",
+            {"burst": 3, "due": 100 + 2 * protocol.MAX_SLOW * 4096 + protocol.MAX_DOUBT_US + 1},
+            f"due='{100 + 2 * protocol.MAX_SLOW * 4096 + protocol.MAX_DOUBT_US + 1}'",
         ),
         ({"burst": 3, "due": "1.5"}, "due='1.5'"),
-        ({"due": 101}, "due='101'"),  # no burst: burst 1, so due must be at at most
+        # no burst: burst 1, so due must be at at most, but for a doubt
+        ({"due": 100 + protocol.MAX_DOUBT_US + 1}, f"due='{100 + protocol.MAX_DOUBT_US + 1}'"),
         ({"due": 100 - 4096 - 1}, f"due='{100 - 4096 - 1}'"),  # and an interval before it at least
     ],
     ids=[
@@ -539,6 +542,46 @@ def test_a_bad_settled_is_refused(
             with pytest.raises(StateCorrupted, match=re.escape(pattern)):
                 call()
         assert admin.hgetall(key) == before
+    finally:
+        state.close()
+
+
+def test_a_doubt_moves_due_and_stays_through_retime_and_overrun(redis_server: Server) -> None:
+    """A start's doubt lifts due past its slot or start, above an overrun's cap; a retime carries it.
+
+    Each step is held to the reference (protocol), answer and record.
+    """
+    t0 = 10**15
+    doubt = protocol.MAX_DOUBT_US
+    now = [t0]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+
+    def as_the_reference(kind: Kind, *args: Any, **kwargs: Any) -> Any:
+        before = state.read(name).record or protocol.new_record(1000, 2)
+        expected, answer = apply(before, operation_of(kind, name, 1000, *args, burst=2, **kwargs), now[0])
+        assert do(state, kind, name, 1000, *args, burst=2, **kwargs) == answer
+        assert state.read(name).record == expected
+        return answer
+
+    try:
+        assert as_the_reference("take_and_try", 0, doubt) == Started(1, t0, t0)
+        record = state.read(name).record
+        assert record is not None
+        # the cap of an overrun, at + (burst - 1) slowest paces (64 intervals), lies below due now
+        assert record.due == t0 + doubt > t0 + protocol.MAX_SLOW * 1000
+        assert as_the_reference("settle", 1, 1, 2) is False  # an overrun never moves due back
+        assert state.read(name).record == record
+        assert as_the_reference("settle", 1, 2, 1) is True  # a refund still moves it back
+        # a retime moves due by as much as the start: the doubt stays
+        taken = as_the_reference("take")
+        assert isinstance(as_the_reference("try_start", taken.ticket, 10**6, doubt), Started)
+        now[0] += 300_000
+        assert as_the_reference("retime", taken.ticket, 5000) == Started(taken.ticket, now[0] + 5000, now[0])
+        record = state.read(name).record
+        assert record is not None
+        assert record.due >= record.at + doubt
+        assert as_the_reference("settle", taken.ticket, 1, 2) is False
     finally:
         state.close()
 
@@ -958,14 +1001,14 @@ def test_the_script_serves_every_operation() -> None:
 @pytest.mark.parametrize(
     ("op", "args"),
     [
-        ("take", (0, 0, 1, 0, 0)),
-        ("try_start", (7, 0, 3, 0, 2**52 - 1)),
-        ("take_and_try", (0, 250, 2, 0, 99)),
-        ("retime", (7, 9, 1, 0, 0)),
-        ("set_paused", (0, 0, 1, 1, 0)),
-        ("release", (7, 0, 1, 0, 12)),
-        ("renew", (7, 0, 1, 0, 12)),
-        ("settle", (7, 3, 2, 0, 0)),
+        ("take", (0, 0, 1, 0, 0, 0)),
+        ("try_start", (7, 0, 3, 0, 2**52 - 1, 100_000)),
+        ("take_and_try", (0, 250, 2, 0, 99, 0)),
+        ("retime", (7, 9, 1, 0, 0, 0)),
+        ("set_paused", (0, 0, 1, 1, 0, 0)),
+        ("release", (7, 0, 1, 0, 12, 0)),
+        ("renew", (7, 0, 1, 0, 12, 0)),
+        ("settle", (7, 3, 2, 0, 0, 0)),
         ("read", codec.READ_ARGUMENTS),
     ],
 )
@@ -992,11 +1035,11 @@ def test_kept_heads_tell_terms_apart() -> None:
         Terms(10, 1, 0, 2, 8),
         Terms(10),
     )
-    packed = {terms: b"".join(commands.packed("take", "k", terms, 5, (0, 0, 1, 0, 0))) for terms in every}
+    packed = {terms: b"".join(commands.packed("take", "k", terms, 5, (0, 0, 1, 0, 0, 0))) for terms in every}
     assert len(set(packed.values())) == 5
     numbers = b"".join(
         b"$%d\r\n%b\r\n" % (len(n), n)
-        for n in (b"10", b"1", b"3", b"0", b"0", b"5", b"0", b"0", b"1", b"0", b"0")
+        for n in (b"10", b"1", b"3", b"0", b"0", b"5", b"0", b"0", b"1", b"0", b"0", b"0")
     )
     assert packed[Terms(10, 1, 3)].endswith(numbers)
 

@@ -23,7 +23,8 @@ every step the guarantees are checked:
       the state clock and ``at`` at that moment and ``D`` is the number of
       other shards. Each other shard holds at most one ticket, so they delay
       the survivor by one interval each, once; the survivor's own jobs take
-      one interval each.
+      one interval each (each start plus the doubt it was asked with, the
+      largest seen, after slow answers).
 * G5  a shard with no jobs makes no calls and schedules no wake-up;
 * G6  a paused shard makes no calls; on resume it first tries the ticket it
       holds (keeping its place), and its jobs still all start or expire.
@@ -45,6 +46,8 @@ from ratequeue.core import protocol
 from ratequeue.core.operation import Operation
 from ratequeue.core.protocol import US, Record
 from ratequeue.core.shard import (
+    DEFAULT_MAX_LATE,
+    DOUBT_FREE,
     RECHECK,
     Begin,
     BeginAt,
@@ -111,6 +114,8 @@ class ShardWorld(RuleBasedStateMachine):
         self.begins: list[tuple[int, float, float]] = []  # (ticket, true start, true begin time)
         #: the longest answer delay set so far: how far a start's conversion may be off (no drift here)
         self.max_answer_delay = 0.0
+        #: the largest doubt (us) a start was asked with: each start may move the next by as much
+        self.max_doubt_us = 0
         self.clock_stepped = False
         lead = None if fixed_lead_ms is None else fixed_lead_ms / 1000
         max_late = None if max_late_ms is None else max_late_ms / 1000
@@ -188,16 +193,23 @@ class ShardWorld(RuleBasedStateMachine):
 
     def call(self, sim: SimShard, job: Place, step: Operation, now: float) -> None:
         assert not sim.shard.paused, "G6: a paused shard calls the state"
+        self.max_doubt_us = max(self.max_doubt_us, step.doubt_us)
         state_now = self.state_now()
         if is_step(step, "take_and_try"):
             sim.calls.append(("take_and_try", None))
-            self.record, outcome = protocol.take_and_try(self.record, step.lead_us, state_now)
+            self.record, outcome = protocol.take_and_try(
+                self.record, step.lead_us, state_now, doubt=step.doubt_us
+            )
         elif is_step(step, "try_start"):
             sim.calls.append(("try_start", step.ticket))
-            self.record, outcome = protocol.try_start(self.record, step.ticket, step.lead_us, state_now)
+            self.record, outcome = protocol.try_start(
+                self.record, step.ticket, step.lead_us, state_now, doubt=step.doubt_us
+            )
         else:
             sim.calls.append(("retime", step.ticket))
-            self.record, outcome = protocol.retime(self.record, step.ticket, step.lead_us, state_now)
+            self.record, outcome = protocol.retime(
+                self.record, step.ticket, step.lead_us, state_now, step.doubt_us
+            )
         assert self.record.pos >= self.max_pos, "G2: pos moved back"
         self.max_pos = self.record.pos
         if isinstance(outcome, protocol.Started):
@@ -348,8 +360,9 @@ class ShardWorld(RuleBasedStateMachine):
             if job in survivor.expired:
                 continue
             assert job.turn is not None, "G4: the survivor's job never started"
-            # + 2 us a job: with max_late=0, a float rounding of the wake-up may retime a start by 1 us
-            bound = t0 + (d + j) * self.interval + 2 * j
+            # + 2 us a job: with max_late=0, a float rounding of the wake-up may retime a start by 1 us;
+            # a start asked for with a doubt (slow answers before) moves the next by as much
+            bound = t0 + (d + j) * (self.interval + self.max_doubt_us) + 2 * j
             assert job.turn.start_us <= bound, f"G4: job {j} started {job.turn.start_us - bound} us late"
 
     # -- invariants -----------------------------------------------------------
@@ -878,3 +891,78 @@ def test_a_near_slot_is_slept_for_without_an_extra_call() -> None:
     assert is_step(shard.step(job, 0.0), "take_and_try")
     shard.receive(job, protocol.Wait(ticket=2, slot=500_000, now=0), 0.0, 0.0, offset=0.0)
     assert shard.step(job, 0.0) == SleepUntil(0.49)
+
+
+@pytest.mark.parametrize(
+    ("rtt", "burst", "doubt_us"),
+    [
+        (0.001, 1, 800),  # the round-trip less DOUBT_FREE (0.2 ms)
+        (0.0001, 1, 0),  # a round-trip within DOUBT_FREE: nothing moves
+        (0.001, 4, 0),  # a burst's begins are not spaced
+        (0.3, 1, protocol.MAX_DOUBT_US),  # at most MAX_DOUBT_US
+    ],
+)
+def test_a_start_moves_the_next_by_the_doubt_of_the_clock_offset(
+    rtt: float, burst: int, doubt_us: int
+) -> None:
+    """Each answer bounds the state's clock offset to within its round-trip (the state reads its
+    clock as the call arrives): past DOUBT_FREE, a start asks for the next to come that much later."""
+    assert DOUBT_FREE == 0.0002
+    shard = make_shard(1.0, burst=burst, lead=0.001, max_late=None)
+    now = 100.0
+    for _ in range(3):
+        _, now = _idle_acquire(shard, now, rtt=rtt)
+    job = shard.add()
+    step = shard.step(job, now)  # (at once: the bounds have not loosened with their age yet)
+    assert is_step(step, "take_and_try")
+    assert isinstance(step, Operation)
+    assert step.doubt_us == doubt_us
+
+
+def test_begins_of_two_shards_whose_answers_come_late_stay_an_interval_apart() -> None:
+    """Two shards, one answered at once and one whose answers take 4 ms back (its offset bound is
+    4 ms loose): the loose one begins up to 4 ms after its true start, and its starts move the next
+    by its doubt, so that no begin comes less than DOUBT_FREE after the interval from the one before."""
+    interval = 0.02
+    record = protocol.new_record(round(interval * US))
+    fast, slow = make_shard(interval, lead=0.005), make_shard(interval, lead=0.005)
+    delays = {id(fast): 0.0, id(slow): 0.004}
+    begins: list[float] = []  # true times (local clocks are the true clock here; the state's is 10 s behind)
+    now = 50.0
+    for k in range(40):
+        shard = (fast, slow)[k % 2]
+        job = shard.add()
+        while True:
+            step = shard.step(job, now)
+            if isinstance(step, Begin):
+                begins.append(now)
+                break
+            if isinstance(step, (BeginAt, SleepUntil)):
+                now = max(now, step.until)
+                continue
+            assert isinstance(step, Operation)
+            state_now = round((now - 10.0) * US)
+            if is_step(step, "take_and_try"):
+                record, answer = protocol.take_and_try(record, step.lead_us, state_now, doubt=step.doubt_us)
+            elif is_step(step, "try_start"):
+                record, answer = protocol.try_start(
+                    record, step.ticket, step.lead_us, state_now, doubt=step.doubt_us
+                )
+            else:
+                record, answer = protocol.retime(record, step.ticket, step.lead_us, state_now)
+            delay = delays[id(shard)]
+            shard.receive(job, answer, now, now + delay)
+            now += delay
+    gaps = [b - a for a, b in itertools.pairwise(begins[4:])]  # (after each has a few bounds)
+    assert min(gaps) >= interval - DOUBT_FREE - DEFAULT_MAX_LATE - 1e-6
+
+
+def test_a_shard_not_doubting_moves_nothing() -> None:
+    """Where begins need not be spaced (``max_late=None`` in a limiter), slow answers move no start."""
+    shard = make_shard(1.0, lead=0.001, max_late=None, doubting=False)
+    now = 100.0
+    for _ in range(3):
+        _, now = _idle_acquire(shard, now, rtt=0.005)
+    step = shard.step(shard.add(), now)
+    assert isinstance(step, Operation)
+    assert step.doubt_us == 0

@@ -48,16 +48,22 @@ FEW_BOUNDS = 3
 class OffsetEstimator:
     """The local-minus-state offset of one state's clock, learnt from answers."""
 
-    def __init__(self, *, same_clock: bool = False) -> None:
+    def __init__(self, *, same_clock: bool = False, resolution: float = 0.0) -> None:
         """
         :param same_clock: the state's clock is this process's own (a memory state): an
             offset read directly can differ from the last only by a stall between two
             reads, never by a clock step, so no step is looked for.
+        :param resolution: how coarsely (s) the state's clock ticks (MongoDB's: 1 ms); an
+            answer's ``now`` may be that much behind the true time it was read at.
         """
         self.same_clock = same_clock
+        self.resolution = resolution
         #: (local receive time, bound) of recent answers; the front is the tightest once
         #: each bound's drift since is added (the bounds loosen alike, so order holds)
         self._bounds: deque[tuple[float, float]] = deque()
+        #: (local receive time, lower bound) of recent answers: ``sent - now`` less the clock's
+        #: resolution; the front is the tightest (the highest) once each one's drift is taken off
+        self._lows: deque[tuple[float, float]] = deque()
         #: local receive times of the latest answers that bounded the offset
         self._bounded_at: deque[float] = deque(maxlen=FEW_BOUNDS)
         #: whether an answer has bounded the offset since the start (or the latest step)
@@ -78,13 +84,16 @@ class OffsetEstimator:
         such a conversion may be off by the answer's whole round-trip.
         """
         sample = received - state_now
-        bounds = self._bounds
+        bounds, lows = self._bounds, self._lows
         while bounds and received - bounds[0][0] > OFFSET_WINDOW:
             bounds.popleft()
+        while lows and received - lows[0][0] > OFFSET_WINDOW:
+            lows.popleft()
         if bounds:
             best = bounds[0][1] + DRIFT * (received - bounds[0][0])
-            if sample - best > rtt + OFFSET_SLACK:  # the state's clock stepped back
+            if sample - best > rtt + OFFSET_SLACK + self.resolution:  # the state's clock stepped back
                 bounds.clear()
+                lows.clear()
                 self._bounded_at.clear()
                 self.ever_bounded = False
                 self._stepped(sample - best)
@@ -92,10 +101,30 @@ class OffsetEstimator:
         while bounds and bounds[-1][1] + DRIFT * (received - bounds[-1][0]) >= sample:
             bounds.pop()
         bounds.append((received, sample))
+        low = sample - rtt - self.resolution  # (now was read after the call was sent)
+        while lows and lows[-1][1] - DRIFT * (received - lows[-1][0]) <= low:
+            lows.pop()
+        lows.append((received, low))
         self._bounded_at.append(received)
         first, self.ever_bounded = not self.ever_bounded, True
         first_received, tightest = bounds[0]
         return tightest + DRIFT * (received - first_received), first
+
+    def width(self, now: float) -> float:
+        """How far apart (s) the tightest upper and lower bounds of the offset are at local time ``now``.
+
+        A start converted with the upper bound (as every start is) may be
+        converted that much later than it truly was: the doubt a shard adds
+        to its starts (docs/design.md, "Doubt"). 0 without recent bounds (a
+        shard's first answer is doubted otherwise) or for an offset read
+        directly.
+        """
+        bounds, lows = self._bounds, self._lows
+        if not bounds or not lows or now - bounds[0][0] > OFFSET_WINDOW or now - lows[0][0] > OFFSET_WINDOW:
+            return 0.0
+        upper = bounds[0][1] + DRIFT * (now - bounds[0][0])
+        lower = lows[0][1] - DRIFT * (now - lows[0][0])
+        return upper - lower if upper > lower else 0.0
 
     def direct(self, offset: float) -> None:
         """Look for a clock step in ``offset``, read directly (a state on this host's clock).
@@ -133,6 +162,7 @@ class OffsetEstimator:
         bounds = [bound for bound in list(other._bounds) if now - bound[0] <= OFFSET_WINDOW]
         if bounds:
             self._bounds = deque(bounds)
+            self._lows = deque(low for low in list(other._lows) if now - low[0] <= OFFSET_WINDOW)
             recent = [at for at in list(other._bounded_at) if now - at <= OFFSET_WINDOW]
             self._bounded_at = deque(recent, maxlen=FEW_BOUNDS)
             self.ever_bounded = True

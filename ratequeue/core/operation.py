@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple, get_args
 from ..errors import ConfigurationError
 from .protocol import (
     MAX_BURST,
+    MAX_DOUBT_US,
     MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
@@ -72,9 +73,9 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 #: the arguments each kind takes beyond the queue's name and terms (the others keep their defaults)
 ARGUMENTS: dict[str, tuple[str, ...]] = {
     "take": ("cost",),
-    "try_start": ("ticket", "lead_us", "cost", "token"),
-    "take_and_try": ("lead_us", "cost", "token"),
-    "retime": ("ticket", "lead_us"),
+    "try_start": ("ticket", "lead_us", "cost", "token", "doubt_us"),
+    "take_and_try": ("lead_us", "cost", "token", "doubt_us"),
+    "retime": ("ticket", "lead_us", "doubt_us"),
     "set_paused": ("paused",),
     "release": ("ticket", "token"),
     "renew": ("ticket", "token"),
@@ -161,6 +162,9 @@ class Operation(NamedTuple):
     #: the shard's number for the ticket (1 to ``MAX_US - 1``; 0: none), which names its lease on a
     #: queue with ``max_running`` (:data:`~ratequeue.core.protocol.Lease`)
     token: int = 0
+    #: try_start, take_and_try, retime: how much (us) a start moves the next, for its starter's
+    #: doubt of the state's clock (0 to :data:`~ratequeue.core.protocol.MAX_DOUBT_US`)
+    doubt_us: int = 0
 
 
 def operation(
@@ -173,6 +177,7 @@ def operation(
     cost: int = 1,
     paused: bool = False,
     token: int = 0,
+    doubt_us: int = 0,
 ) -> Operation:
     """An :class:`Operation` of ``kind`` on queue ``name``, every argument checked.
 
@@ -205,13 +210,17 @@ def operation(
         )
     if "token" in takes:
         _whole("token", token, 0)
+    if "doubt_us" in takes and not (_is_int(doubt_us) and 0 <= doubt_us <= MAX_DOUBT_US):
+        raise ConfigurationError(
+            f"doubt_us must be a whole number from 0 to {MAX_DOUBT_US}, got {doubt_us!r}"
+        )
     if "paused" in takes and not isinstance(paused, bool):
         raise ConfigurationError(f"paused must be True or False, got {paused!r}")
     if kind == "renew" and terms.max_running is None:
         raise ConfigurationError(
             "renew needs max_running: a queue without a cap on running jobs has no leases"
         )
-    return Operation(kind, check_name(name), terms, ticket, lead_us, cost, paused, token)
+    return Operation(kind, check_name(name), terms, ticket, lead_us, cost, paused, token, doubt_us)
 
 
 #: the longest queue name accepted, in characters
@@ -251,12 +260,12 @@ def apply(record: Record, op: Operation, now: Micros) -> tuple[Record, Answer]:
 STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] = {
     "take": lambda rec, op, now: take(rec, now, op.cost),
     "try_start": lambda rec, op, now: try_start(
-        rec, op.ticket, op.lead_us, now, op.cost, op.terms.lease_us, op.token
+        rec, op.ticket, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us
     ),
     "take_and_try": lambda rec, op, now: take_and_try(
-        rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token
+        rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us
     ),
-    "retime": lambda rec, op, now: retime(rec, op.ticket, op.lead_us, now),
+    "retime": lambda rec, op, now: retime(rec, op.ticket, op.lead_us, now, op.doubt_us),
     "set_paused": lambda rec, op, now: set_paused(rec, op.paused, now),
     "release": lambda rec, op, now: release(rec, op.ticket, now, op.token),
     "renew": lambda rec, op, now: renew(rec, op.ticket, op.terms.lease_us, now, op.token),

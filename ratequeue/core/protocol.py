@@ -20,6 +20,7 @@ __all__ = [
     "FULL_GRACE_US",
     "FULL_RECHECK_US",
     "MAX_BURST",
+    "MAX_DOUBT_US",
     "MAX_HOLD_US",
     "MAX_LEASE_US",
     "MAX_LEAD_US",
@@ -88,6 +89,9 @@ MAX_LEASE_US = 86_400 * US
 
 #: the longest hold (a day): :func:`hold` sets ``not_before`` at most this far past its ``now``
 MAX_HOLD_US = 86_400 * US
+#: the most (us) a start may move the next by for its starter's doubt (:func:`try_start`'s ``doubt``):
+#: a state whose answers bound its clock's offset no closer than this is too slow to pace begins
+MAX_DOUBT_US = 100_000
 
 #: an adaptive slow-down (:func:`slow`) makes the interval at most this many times the queue's own
 MAX_SLOW = 64
@@ -367,13 +371,24 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
 
 
 def try_start(
-    record: Record, ticket: int, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0, token: int = 0
+    record: Record,
+    ticket: int,
+    lead: Micros,
+    now: Micros,
+    cost: int = 1,
+    lease: Micros = 0,
+    token: int = 0,
+    doubt: Micros = 0,
 ) -> tuple[Record, Outcome]:
     """Start ``ticket``, taken for a job of ``cost``, if its earliest start is at most ``lead`` us away.
 
     A started ticket begins at ``max(earliest, now)`` (:meth:`Record.earliest`),
     up to ``lead`` in the future; ``pos`` moves to it, ``at`` to the start,
-    ``due`` to the later of the start and the ticket's strict slot.
+    ``due`` to the later of the start and the ticket's strict slot, plus
+    ``doubt``: how late the starter may begin against its start because it
+    knows the state's clock only that closely (0 to :data:`MAX_DOUBT_US`),
+    so that the next start comes that much later and the two begins are an
+    interval apart however late this one comes (G7, docs/design.md "Doubt").
 
     * The latest start asked for again is started again, unchanged, while
       its interval has not run out (:func:`repeats_start`): a client that
@@ -449,7 +464,7 @@ def try_start(
             full = record._replace(leases=leases, held=now)
             return full, Wait(ticket, max(earliest, recheck), now)
         leases += ((ticket, start + lease, token),)
-    due = slot if slot > start else start
+    due = (slot if slot > start else start) + doubt
     # (tuple.__new__: a NamedTuple's own __new__ is a Python function, and this runs on every start)
     started = tuple.__new__(
         Record,
@@ -479,7 +494,13 @@ def repeats_start(record: Record, ticket: int, now: Micros) -> bool:
 
 
 def take_and_try(
-    record: Record, lead: Micros, now: Micros, cost: int = 1, lease: Micros = 0, token: int = 0
+    record: Record,
+    lead: Micros,
+    now: Micros,
+    cost: int = 1,
+    lease: Micros = 0,
+    token: int = 0,
+    doubt: Micros = 0,
 ) -> tuple[Record, Outcome]:
     """:func:`take` a ticket and :func:`try_start` it, as one atomic step.
 
@@ -492,7 +513,7 @@ def take_and_try(
         repeated = _repeated(check(record, now).leases, token, now, lease)
         if repeated is not None:
             return record, repeated
-    return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease, token)
+    return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease, token, doubt)
 
 
 def _repeated(leases: tuple[Lease, ...], token: int, now: Micros, lease: Micros) -> Started | None:
@@ -503,13 +524,17 @@ def _repeated(leases: tuple[Lease, ...], token: int, now: Micros, lease: Micros)
     return None
 
 
-def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Record, Outcome]:
+def retime(
+    record: Record, ticket: int, lead: Micros, now: Micros, doubt: Micros = 0
+) -> tuple[Record, Outcome]:
     """Move the start of ``ticket``, the latest, to ``now + lead`` at the earliest (never back).
 
     A shard that woke too late to begin on time calls this instead of
     beginning late (G7): while ``pos == ticket`` its start, ``due`` and lease
-    move forward together and every gap only grows. Once a later ticket has
-    started the turn cannot move: :class:`Passed`.
+    move forward together (``due`` by as much as the start, so that what the
+    start added to it, a doubt or an overrun, stays; and to ``doubt`` after
+    the new start at least, the starter's doubt now, :func:`try_start`),
+    and every gap only grows. Once a later ticket has started the turn cannot move: :class:`Passed`.
     """
     check(record, now)
     if record.pos != ticket or ticket >= record.ticket:
@@ -519,7 +544,7 @@ def retime(record: Record, ticket: int, lead: Micros, now: Micros) -> tuple[Reco
     leases = tuple(
         (held, expiry + moved if held == ticket else expiry, named) for held, expiry, named in record.leases
     )
-    retimed = record._replace(at=start, due=max(record.due, start), leases=leases)
+    retimed = record._replace(at=start, due=max(record.due + moved, start + doubt), leases=leases)
     return retimed, Started(ticket, start, now)
 
 

@@ -29,11 +29,12 @@ from typing import NamedTuple, Union
 from .clock import OffsetEstimator
 from .leases import Held
 from .operation import Operation, Terms
-from .protocol import FULL_GRACE_US, MAX_LEAD_US, MAX_US, US, Answer, Passed, Started, Wait
+from .protocol import FULL_GRACE_US, MAX_DOUBT_US, MAX_LEAD_US, MAX_US, US, Answer, Passed, Started, Wait
 
 __all__ = [
     "DEFAULT_JITTER",
     "DEFAULT_MAX_LATE",
+    "DOUBT_FREE",
     "RECHECK",
     "Begin",
     "BeginAt",
@@ -51,6 +52,11 @@ DEFAULT_JITTER = 0.002
 
 #: how late (s) a job may begin after its start (G7's epsilon)
 DEFAULT_MAX_LATE = 0.0003
+
+#: how far apart (s) the bounds of a shard's clock offset may be before its starts move the next
+#: ones by the excess (:meth:`Shard._doubt_us`): with ``max_late``, a begin gap may be this much
+#: shorter than the interval (0.5 ms by default)
+DOUBT_FREE = 0.0002
 
 #: the longest (s) a head sleeps toward its slot without asking again: a reset record is noticed
 #: within this (its next try answers Passed); a shard with no callers still makes no call (G5)
@@ -181,6 +187,7 @@ class Shard:
         jitter: float = DEFAULT_JITTER,
         max_late: float | None = DEFAULT_MAX_LATE,
         estimator: OffsetEstimator | None = None,
+        doubting: bool = True,
     ) -> None:
         """
         :param name: the queue's name, and ``terms`` its terms: the operations carry them.
@@ -192,6 +199,8 @@ class Shard:
             cannot be moved is begun late rather than given up (giving it up would churn
             every burst after an idle spell).
         :param estimator: converts the state's clock to this host's (a new one by default).
+        :param doubting: whether a start moves the next by this shard's doubt of the state's
+            clock (:meth:`_doubt_us`); off where begins need not be spaced (``max_late=None``).
         """
         self.name, self.terms = name, terms
         self.interval = interval = terms.interval_us / US
@@ -199,6 +208,7 @@ class Shard:
         self._fixed_lead, self._jitter = lead, jitter
         self.max_late = max_late if max_late is not None and interval >= _CHECKED_FROM * max_late else None
         self.estimator = estimator or OffsetEstimator()
+        self.doubting = doubting
         self._line: deque[Place] = deque()
         #: the place holding a started turn not yet begun
         self._holder: Place | None = None
@@ -388,7 +398,17 @@ class Shard:
             # (tuple.__new__: every field, without the NamedTuple's __new__, a Python function)
             return tuple.__new__(
                 Operation,
-                ("take_and_try", self.name, self.terms, 0, lead_us, place.cost, False, self._next_token),
+                (
+                    "take_and_try",
+                    self.name,
+                    self.terms,
+                    0,
+                    lead_us,
+                    place.cost,
+                    False,
+                    self._next_token,
+                    self._doubt_us(now),
+                ),
             )
         if self._slot is not None:
             if deadline is not None and self._slot > deadline:
@@ -415,8 +435,24 @@ class Shard:
                 self._ticket_cost,
                 False,
                 self._token,
+                self._doubt_us(now),
             ),
         )
+
+    def _doubt_us(self, now: float) -> int:
+        """How much (us) a start made now moves the next one, for this shard's doubt of the state's clock.
+
+        Its begin may come as much later than its start as the offset's
+        bounds are apart (:meth:`OffsetEstimator.width`); past
+        :data:`DOUBT_FREE`, the next start waits that much longer, so that
+        the next begin, in any process, comes an interval after this one
+        (G7, docs/design.md "Doubt"). None with a burst, whose begins are
+        not spaced, nor when not :attr:`doubting`.
+        """
+        if self.burst > 1 or not self.doubting:
+            return 0
+        excess = self.estimator.width(now) - DOUBT_FREE
+        return 0 if excess <= 0 else min(round(excess * US), MAX_DOUBT_US)
 
     def _started_step(self, place: Place, turn: Turn, now: float) -> Step | None:
         """The step of a place holding a started turn; ``None`` once it has given the turn up."""
@@ -450,7 +486,14 @@ class Shard:
             place.retimes += 1
             self._in_flight = place
             self._retiming = True
-            return Operation("retime", self.name, self.terms, turn.ticket, round(self.retime_lead * US))
+            return Operation(
+                "retime",
+                self.name,
+                self.terms,
+                turn.ticket,
+                round(self.retime_lead * US),
+                doubt_us=self._doubt_us(now),
+            )
         if self.burst > 1:
             return self._begin(turn, now)
         if place.retimes < _MAX_RETIMES:  # not out of moves: paused, so none was tried

@@ -63,7 +63,8 @@ class StateBase:
     #: the URL this state was opened from; limiters pickle as this URL
     url: str
 
-    #: how finely the state's clock ticks (s); a limiter checks no lateness (G7) finer than this
+    #: how finely the state's clock ticks (s); a limiter checks no lateness (G7) finer than this, and
+    #: an answer's ``now`` may be this much behind the true time (it widens the offset's bounds)
     clock_resolution: float = 1e-6
 
     #: whether the state's clock is this process's ``time.monotonic`` (a memory state's): it

@@ -16,6 +16,7 @@ from typing import Any
 from ..core.operation import Terms
 from ..core.protocol import (
     MAX_BURST,
+    MAX_DOUBT_US,
     MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
@@ -100,10 +101,13 @@ def check_record(fields: Any, *, where: str) -> Record:
         )
     # (the slowest pace any slow-down may have set: a due written then outlives a later, faster pace)
     slowest = min(MAX_SLOW * interval, (MAX_US - 1) // burst)
-    # (and as far behind as a refund moves it: a burst of intervals, protocol.settle)
-    if not (_is_int(due) and at - burst * interval <= due <= at + (burst - 1) * slowest):
+    # (and as far behind as a refund moves it: a burst of intervals, protocol.settle; and as far
+    # ahead as a starter's doubt moves it, MAX_DOUBT_US)
+    if not (_is_int(due) and at - burst * interval <= due <= at + (burst - 1) * slowest + MAX_DOUBT_US):
         raise refuse(
-            "due", "whole microseconds, at - burst * interval to at + (burst - 1) * the slowest pace allowed"
+            "due",
+            "whole microseconds, at - burst * interval to at + (burst - 1) * the slowest pace allowed "
+            "+ MAX_DOUBT_US",
         )
     if not isinstance(fields["paused"], bool):
         raise refuse("paused", "true or false")

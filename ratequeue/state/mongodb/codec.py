@@ -37,6 +37,7 @@ from ...core.operation import Operation, Terms
 from ...core.protocol import (
     FULL_GRACE_US,
     FULL_RECHECK_US,
+    MAX_DOUBT_US,
     MAX_HOLD_US,
     MAX_LEAD_US,
     MAX_LEASE_US,
@@ -213,8 +214,10 @@ _ADOPTED = {"$eq": [{"$type": "$_mine"}, "array"]}
 def _try_stages(op: Operation) -> Pipeline:
     """``try_start`` of ticket ``_t``, of ``op.cost``: set ``answer``; if it starts, ``pos``, ``at``, ``due``.
 
-    ``_s`` is the ticket's strict slot (counted from a hold's end if that is
-    later, at ``_p``, the interval slots count at now: :data:`_EFFECTIVE`)
+    A start's ``due`` is the later of its slot and its start, plus
+    ``op.doubt_us`` (the starter's doubt of the state's clock). ``_s`` is
+    the ticket's strict slot (counted from a hold's end if that is later,
+    at ``_p``, the interval slots count at now: :data:`_EFFECTIVE`)
     and ``_e`` its earliest start
     (:meth:`~ratequeue.core.protocol.Record.earliest`: never before a hold
     ends; not before a full queue's grace ends if it would pass an earlier
@@ -251,7 +254,8 @@ def _try_stages(op: Operation) -> Pipeline:
     grace = {"$cond": [passing, _GRACE_END, "$at"]}
     earliest = {"$max": [{"$subtract": ["$_s", early]}, "$at", "$not_before", grace]}
     stages: Pipeline = [{"$set": {"_s": _slot("$_t", "$_p")}}, {"$set": {"_e": earliest}}]
-    start = {"pos": "$_t", "at": "$answer.value", "due": {"$max": ["$_s", "$answer.value"]}}
+    due = {"$add": [{"$max": ["$_s", "$answer.value"]}, {"$literal": op.doubt_us}]}
+    start = {"pos": "$_t", "at": "$answer.value", "due": due}
     full_branches: list[dict[str, Any]] = []
     after: Pipeline = []
     if op.terms.max_running:
@@ -395,9 +399,11 @@ def _slow_stages(op: Operation) -> Pipeline:
 
 
 def _retime_stages(op: Operation) -> Pipeline:
-    """``retime`` of ``op.ticket``: while it is the latest start, move ``at``, ``due`` to ``_now + lead_us``.
+    """``retime`` of ``op.ticket``: while it is the latest start, move ``at`` to ``_now + lead_us``.
 
-    The ticket's lease, if it holds one, moves on by as much as its start.
+    ``due`` and the ticket's lease, if it holds one, move on by as much as
+    its start (``due`` to the start plus ``op.doubt_us`` at least), so that
+    what the start added to ``due`` (a doubt, an overrun) stays.
     """
     ticket = op.ticket
     latest = {"$and": [{"$eq": ["$pos", ticket]}, {"$lt": [ticket, "$ticket"]}]}
@@ -407,7 +413,8 @@ def _retime_stages(op: Operation) -> Pipeline:
     shifted = _moved("$leases", own, lambda expiry: {"$toLong": {"$add": [expiry, moved]}})
     told = {"$literal": ticket}
     answer = {"$cond": [latest, _told("started", start, told), _told("passed", "$pos", told)]}
-    retimed = {"at": start, "due": {"$max": ["$due", start]}, "leases": shifted}
+    after = {"$toLong": {"$add": [start, {"$literal": op.doubt_us}]}}
+    retimed = {"at": start, "due": {"$max": [{"$add": ["$due", moved]}, after]}, "leases": shifted}
     return [{"$set": {"answer": answer, **_where(latest, retimed)}}]
 
 
@@ -459,8 +466,9 @@ def _settle_stages(op: Operation) -> Pipeline:
     above ``pos``, on a record that never started one, for the ticket
     ``settled`` last, or for an actual cost equal to the estimate. An
     overrun moves ``due`` on by the excess at ``_p`` (:data:`_EFFECTIVE`),
-    to ``at + (burst - 1)`` slowest paces at most (the bound
-    :func:`update_filter` holds ``due`` to); a refund moves it back by the
+    to ``at + (burst - 1)`` slowest paces at most, and never back (a
+    doubt may have put ``due`` past that cap already: then nothing moves,
+    as ``moved`` compares with ``due``); a refund moves it back by the
     saving at the interval, never below ``at + (pos - ticket - cost) *
     interval``. A move sets ``settled`` to the ticket; the answer's
     ``value`` is 1 if ``due`` moved, else 0 (the record unchanged).
@@ -624,9 +632,9 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
     # a slow-down's pace: at most MAX_SLOW intervals, and ``burst`` of it under MAX_US
     slowest = min(MAX_SLOW * terms.interval_us, (MAX_US - 1) // terms.burst)
     # ``due`` at most ``burst - 1`` slots after ``at``, at the slowest pace a slow-down may set (a due
-    # written then outlives a later, faster pace), and at most a burst of intervals before it (as far
-    # back as a settlement's refund moves it)
-    late = {"$literal": (terms.burst - 1) * slowest}
+    # written then outlives a later, faster pace), and a starter's doubt (MAX_DOUBT_US) more, and at
+    # most a burst of intervals before it (as far back as a settlement's refund moves it)
+    late = {"$literal": (terms.burst - 1) * slowest + MAX_DOUBT_US}
     early = {"$literal": terms.burst * terms.interval_us}
     holder, expiry, token = _holder("$$this"), _expiry("$$this"), _token("$$this")
     whole = [{"$in": [{"$type": value}, _WHOLE]} for value in (holder, expiry, token)]

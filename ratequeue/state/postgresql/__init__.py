@@ -12,7 +12,7 @@ another, in ``?schema=`` or the connection's search path)::
     settled bigint  -- the ticket of the latest settlement that moved due_us (0: none)
 
 Every operation is **one call** of one server-side PL/pgSQL function
-(``<table>_op_v2``, created beside the table): it locks the row (``SELECT
+(``<table>_op_v3``, created beside the table): it locks the row (``SELECT
 ... FOR UPDATE``; a missing row is inserted first, ``ON CONFLICT DO
 NOTHING``), reads ``clock_timestamp()`` once the row is locked, applies the
 protocol step for step as :mod:`ratequeue.core.protocol` does, writes the row
@@ -23,7 +23,9 @@ IF NOT EXISTS``) are created at a state's first call if missing, under a
 transaction-scoped advisory lock so that racing first users do not collide;
 a table made by an older version gains the columns it lacks then
 (``not_before_us``, ``pace_us``, ``paced_at_us``, ``settled``: its rows have
-no hold, were never slowed and never settled). Their text is ``function.sql`` beside this module.
+no hold, were never slowed and never settled), and an older version's
+function (``_op_v2``...) is left in place for the clients still calling it.
+Their text is ``function.sql`` beside this module.
 
 A shard waiting for a place on a full queue hears of a place freed by another
 process at once (:meth:`PostgresBackend.watch`): the function NOTIFYs, and the
@@ -86,8 +88,8 @@ __all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"
 #: the table used unless ``?table=`` names another
 DEFAULT_TABLE = "ratequeue"
 #: the version suffix of the function's name: a new one whenever the function changes (v2: the hold,
-#: the slow-down and the settlement)
-FUNCTION_VERSION = "v2"
+#: the slow-down and the settlement; v3: the starter's doubt, p_doubt)
+FUNCTION_VERSION = "v3"
 #: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.postgresql")
 
@@ -267,7 +269,7 @@ class PostgresBackend(StateBase):
         )
         #: whether the table and the function are known to exist; when this state last swept
         self._ready = False
-        arguments = sql.SQL(", ".join(["%s"] * 13))
+        arguments = sql.SQL(", ".join(["%s"] * 14))
         self._op_query = sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
         self._names_query = sql.SQL("SELECT name FROM {} WHERE left(name, %s) = %s").format(self._table)
         self._reset_query = sql.SQL("DELETE FROM {} WHERE name = %s").format(self._table)
@@ -289,10 +291,12 @@ class PostgresBackend(StateBase):
         def select(
             op: str, now: int, ticket: int, lead: int, interval: int = 1000, token: int = 1, burst: int = 1
         ) -> Query:
-            # the function's arguments: keep and max_running 1, a lease of 1000 us, a cost of 1; a
-            # burst of 2 on a queue of its own
+            # the function's arguments: keep and max_running 1, a lease of 1000 us, a cost of 1, no
+            # doubt; a burst of 2 on a queue of its own
             queue = name if burst == 1 else f"{name} burst"
-            values = (op, queue, interval, burst, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token)
+            values = (
+                op, queue, interval, burst, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token, 0
+            )  # fmt: skip
             arguments = sql.SQL(", ").join(map(sql.Literal, values))
             return sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
 
@@ -477,10 +481,11 @@ class PostgresBackend(StateBase):
         """Create the table and the function unless both exist (once per state)."""
         types = (
             "(text, text, bigint, bigint, bigint, integer, "
-            "bigint, bigint, bigint, bigint, bigint, boolean, bigint)"
+            "bigint, bigint, bigint, bigint, bigint, boolean, bigint, bigint)"
         )
         # (a table that lacks the newest column, made by an older version, is set up again: it gains
-        # its columns, and the function is replaced by this version's)
+        # its columns; a database with only an older version's function, _op_v2, gains this version's
+        # beside it, which older clients go on calling)
         exists = sql.SQL(
             "SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL AND EXISTS ("
             "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'settled' "
@@ -502,7 +507,8 @@ class PostgresBackend(StateBase):
         params = (
             kind, name, terms.interval_us, terms.burst, terms.keep_us, terms.max_running or 0, terms.lease_us,
             None if self._clock is None else self._clock(),
-            *((op.ticket, op.lead_us, op.cost, op.paused, op.token) if op else (0, 0, 1, False, 0)),
+            *((op.ticket, op.lead_us, op.cost, op.paused, op.token, op.doubt_us) if op
+              else (0, 0, 1, False, 0, 0)),
         )  # fmt: skip
         rows, _ = yield from self._query_flow(self._op_query, params)
         row: Row = rows[0]

@@ -2,10 +2,12 @@
 --
 -- @TABLE@ and @FUNCTION@ are replaced by the (quoted, checked) names of the table and of its
 -- function before this is run; statements are separated by lines holding only "-- ;;".
--- The function's name carries a version (_v2): a release that changes what it does or its
+-- The function's name carries a version (_v3): a release that changes what it does or its
 -- signature gives it a new name, so that older and newer clients never replace each other's
 -- (_v1 had no hold, no slow-down and no settlement: it leaves not_before_us, pace_us, paced_at_us
--- and settled as it finds them, and ignores them).
+-- and settled as it finds them, and ignores them; _v2 had no p_doubt, and refuses a due_us that a
+-- doubt moved past at + (burst - 1) slowest paces). A table is shared by every version: setting
+-- up this one leaves an older one's function in place.
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
 -- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
@@ -62,10 +64,11 @@ $ratequeue$
 --                  the record written; 0 (or a paused record): forever
 --   p_lease        the lease (us) a start or a renewal takes, with max_running
 --   p_now          NULL for the server's clock_timestamp(), or a fixed now (us) set by a test
---   p_ticket, p_lead, p_cost, p_paused, p_token
+--   p_ticket, p_lead, p_cost, p_paused, p_token, p_doubt
 --                  the operation's own arguments (unused ones are ignored; the lead_us of hold and
 --                  of slow, the interval to slow to at least, is p_lead; settle's estimate is p_cost
---                  and its actual cost, not a time, p_lead)
+--                  and its actual cost, not a time, p_lead; p_doubt is the doubt_us of try_start and
+--                  take_and_try, 0 to MAX_DOUBT_US)
 --
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
 --   take                               ("taken", TICKET, POS, AT)
@@ -99,7 +102,7 @@ $ratequeue$
 CREATE OR REPLACE FUNCTION @FUNCTION@(
     p_op text, p_name text, p_interval bigint, p_burst bigint, p_keep bigint, p_max_running integer,
     p_lease bigint, p_now bigint, p_ticket bigint, p_lead bigint, p_cost bigint, p_paused boolean,
-    p_token bigint
+    p_token bigint, p_doubt bigint
 ) RETURNS TABLE (
     o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean, o_stored jsonb
 )
@@ -107,7 +110,8 @@ LANGUAGE plpgsql VOLATILE
 AS $ratequeue$
 DECLARE
     -- ratequeue.core.protocol.NEVER, MAX_US, MAX_LEAD_US, MAX_BURST, PAUSED_RECHECK_US,
-    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING, MAX_LEASE_US, MAX_HOLD_US, MAX_SLOW and RECOVER_US
+    -- FULL_RECHECK_US, FULL_GRACE_US, MAX_RUNNING, MAX_LEASE_US, MAX_HOLD_US, MAX_SLOW, RECOVER_US and
+    -- MAX_DOUBT_US
     c_never CONSTANT bigint := -4503599627370496;
     c_limit CONSTANT bigint := 4503599627370496;
     c_max_lead CONSTANT bigint := 3600000000;
@@ -120,6 +124,7 @@ DECLARE
     c_max_hold CONSTANT bigint := 86400000000;
     c_max_slow CONSTANT bigint := 64;
     c_recover CONSTANT bigint := 5000000;
+    c_max_doubt CONSTANT bigint := 100000;
     -- keep times past this (about 146,000 years) are as good as forever
     c_keep_cap CONSTANT numeric := 4611686018427387904;
     r @TABLE@%ROWTYPE;
@@ -219,9 +224,11 @@ BEGIN
             AND r.burst::numeric * coalesce(r.pace_us, 0) < c_limit
             -- (a refund moves due behind at, by a burst of intervals at most: protocol.settle)
             AND r.at_us::numeric - r.burst::numeric * r.interval_us <= r.due_us
-            -- (at the slowest pace a slow-down may set: a due written then outlives a faster pace)
+            -- (at the slowest pace a slow-down may set: a due written then outlives a faster pace;
+            -- and as far ahead as a starter's doubt moves it: protocol.try_start)
             AND r.due_us::numeric <= r.at_us::numeric + (r.burst - 1)::numeric
                                      * least(c_max_slow::numeric * r.interval_us, (c_limit - 1) / r.burst)
+                                     + c_max_doubt
             AND 0 <= r.max_running AND r.max_running <= c_max_running
             AND c_never <= r.held_us AND r.held_us < c_limit
             AND c_never <= coalesce(r.not_before_us, c_never) AND coalesce(r.not_before_us, c_never) < c_limit
@@ -385,13 +392,15 @@ BEGIN
                     IF r.max_running > 0 THEN
                         v_leases := v_leases || ARRAY[v_t, v_start + p_lease, p_token];
                     END IF;
-                    v_pos := v_t; v_at := v_start; v_due := greatest(v_strict, v_start);
+                    -- due: the later of the strict slot and the start, plus the starter's doubt
+                    v_pos := v_t; v_at := v_start; v_due := greatest(v_strict, v_start) + p_doubt;
                     o_kind := 'started'; o_a := v_t; o_b := v_start;
                 END IF;
             END IF;
         END IF;
     ELSIF p_op = 'retime' THEN
-        -- protocol.retime: the latest start moves to now + lead at the earliest, its lease with it
+        -- protocol.retime: the latest start moves to now + lead at the earliest, its lease and due
+        -- with it (due by as much as the start, so that a doubt or an overrun it holds stays)
         IF v_pos <> p_ticket OR p_ticket >= v_ticket THEN
             o_kind := 'passed'; o_a := p_ticket; o_b := v_pos;
         ELSE
@@ -401,7 +410,7 @@ BEGIN
                     v_leases[3 * v_i - 1] := v_leases[3 * v_i - 1] + (v_start - v_at);
                 END IF;
             END LOOP;
-            v_at := v_start; v_due := greatest(v_due, v_start);
+            v_due := greatest(v_due + (v_start - v_at), v_start + p_doubt); v_at := v_start;
             o_kind := 'started'; o_a := p_ticket; o_b := v_start;
         END IF;
     ELSIF p_op = 'set_paused' THEN
@@ -442,7 +451,7 @@ BEGIN
         -- a refund moves it back by the saving at the interval, never below at + (pos - ticket -
         -- estimate) intervals. Nothing for a ticket not started, a record that never started one, the
         -- ticket that settled last, or an exact estimate (in numeric: the bound a refund may not pass
-        -- can lie far off)
+        -- can lie far off); nor for an overrun when a doubt already put due past its cap (never back)
         o_kind := 'set'; o_a := 0;
         IF 0 < p_ticket AND p_ticket <= v_pos AND v_at <> c_never AND p_ticket <> v_settled
            AND p_lead <> p_cost THEN

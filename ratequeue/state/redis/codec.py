@@ -47,12 +47,12 @@ Parser = Callable[[Reply, str, str, Terms], R]
 
 #: the terms and arguments a read sends (the script reads and checks none of them)
 READ_TERMS = Terms(1)
-READ_ARGUMENTS = (0, 0, 1, 0, 0)
+READ_ARGUMENTS = (0, 0, 1, 0, 0, 0)
 
 
-def arguments(op: Operation) -> tuple[int, int, int, int, int]:
-    """The script's ARGV[8..12]: the operation's own arguments, each at its place."""
-    return op.ticket, op.lead_us, op.cost, int(op.paused), op.token
+def arguments(op: Operation) -> tuple[int, int, int, int, int, int]:
+    """The script's ARGV[8..13]: the operation's own arguments, each at its place."""
+    return op.ticket, op.lead_us, op.cost, int(op.paused), op.token, op.doubt_us
 
 
 def script_args(kind: str, terms: Terms, now_us: int | None, args: tuple[int, ...]) -> list[str | int]:
@@ -95,7 +95,7 @@ class Commands:
     def packed(
         self, kind: str, key: str, terms: Terms, now_us: int | None, args: tuple[int, ...]
     ) -> list[bytes]:
-        """The command running ``kind`` on ``key``, for ``send_packed_command`` (``args``: ARGV[8..12])."""
+        """The command running ``kind`` on ``key``, for ``send_packed_command`` (``args``: ARGV[8..13])."""
         head = self._heads.get((kind, key, terms))
         if head is None:
             head = self._head(kind, key, terms)
@@ -106,7 +106,7 @@ class Commands:
 
     def _head(self, kind: str, key: str, terms: Terms) -> bytes:
         parts = (b"EVALSHA", SHA.encode(), b"1", key.encode(self._encoding, self._errors), kind.encode())
-        head = b"*16\r\n%b%b" % (
+        head = b"*17\r\n%b%b" % (
             b"".join(map(_bulk, parts)),
             b"".join(_bulk(b"%d" % number) for number in _numbers(terms)),
         )

@@ -28,6 +28,7 @@ ARGV[9]   the lead (us) (try_start, take_and_try, retime, hold); slow: the inter
 ARGV[10]  the cost (take, try_start, take_and_try); settle: the cost the ticket was taken for
 ARGV[11]  set_paused: 1 to pause, 0 to resume
 ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
+ARGV[13]  the doubt (us) a new start adds to due (try_start, take_and_try, retime; 0 to MAX_DOUBT)
 
 The reply is one string of words separated by single spaces (a client parses one bulk string in
 a fraction of the CPU an array costs it); numbers are whole, in decimal:
@@ -75,6 +76,7 @@ local FULL_GRACE = 300000         -- FULL_GRACE_US: after a record was full, no 
 local MAX_RUNNING = 1000          -- MAX_RUNNING: the largest max_running
 local MAX_LEASE = 86400000000     -- MAX_LEASE_US: no lease expires further past the now it was taken at
 local MAX_HOLD = 86400000000      -- MAX_HOLD_US: no hold ends further past the now it was set at
+local MAX_DOUBT = 100000          -- MAX_DOUBT_US: a start moves due at most this far for its doubt
 local MAX_SLOW = 64               -- MAX_SLOW: a slow-down's pace is at most this many intervals
 local RECOVER = 5000000           -- RECOVER_US: a slow-down's excess halves this often
 
@@ -154,9 +156,10 @@ else
     end
   end
   -- (due may lie as far ahead of at as the burst at the slowest pace allowed: a due written while
-  -- slowed outlives a later, faster pace; and as far behind as a refund moves it, a burst of
-  -- intervals, protocol.settle; exact: at and both spans lie within 2^52 of 0)
-  if not (at - burst * interval <= due and due <= at + (burst - 1) * slowest_pace()) then
+  -- slowed outlives a later, faster pace, and a starter's doubt further, MAX_DOUBT; and as far
+  -- behind as a refund moves it, a burst of intervals, protocol.settle; exact: at and both spans
+  -- lie within 2^52 of 0)
+  if not (at - burst * interval <= due and due <= at + (burst - 1) * slowest_pace() + MAX_DOUBT) then
     return "corrupt due " .. stored[5]
   end
   if not (0 <= max_running and max_running <= MAX_RUNNING) then
@@ -250,6 +253,8 @@ end
 local lease_us = tonumber(ARGV[6])
 -- the token naming the ticket's lease (0: none)
 local token = tonumber(ARGV[12])
+-- how much (us) a new start moves due past its slot or start, for its starter's doubt of the clock
+local doubt = tonumber(ARGV[13])
 
 -- the start of the live lease named by token, answered again (a call retried after its reply
 -- was lost): its ticket and start, or nil
@@ -316,7 +321,8 @@ local function take(cost)
   return last + 1
 end
 
--- protocol.try_start: start ticket t, of `cost`, if its earliest start is at most `lead` us away
+-- protocol.try_start: start ticket t, of `cost`, if its earliest start is at most `lead` us away;
+-- a new start sets due to its strict slot or, if later, its start, plus the doubt
 local function try_start(t, lead, cost)
   if pos == t and t < ticket and now < at + interval then
     return "started", t, at -- the latest start asked for again (a lost reply): the same start
@@ -356,23 +362,25 @@ local function try_start(t, lead, cost)
   if max_running > 0 then
     leases[#leases + 1] = {t, start + lease_us, token}
   end
-  pos, at, due = t, start, math.max(strict, start)
+  pos, at, due = t, start, math.max(strict, start) + doubt
   return "started", t, start
 end
 
--- protocol.retime: move the latest start to now + lead at the earliest, and due with it
+-- protocol.retime: move the latest start to now + lead at the earliest, and due by as much (to the
+-- start plus the doubt at least: what the start added to due, a doubt or an overrun, stays)
 local function retime(t, lead)
   if pos ~= t or t >= ticket then
     return "passed", t, pos
   end
   local start = math.max(at, now + lead)
+  local moved = start - at
   for _, lease in ipairs(leases) do -- the ticket's lease moves on by as much as its start
     if lease[1] == t then
-      lease[2] = lease[2] + (start - at)
+      lease[2] = lease[2] + moved
     end
   end
   at = start
-  due = math.max(due, at)
+  due = math.max(due + moved, at + doubt)
   return "started", t, at
 end
 
@@ -444,8 +452,9 @@ elseif op == "settle" then
     -- (every span below is whole and stays below 2^53, so exact; see each)
     if actual > estimate then
       -- an overrun: due moves by the excess at the effective interval, to at + (burst - 1)
-      -- slowest paces at most (room: at most that span plus a burst of intervals, below 2^53;
-      -- the excess, less than burst steps of at most the slowest pace, below 2^52)
+      -- slowest paces at most, and never back: a due a doubt put past that cap stays (room: at
+      -- most that span plus a burst of intervals, below 2^53, and at least -MAX_DOUBT; the
+      -- excess, less than burst steps of at most the slowest pace, below 2^52)
       local room = at + (burst - 1) * slowest_pace() - due
       if room > 0 then
         due = due + math.min((actual - estimate) * effective(), room)
@@ -455,7 +464,9 @@ elseif op == "settle" then
       -- a refund: due moves back by the saving at the interval (below burst intervals, 2^52), to
       -- at + (pos - t - estimate) intervals at least. That span is at least -burst intervals; past
       -- 2^52 (however rounded: rounding keeps it there) the floor lies beyond due, which lies
-      -- less than 2^52 past at, so nothing moves; below, it is exact, and so is due less the floor
+      -- less than 2^52 past at (burst - 1 slowest paces, each at most (LIMIT - 1) / burst, and
+      -- MAX_DOUBT, less than that quotient, at least 2^21 - 1), so nothing moves; below, it is
+      -- exact, and so is due less the floor
       local span = (pos - t - estimate) * interval
       if span < LIMIT then
         local room = (due - at) - span
