@@ -8,7 +8,16 @@ rate-limit referee over HTTP (``referee.py``: it answers 429 to any call
 default, relaxes that). Measured, in one run and on one machine:
 
 * **ratequeue** -- ``Limiter(url, name=..., interval=1/R + margin).acquire()``
-  on a Redis state and on a state file;
+  on the states of ``--states``: a Redis and a state file by default, and
+  also a PostgreSQL (``postgresql``) and a MongoDB (``mongodb``). Each
+  server is one of our own on a free loopback port, started as the tests
+  start theirs (``tests/servers.py``) and stopped at the end: a
+  ``redis-server``; a PostgreSQL cluster made by ``initdb`` in a temporary
+  directory (trust auth, fsync off; run as the ``postgres`` user when we are
+  root); and secantusdb's ``secantusd-py``, in memory, standing in for
+  MongoDB (a MongoDB-compatible server written in Python: its figures are
+  secantusdb's, not a real ``mongod``'s). ``--redis-url``,
+  ``--postgresql-url`` and ``--mongodb-url`` use a server of yours instead;
 * the peers of ``peers.py``, on the same Redis: pyrate-limiter (with its
   default 50 ms buffer and with ``buffer_ms=0``), limits, throttled-py
   (blocking, and with its own ``retry_after`` sleep), and "divide" (each
@@ -38,6 +47,8 @@ Run::
 
     python bench/begin_gaps.py --quick                 # a smoke run, about 20 s
     python bench/begin_gaps.py --hog 2                 # the full run, about 5 minutes on 2 cores
+    python bench/begin_gaps.py --states redis,file,postgresql,mongodb   # every state
+    python bench/begin_gaps.py --states postgresql,mongodb --peers '' --rates 50 --requests 100 --procs 4
     python bench/begin_gaps.py --rq-path /tmp/rq-before --json before.json   # an older checkout
     python bench/begin_gaps.py --plot bench/results    # CDFs of the lateness, one PNG per row
 
@@ -72,6 +83,7 @@ if RQ_PATH and (not sys.path or sys.path[0] != RQ_PATH):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (RQ_PATH, os.environ.get("PYTHONPATH")) if p)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -81,7 +93,7 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -96,12 +108,14 @@ from _common import (  # noqa: E402
     checkout,
     gaps,
     machine,
+    mongodb_server,
     ms,
     names,
     new_parser,
     num,
     numbers,
     percentile,
+    postgresql_server,
     prepare_queue,
     print_machine,
     print_written,
@@ -118,7 +132,16 @@ from referee import Referee, RefereeClient, RefereeStats  # noqa: E402
 
 #: the peers of peers.py measured here (ratequeue itself is measured on each state)
 PEERS = [p for p in peers.PEERS if p != "ratequeue"]
-STATES = ["redis", "file"]
+#: the states ratequeue can be measured on (``--states``), and those measured by default
+STATES = ["redis", "file", "postgresql", "mongodb"]
+DEFAULT_STATES = ["redis", "file"]
+#: how a state is named in the tables
+STATE_NAMES = {"postgresql": "PostgreSQL", "mongodb": "MongoDB (secantusdb)"}
+
+
+def state_name(state: str) -> str:
+    """``state`` as the tables name it: ``redis``, ``file``, ``PostgreSQL``, ``MongoDB (secantusdb)``."""
+    return STATE_NAMES.get(state, state)
 
 
 # --------------------------------------------------------------------------- what a limiter is told
@@ -532,7 +555,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
         main_rows = [
             [
                 r.limiter,
-                r.state,
+                state_name(r.state),
                 f"{r.starts}/{r.target}" + (f" ({r.timed_out} gave up)" if r.timed_out else ""),
                 r.rejected,
                 f"{num(r.achieved, 1)} ({100 * r.achieved / rate:.1f} %)"
@@ -553,7 +576,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
         referee_rows = [
             [
                 r.limiter,
-                r.state,
+                state_name(r.state),
                 r.referee_rejected,
                 r.rejected_after_full_gap,
                 ms(r.transit_p50),
@@ -631,7 +654,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
                 "earlier than the one decided before (read in a later loop pass)"
             )
     plans = [
-        f"{r.state} at {r.rate:g}/s: smallest gap on the state's clock {ms(r.state_gap_min)}, "
+        f"{state_name(r.state)} at {r.rate:g}/s: smallest gap on the state's clock {ms(r.state_gap_min)}, "
         f"between `Turn.local_start`s {ms(r.planned_gap_min)}; spread of `local_start` - state start "
         f"(p99 - p1) {ms(r.mapping_spread_p98)}, (max - min) {ms(r.mapping_spread_max)}"
         for r in rows
@@ -640,7 +663,10 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
     if plans:
         out.append(
             "ratequeue's plan (ms; the state start converted with this host's `time.time() - "
-            "time.monotonic()`, right for a state file and a Redis on this host): " + "; ".join(plans) + "."
+            "time.monotonic()`, right for a state file and for a server on this host, such as the ones "
+            "this script starts; MongoDB's clock, `$$NOW`, counts whole milliseconds): "
+            + "; ".join(plans)
+            + "."
         )
     cpu = [f"{r.limiter}/{r.state} {us(r.calls_cpu_per_call)}" for r in rows if r.rate == rows[0].rate]
     out.append(
@@ -727,6 +753,28 @@ def dump(rows: list[Row], args: argparse.Namespace, header: dict[str, Any], path
 # --------------------------------------------------------------------------- main
 
 
+@contextlib.contextmanager
+def _state_server(state: str, args: argparse.Namespace) -> Iterator[str]:
+    """The URL of ``state``'s server: the one its ``--*-url`` names, else one of our own, stopped after."""
+    if state == "redis":
+        with redis_server(args.redis_url) as url:
+            yield url
+        return
+    given = args.postgresql_url if state == "postgresql" else args.mongodb_url
+    if given:
+        yield given
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(postgresql_server() if state == "postgresql" else mongodb_server())
+        except BaseException as exc:
+            # tests/servers.py says "unavailable" with pytest's skip (or fail, under CI)
+            if type(exc).__module__.startswith("_pytest"):
+                raise SystemExit(f"{state_name(state)} could not start: {exc}") from None
+            raise
+        yield url
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = new_parser(__doc__)
     parser.add_argument(
@@ -743,10 +791,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tolerance", type=float, default=0.0, help="the referee's tolerance, s (0)")
     parser.add_argument("--hog", type=int, default=0, help="busy-loop processes running throughout (0)")
-    parser.add_argument("--states", default=",".join(STATES), help="ratequeue's states (redis,file)")
+    parser.add_argument(
+        "--states",
+        default=",".join(DEFAULT_STATES),
+        help=f"ratequeue's states, of {','.join(STATES)} ({','.join(DEFAULT_STATES)})",
+    )
+    parser.add_argument(
+        "--postgresql-url", help="use this PostgreSQL instead of starting a cluster of our own (initdb)"
+    )
     parser.add_argument("--peers", default=",".join(PEERS), help=f"which peers ({','.join(PEERS)}; '' none)")
     add_common(
         parser,
+        mongodb_url=True,
         seed=True,
         quick="a smoke run: 4 processes, 15 turns each, at 100/s",
         plot="write lateness CDF PNGs into DIR",
@@ -787,16 +843,20 @@ def main(argv: list[str] | None = None) -> int:
     ]
     timestamps = ""
     try:
-        with (
-            redis_server(args.redis_url) as redis_url,
-            Referee(1 / rates[0], args.tolerance) as referee,
-            busy_loops(args.hog),
-        ):
+        with contextlib.ExitStack() as stack:
+            # every server is stopped when the stack closes: at the end, on an error, on Ctrl-C
+            urls = {
+                state: stack.enter_context(_state_server(state, args))
+                for state in dict.fromkeys(states + (["redis"] if chosen_peers else []))
+                if state != "file"
+            }
+            referee = stack.enter_context(Referee(1 / rates[0], args.tolerance))
+            stack.enter_context(busy_loops(args.hog))
             progress = Progress(len(plan), "begin-gaps")
             for rate, count, limiter, state in plan:
                 label = f"{limiter}/{state} at {rate:g}/s"
                 progress.note(label)
-                url = f"file://{workdir / unique_name('state')}.json" if state == "file" else redis_url
+                url = f"file://{workdir / unique_name('state')}.json" if state == "file" else urls[state]
                 rows.append(run_row(limiter, state, url, rate, args, count, referee, progress, label))
                 progress.step(f"{label}: {rows[-1].rejected} 429s")
             progress.close()
