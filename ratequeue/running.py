@@ -187,7 +187,8 @@ class ShardRunner:
             lead=settings.lead,
             max_late=self.max_late,
             estimator=estimator,
-            doubting=max_late is not None,  # (on MongoDB too, which checks no lateness)
+            # (on MongoDB too, which checks no lateness; not where the offset is read directly, exactly)
+            doubting=max_late is not None and state.local_now() is None,
         )
         self.reporter = Reporter(
             settings.name,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import ratequeue
+import ratequeue.aio  # (used as ratequeue.aio below: imported here, not by whichever test ran first)
 from ratequeue import AcquireTimeout, Limiter
 from ratequeue.state.memory import MemoryState
 

@@ -208,7 +208,8 @@ class Shard:
         self._fixed_lead, self._jitter = lead, jitter
         self.max_late = max_late if max_late is not None and interval >= _CHECKED_FROM * max_late else None
         self.estimator = estimator or OffsetEstimator()
-        self.doubting = doubting
+        #: whether starts carry a doubt (never with a burst, whose begins are not spaced)
+        self.doubting = doubting and terms.burst == 1
         self._line: deque[Place] = deque()
         #: the place holding a started turn not yet begun
         self._holder: Place | None = None
@@ -407,7 +408,7 @@ class Shard:
                     place.cost,
                     False,
                     self._next_token,
-                    self._doubt_us(now),
+                    self._doubt_us(now) if self.doubting else 0,
                 ),
             )
         if self._slot is not None:
@@ -435,7 +436,7 @@ class Shard:
                 self._ticket_cost,
                 False,
                 self._token,
-                self._doubt_us(now),
+                self._doubt_us(now) if self.doubting else 0,
             ),
         )
 
@@ -449,7 +450,7 @@ class Shard:
         (G7, docs/design.md "Doubt"). None with a burst, whose begins are
         not spaced, nor when not :attr:`doubting`.
         """
-        if self.burst > 1 or not self.doubting:
+        if not self.doubting:
             return 0
         excess = self.estimator.width(now) - DOUBT_FREE
         return 0 if excess <= 0 else min(round(excess * US), MAX_DOUBT_US)
