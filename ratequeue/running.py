@@ -365,11 +365,15 @@ class ShardRunner:
                     if shard.unused or driver.waiters:
                         self.changed()
                 elif kind is Expired:
+                    timeout = None if place.deadline is None else place.timeout
+                    why = ""
                     if not attempt:
                         reporter.timeout(place, now - since)
-                    timeout = None if place.deadline is None else place.timeout
+                        why = yield from self.why_no_turn_flow()
                     raise AcquireTimeout(
-                        f"no turn in queue {self.name!r} within {timeout} s", name=self.name, timeout=timeout
+                        f"no turn in queue {self.name!r} within {timeout} s{why}",
+                        name=self.name,
+                        timeout=timeout,
                     )
                 elif kind is WaitForTurn:
                     deadline = step.deadline  # type: ignore[union-attr]
@@ -390,6 +394,32 @@ class ShardRunner:
             shard.abandon(place)
             self.changed()
         return (yield from fallback.turn_flow(self, place, since, attempt=attempt))
+
+    def why_no_turn_flow(self) -> Flow[str]:
+        """What keeps turns from coming, as the end of a timeout's message; ``""`` if nothing known.
+
+        This shard paused, or the queue paused everywhere or held (read from
+        the record: one call to the state, made only when a caller times
+        out; a state error there leaves the reason out).
+        """
+        reasons = []
+        if self.shard.paused:
+            reasons.append("this limiter is paused: resume() it")
+        try:
+            snapshot: Snapshot = yield Call(self.driver.call, (self.state.read, self.name))
+        except Exception:  # (the timeout is what the caller is told; the state's error is not its news)
+            snapshot = None  # type: ignore[assignment]
+        record = None if snapshot is None else snapshot.record
+        if record is not None and record.paused:
+            reasons.append(
+                "the queue is paused everywhere: resume_everywhere(), or `ratequeue resume URL NAME`"
+            )
+        if record is not None and record.not_before > snapshot.now:
+            reasons.append(
+                f"the queue is held for {(record.not_before - snapshot.now) / US:.3g} s more: "
+                "lift_hold(), or `ratequeue hold URL NAME 0 --lift`"
+            )
+        return "" if not reasons else " (" + "; ".join(reasons) + ")"
 
     def attempt_flow(self, cost: int) -> Flow[tuple[Turn | None, float | None]]:
         """A turn if one is free now, else ``(None, when)``: when the state said it comes, if it said."""

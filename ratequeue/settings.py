@@ -106,6 +106,10 @@ class Options(TypedDict, total=False):
     on_event: EventHook | None
 
 
+#: the keyword options a limiter takes (:class:`Options`): any other is refused by name
+_OPTION_NAMES = frozenset(Options.__annotations__)
+
+
 class QueueOptions(Options, total=False):
     """The keyword arguments of a queue beside ``name``: a limiter's (:class:`Options`), and these.
 
@@ -238,6 +242,14 @@ class Settings:
     ) -> tuple[Settings, Callable[[], float] | None, EventHook | None]:
         """The settings in ``options`` (checked), and the clock and hook beside them."""
         rest: dict[str, Any] = dict(options)
+        unknown = sorted(set(rest) - _OPTION_NAMES)
+        if unknown:
+            said = ", ".join(map(repr, unknown))
+            raise ConfigurationError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {said}; the options are "
+                + ", ".join(sorted(_OPTION_NAMES))
+                + ("; the state is the first argument: Limiter(url, name=...)" if "state" in unknown else "")
+            )
         clock = rest.pop("clock", None)
         hook = check_hook(rest.pop("on_event", None))
         if clock is not None and not callable(clock):

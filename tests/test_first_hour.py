@@ -1,0 +1,88 @@
+"""What a new user trips over in the first hour (issue 31): each a test that failed before its fix."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ratequeue import AcquireTimeout, ConfigurationError, Limiter, aio
+
+from .backends import Backend
+
+
+def test_a_timeout_says_the_queue_is_paused_everywhere(backend: Backend) -> None:
+    """A process that paused the fleet and died leaves it paused: the next caller's timeout says so."""
+    name = backend.fresh_name()
+    pauser = Limiter(backend.open(), name=name, interval=0.01)
+    caller = Limiter(backend.open(), name=name, interval=0.01)
+    try:
+        assert pauser.pause_everywhere()
+        with pytest.raises(AcquireTimeout, match="paused everywhere: resume_everywhere"):
+            caller.acquire(timeout=0.05)
+        assert pauser.resume_everywhere()
+        caller.acquire(timeout=5.0)
+    finally:
+        pauser.close()
+        caller.close()
+
+
+def test_a_timeout_says_the_queue_is_held_and_for_how_long(backend: Backend) -> None:
+    name = backend.fresh_name()
+    limiter = Limiter(backend.open(), name=name, interval=0.01)
+    try:
+        limiter.hold(60.0)
+        with pytest.raises(AcquireTimeout, match=r"held for (59\.\d|60) s more: lift_hold\(\)"):
+            limiter.acquire(timeout=0.05)
+    finally:
+        limiter.close()
+
+
+def test_a_timeout_says_this_limiter_is_paused() -> None:
+    limiter = Limiter("memory://", name="own-pause", interval=0.01)
+    try:
+        limiter.pause()
+        with pytest.raises(AcquireTimeout, match=r"this limiter is paused: resume\(\) it"):
+            limiter.acquire(timeout=0.05)
+        limiter.resume()
+        limiter.acquire(timeout=5.0)
+    finally:
+        limiter.close()
+
+
+def test_a_timeout_of_a_queue_nothing_stops_says_nothing_more() -> None:
+    limiter = Limiter("memory://", name="plain", interval=10.0)
+    try:
+        limiter.acquire()
+        with pytest.raises(AcquireTimeout) as raised:
+            limiter.acquire(timeout=0.05)
+        assert str(raised.value) == "no turn in queue 'plain' within 0.05 s"
+    finally:
+        limiter.close()
+
+
+def test_an_asyncio_timeout_says_the_queue_is_paused_everywhere() -> None:
+    async def run() -> None:
+        limiter = aio.Limiter("memory://", name="aio-paused", interval=0.01)
+        try:
+            assert await limiter.pause_everywhere()
+            with pytest.raises(AcquireTimeout, match="paused everywhere"):
+                await limiter.acquire(timeout=0.05)
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"state": "memory://"}, "unknown option 'state'.*the state is the first argument"),
+        ({"intervall": 1.0}, "unknown option 'intervall'; the options are adaptive, burst, clock"),
+        ({"x": 1, "y": 2}, "unknown options 'x', 'y'"),
+    ],
+)
+def test_an_unknown_option_is_refused_by_name(options: dict[str, object], said: str) -> None:
+    """A misspelt keyword was a TypeError from deep inside (``Settings.checked() got an unexpected...``)."""
+    with pytest.raises(ConfigurationError, match=said):
+        Limiter("memory://", name="options", interval=1.0, **options)  # type: ignore[arg-type]
