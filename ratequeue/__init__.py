@@ -12,6 +12,8 @@ state (a JSON file, memory, Redis, MongoDB or PostgreSQL)::
 
 from __future__ import annotations
 
+import logging
+
 from .combined import all_of
 from .core.jobs import Backoff, DeadLetter
 from .core.operation import Operation, Terms, operation
@@ -39,6 +41,10 @@ from .state import Snapshot, State, open_state
 # has the asyncio ones), their settings, what they return (Turn, Reservation, Status), what
 # they report to an on_event hook (Event; ratequeue.prometheus has an exporter), the errors,
 # and the state contract -- its opener and operations -- for tools that act on records directly.
+# A library's loggers get a NullHandler (the logging HOWTO, "Configuring Logging for a Library"):
+# the application decides where records go; without its configuration nothing reaches stderr
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
 __all__ = [
     "AcquireTimeout",
     "Backoff",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -86,3 +88,14 @@ def test_an_unknown_option_is_refused_by_name(options: dict[str, object], said: 
     """A misspelt keyword was a TypeError from deep inside (``Settings.checked() got an unexpected...``)."""
     with pytest.raises(ConfigurationError, match=said):
         Limiter("memory://", name="options", interval=1.0, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_warnings_reach_stderr_only_where_the_application_configured_logging(configured: bool) -> None:
+    """Python's last-resort handler printed every process's WARNINGs on a user's stderr."""
+    setup = "logging.basicConfig(); " if configured else ""
+    code = f"import logging, ratequeue; {setup}logging.getLogger('ratequeue.reporting').warning('busy host')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert ("busy host" in done.stderr) is configured, done.stderr
