@@ -871,3 +871,38 @@ def test_demo_refuses_more_processes_than_it_can_start_before_printing_anything(
     assert result.stderr.startswith("ratequeue: error: --processes must be at most 64"), result.stderr
     assert "65" in result.stderr
     assert not (tmp_path / "state.json").exists()
+
+
+def test_status_and_list_read_the_default_state_without_a_url(cli: Cli) -> None:
+    """A limiter without a URL uses the per-user file: so do ``status NAME`` and ``list`` (issue 31)."""
+    limiter = ratequeue.Limiter(FileState(cli.default_state, create_parents=True), name="mine", interval=0.5)
+    try:
+        limiter.acquire()
+    finally:
+        limiter.close()
+    status = cli("status", "mine", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["tickets"] == 1
+    assert json.loads(status.stdout)["state"] == cli.default_state.as_uri()
+    listed = cli("list")
+    assert listed.returncode == 0, listed.stderr
+    assert "mine" in listed.stdout
+    assert cli("status", "default", "mine").returncode == 0, "the URL may still be given"
+
+
+def test_the_exit_statuses_in_the_help_are_those_in_the_docs(cli: Cli) -> None:
+    """``--help`` and docs/cli.md list the same statuses, for the same commands."""
+    from ratequeue.cli import EXIT_STATUS
+
+    helped = set(re.findall(r"^\s+(\d+)\s", EXIT_STATUS, re.MULTILINE)) | set(
+        re.findall(r"\((\d+): by", EXIT_STATUS)
+    )
+    page = (SOURCE_ROOT / "docs" / "cli.md").read_text()
+    table = page[page.index("## Exit status") : page.index("## demo")]
+    documented = {
+        number
+        for row in re.findall(r"^\| ([\d, ]+) \|", table, re.MULTILINE)
+        for number in re.findall(r"\d+", row)
+    }
+    assert helped == documented
+    assert "demo and set-interval" in EXIT_STATUS, "143 and 129 end set-interval too (docs/cli.md)"

@@ -40,7 +40,7 @@ exit status:
   2    bad input, or an error of the state (unreachable, corrupted, terms that differ)
   130  interrupted (Ctrl-C); status --watch ends with 0 on Ctrl-C
   141  the output was closed early (a pipe, as in: | head); nothing more is printed
-  143  demo only: ended by SIGTERM (129: by SIGHUP), cleaned up as on Ctrl-C
+  143  demo and set-interval: ended by SIGTERM (129: by SIGHUP), cleaned up as on Ctrl-C
 
 docs/cli.md describes every command and its --json fields."""
 
@@ -261,6 +261,14 @@ def _arg(name: str, help: str, **options: Any) -> tuple[str, dict[str, Any]]:
 
 
 _URL = _arg("url", f"state URL, or {DEFAULT_URL!r} for the per-user file", metavar="URL")
+#: a URL that may be left out (the per-user file), where a command's other arguments tell it apart
+_URL_OR_DEFAULT = _arg(
+    "url",
+    f"state URL (default: {DEFAULT_URL!r}, the per-user file, which a limiter without a URL uses)",
+    metavar="URL",
+    nargs="?",
+    default=DEFAULT_URL,
+)
 #: the URL and NAME of a queue, as most commands take them
 _QUEUE = (_URL, _arg("name", "queue name", metavar="NAME"))
 _JSON = _arg("--json", "one JSON object", action="store_true")
@@ -309,7 +317,8 @@ _COMMANDS: tuple[tuple[Any, ...], ...] = (
         "Show a queue's shared record. With --watch, read it again every --every seconds until "
         "Ctrl-C (or --count refreshes) and show the rate of starts over the last minute, as the "
         "watcher observes the latest started ticket move between its refreshes.",
-        *_QUEUE,
+        _URL_OR_DEFAULT,
+        _QUEUE[1],
         _arg("--json", "one JSON object (--watch: one per line)", action="store_true"),
         _arg("--watch", "refresh until Ctrl-C (exit status 0)", action="store_true"),
         _arg("--every", "seconds between refreshes (default 1)", type=float, default=1.0, metavar="SECONDS"),
@@ -321,7 +330,7 @@ _COMMANDS: tuple[tuple[Any, ...], ...] = (
         "interval, burst, tickets handed out, latest started ticket, unstarted tickets, the age of "
         "its last start on the state clock, the pause flag and its running jobs. A LimiterGroup "
         "named G keeps key K as queue 'G:K': --prefix G: lists the group's keys.",
-        _URL,
+        _URL_OR_DEFAULT,
         _arg("--prefix", "list only the names beginning with this", default=""),
         _JSON,
     ),
