@@ -564,8 +564,8 @@ def test_demo_shows_state_clock_gaps_and_begin_gaps(cli: Cli, state_url: str) ->
     assert state, result.stdout
     assert float(state[1]) >= 20.0
     begins = re.match(
-        r"begin gaps:\s+smallest ([\d.]+) ms, median ([\d.]+) ms, under the interval: \d+, "
-        r"under interval - max_late \(19\.700 ms, G7\): (\d+)",
+        r"begin gaps:\s+smallest ([\d.]+) ms, median ([\d.]+) ms; \d+ a little under the interval "
+        r"\(a process woke a few µs late: normal\), (none|\d+) under 19\.700 ms \(interval - max_late",
         _summary(result.stdout, "begin gaps:"),
     )
     assert begins, result.stdout
@@ -577,12 +577,13 @@ def test_demo_shows_state_clock_gaps_and_begin_gaps(cli: Cli, state_url: str) ->
         shown = float(line.split("begin gap")[1].split()[0])
         assert shown <= 19.7 if line in flagged else shown >= 19.7, line
     # the summary counts the gaps as they are in the end
+    past = 0 if begins[3] == "none" else int(begins[3])
     if "(reported after a later start)" not in result.stdout:
         # every start and begin came in order: the gaps shown are the gaps summarised
-        assert int(begins[3]) == len(flagged), result.stdout
+        assert past == len(flagged), result.stdout
     else:
         # a begin reported late splits a gap already shown: the summary can only count more
-        assert int(begins[3]) >= len(flagged), result.stdout
+        assert past >= len(flagged), result.stdout
     assert _summary(result.stdout, "result:") == "result: ok"
 
 
