@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 WAIT = 5.0
 
 _THREADS = """
-import json, sys, threading
+import json, logging, sys, threading
 from ratequeue import Queue
+logging.basicConfig()  # (ratequeue's logger has a NullHandler: an application shows its records)
 from ratequeue.state.memory import MemoryState
 
 kind = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[sys.argv[1]]
@@ -73,8 +74,9 @@ print(json.dumps(seen), flush=True)
 """
 
 _ASYNCIO = """
-import asyncio, json, sys
+import asyncio, json, logging, sys
 from ratequeue import aio
+logging.basicConfig()  # (ratequeue's logger has a NullHandler: an application shows its records)
 from ratequeue.state.memory import MemoryState
 
 kind = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[sys.argv[1]]
