@@ -427,6 +427,7 @@ def spawn_pool(workers: int) -> ProcessPoolExecutor:
 
 
 @pytest.mark.processes
+@pytest.mark.timeout(300)  # (its own deadline is 240 s: secantusdb took > 120 s in a CI run on a slow VM)
 def test_tickets_are_unique_across_processes(shared_backend: Backend) -> None:
     """8 processes take 500 tickets each, all at once: 4000 distinct tickets, none skipped."""
     name = shared_backend.fresh_name()
