@@ -74,12 +74,14 @@ class Limiter(LimiterBase):
         """The state this limiter uses."""
         return cast(State, self._runner.state)
 
-    def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
+    def acquire(self, timeout: Seconds | None = None, *, cost: int = 1, tenant: str | None = None) -> Turn:
         """Block until this caller's global turn, and return it.
 
         :param timeout: seconds to wait at most; ``None`` waits for ever, ``0``
             only takes a turn that is free now.
         :param cost: how many starts of the rate this call uses (1 to the burst).
+        :param tenant: on a fair queue (``fair=True``), whose share of the turns this call waits in
+            (docs/fairness.md); ``None`` is the default tenant, ``""``.
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
 
@@ -89,13 +91,13 @@ class Limiter(LimiterBase):
         lock = runner.driver.lock
         lock.acquire()  # (not ``with``: one call less on every acquire)
         try:
-            turn = run(runner.acquire_flow(runner.place(timeout, cost)))
+            turn = run(runner.acquire_flow(runner.place(timeout, cost, tenant)))
         finally:
             lock.release()
         assert turn is not None, "only a withdrawn place has no turn, and this one is nobody else's"
         return turn
 
-    def try_acquire(self, *, cost: int = 1) -> Turn | None:
+    def try_acquire(self, *, cost: int = 1, tenant: str | None = None) -> Turn | None:
         """This caller's turn if one is free now, else ``None``; never waits for a turn.
 
         At most two calls to the state (the held ticket tried, then a new one
@@ -105,7 +107,7 @@ class Limiter(LimiterBase):
         """
         runner = self._runner
         with runner.driver.lock:
-            return run(runner.attempt_flow(cost))[0]
+            return run(runner.attempt_flow(cost, tenant))[0]
 
     def release(self, turn: Turn) -> bool:
         """End the job of ``turn``: with ``max_running``, give its place back now (one call to the state).
@@ -127,7 +129,7 @@ class Limiter(LimiterBase):
         with runner.driver.lock:
             return run(runner.leases.release_flow(held))
 
-    def reserve(self, *, cost: int = 1) -> Reservation:
+    def reserve(self, *, cost: int = 1, tenant: str | None = None) -> Reservation:
         """Take a place in this shard's line now, to :meth:`Reservation.wait` for its turn later.
 
         Another thread may :meth:`Reservation.cancel` it. While a reservation
@@ -135,7 +137,7 @@ class Limiter(LimiterBase):
         wait too: wait for it, or cancel it (``with limiter.reserve() as r:``
         cancels on exit).
         """
-        return Reservation(self, cost)
+        return Reservation(self, cost, tenant)
 
     def pause_everywhere(self) -> bool:
         """Pause the whole queue: no shard, in any process, starts a job until :meth:`resume_everywhere`.
@@ -220,7 +222,7 @@ class Limiter(LimiterBase):
         with runner.driver.lock:
             return Status.of(self.settings, snapshot, runner.shard)
 
-    def wrap(self, fn: F, *, cost: int = 1) -> F:
+    def wrap(self, fn: F, *, cost: int = 1, tenant: str | None = None) -> F:
         """``fn`` changed so that every call first waits for its turn (of ``cost``).
 
         Works on functions, methods and coroutine functions (their wait runs
@@ -232,7 +234,7 @@ class Limiter(LimiterBase):
 
             @functools.wraps(fn)
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
-                reservation = Reservation(self, cost)
+                reservation = Reservation(self, cost, tenant)
                 try:
                     turn = await asyncio.to_thread(reservation.wait)
                 except BaseException:
@@ -251,7 +253,7 @@ class Limiter(LimiterBase):
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            turn = self.acquire(cost=cost)
+            turn = self.acquire(cost=cost, tenant=tenant)
             try:
                 return fn(*args, **kwargs)
             finally:

@@ -43,7 +43,7 @@ from .events import Event
 from .grouping import DEFAULT_KEEP, GroupBase
 from .headers import refusal_of
 from .running import LimiterBase, Status, runner_of
-from .settings import QueueOptions, check_cost, wait
+from .settings import QueueOptions, check_cost, check_tenant_for, wait
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -159,6 +159,7 @@ class QueueBase(Generic[L, FutureT]):
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         dead_letter: Callable[[DeadLetter], Any] | None = None,
         group: str | None = None,
+        tenant: str | None = None,
         **kwargs: Any,
     ) -> FutureT:
         """Queue ``fn(*args, **kwargs)`` to start at its turn; return its future at once.
@@ -180,6 +181,8 @@ class QueueBase(Generic[L, FutureT]):
             every process of the queue name, in the order they asked
             (docs/queues.md): the job holds its group's place from before its
             turn until it ends for good (a retry keeps it).
+        :param tenant: on a fair queue (``fair=True``), whose share of the turns the job waits in
+            (docs/fairness.md): tenants take turns, in this queue object and across the fleet.
         :raises QueueClosed: if the queue is closed.
         :raises QueueFull: if ``max_waiting`` jobs wait and ``overflow`` is ``"reject"``.
         :raises ConfigurationError: for a bad option.
@@ -200,6 +203,8 @@ class QueueBase(Generic[L, FutureT]):
             delay_until(not_before, self._clock),
             group=check_group(group),
         )
+        if tenant is not None or self._limiter.settings.fair:
+            job.tenant = check_tenant_for(self._limiter.settings, tenant)
         if job.group is not None:
             self._group_limiter(job.group)  # checks the group as part of a queue name, now
         dropped: Job[Any] | None = None
@@ -211,6 +216,8 @@ class QueueBase(Generic[L, FutureT]):
                     raise QueueFull(f"queue {self.name!r} holds max_waiting={self._max_waiting} jobs")
                 dropped = self._pending.drop_oldest()
             job.seq = self._pending.number()
+            if job.tenant is not None:
+                job.tag = self._pending.fair_tag(job.tenant, self._limiter.settings.weight(job.tenant))
             if job.group is not None and self._gate.enter(job):
                 self._start_group_waiter(job.group)
             self._pending.push(job)
@@ -321,7 +328,9 @@ class QueueBase(Generic[L, FutureT]):
                     if head is None:  # cancelled, or only held jobs, while a running place was awaited
                         self._release_running_place()
                         continue
-                    reservation = self._reservation = self._limiter.reserve(cost=head.cost)
+                    reservation = self._reservation = self._limiter.reserve(
+                        cost=head.cost, tenant=head.tenant
+                    )
                 try:
                     turn: Turn | None = yield Call(reservation.wait)
                 except Exception as exc:  # the state failed: fail the head job, go on

@@ -18,7 +18,7 @@ import time
 from asyncio import CancelledError
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from ._redact import redact
@@ -36,6 +36,7 @@ from .core.protocol import (
     effective_interval,
     live_leases,
     new_record,
+    waiting_tenants,
 )
 from .core.shard import Begin, BeginAt, Expired, Place, Shard, SleepUntil, Turn, WaitForTurn
 from .drivers import Driver
@@ -52,10 +53,11 @@ from .settings import (
     check_hold,
     check_settled,
     check_slow,
+    check_tenant_for,
     check_timeout,
     wait,
 )
-from .state.base import AsyncState, Snapshot, State
+from .state.base import AsyncState, Snapshot, State, no_fair_queues
 
 __all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
 
@@ -112,12 +114,16 @@ class Status:
     held_until: float | None = None
     #: seconds between starts now: ``interval``, or more while the queue recovers from a slow-down
     effective_interval: float | None = None
+    #: whether tenants take turns (a fair queue)
+    fair: bool = False
+    #: a fair queue's tenants with waiters: each one's waiters (in every shard) and its weight
+    tenants: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, settings: Settings, snapshot: Snapshot, shard: Shard) -> Status:
         """The status of ``settings``' queue from a snapshot of its record (or a fresh one) and a shard."""
         record = snapshot.record or new_record(
-            settings.terms.interval_us, settings.burst, settings.max_running
+            settings.terms.interval_us, settings.burst, settings.max_running, settings.fair
         )
         return cls(
             name=settings.name,
@@ -135,6 +141,10 @@ class Status:
             running=len(live_leases(record, snapshot.now)),
             held_until=record.not_before / US if record.not_before > snapshot.now else None,
             effective_interval=effective_interval(record, snapshot.now) / US,
+            fair=record.fair,
+            tenants={
+                tenant: (waiting, weight) for tenant, (waiting, _, weight) in waiting_tenants(record).items()
+            },
         )
 
 
@@ -173,6 +183,8 @@ class ShardRunner:
         estimator: OffsetEstimator | None = None,
     ) -> None:
         self.settings, self.name, self.state, self.driver = settings, settings.name, state, driver
+        if settings.fair and not state.fair_queues:
+            raise no_fair_queues(state)
         self.clock = clock = driver.clock
         max_late = settings.max_late
         #: the lateness checked: none where the state's clock is coarser than it
@@ -216,13 +228,15 @@ class ShardRunner:
             and (self.fallback is None or self.fallback.down_since is None)  # (its probe runs)
         )
 
-    def place(self, timeout: Seconds | None, cost: int) -> Place:
-        """A new place at the back of the line, its arguments checked."""
-        if timeout is None and cost == 1 and type(cost) is int:  # (the common call, checked at a glance)
+    def place(self, timeout: Seconds | None, cost: int, tenant: str | None = None) -> Place:
+        """A new place at the back of the line (of ``tenant``'s share on a fair queue), checked."""
+        if timeout is None and cost == 1 and type(cost) is int and tenant is None:  # (the common call)
             return self.shard.add()
         seconds = check_timeout(timeout)
         cost = check_cost(cost, self.settings.burst)
-        return self.shard.add(None if seconds is None else self.clock() + seconds, seconds, cost)
+        mine = check_tenant_for(self.settings, tenant)
+        deadline = None if seconds is None else self.clock() + seconds
+        return self.shard.add(deadline, seconds, cost, mine, self.settings.weight(mine))
 
     def changed(self) -> None:
         """The shard changed: hand its unused turns' leases to the keeper, wake the waiting flows."""
@@ -422,9 +436,9 @@ class ShardRunner:
             )
         return "" if not reasons else " (" + "; ".join(reasons) + ")"
 
-    def attempt_flow(self, cost: int) -> Flow[tuple[Turn | None, float | None]]:
+    def attempt_flow(self, cost: int, tenant: str | None = None) -> Flow[tuple[Turn | None, float | None]]:
         """A turn if one is free now, else ``(None, when)``: when the state said it comes, if it said."""
-        place = self.place(0, cost)
+        place = self.place(0, cost, tenant)
         try:
             return (yield from self.acquire_flow(place, attempt=True)), None
         except AcquireTimeout:
@@ -631,11 +645,11 @@ class LimiterBase:
         url = redact(self._runner.state.url)
         return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r}{more})"
 
-    def wrap(self, fn: F, *, cost: int = 1) -> F:
-        """``fn`` changed so that every call first waits for its turn, of ``cost``."""
+    def wrap(self, fn: F, *, cost: int = 1, tenant: str | None = None) -> F:
+        """``fn`` changed so that every call first waits for its turn, of ``cost`` (for ``tenant``)."""
         raise NotImplementedError
 
-    def reserve(self, *, cost: int = 1) -> Any:
+    def reserve(self, *, cost: int = 1, tenant: str | None = None) -> Any:
         """Take a place in this shard's line now, to wait for its turn later (see the drivers')."""
         raise NotImplementedError
 
@@ -647,17 +661,23 @@ class LimiterBase:
     def __call__(self, fn: F, /) -> F: ...
 
     @overload
-    def __call__(self, fn: None = None, /, *, cost: int = 1) -> Callable[[F], F]: ...
+    def __call__(
+        self, fn: None = None, /, *, cost: int = 1, tenant: str | None = None
+    ) -> Callable[[F], F]: ...
 
-    def __call__(self, fn: F | None = None, /, *, cost: int = 1) -> F | Callable[[F], F]:
+    def __call__(
+        self, fn: F | None = None, /, *, cost: int = 1, tenant: str | None = None
+    ) -> F | Callable[[F], F]:
         """Decorate ``fn`` so that every call waits for its turn (see :meth:`wrap`).
 
-        ``@limiter`` costs each call 1; ``@limiter(cost=3)`` costs it 3.
+        ``@limiter`` costs each call 1; ``@limiter(cost=3)`` costs it 3; on a
+        fair queue ``@limiter(tenant="acme")`` waits in acme's share.
         """
         cost = check_cost(cost, self.burst)
+        check_tenant_for(self.settings, tenant)
         if fn is None:
-            return lambda function: self.wrap(function, cost=cost)
-        return self.wrap(fn, cost=cost)
+            return lambda function: self.wrap(function, cost=cost, tenant=tenant)
+        return self.wrap(fn, cost=cost, tenant=tenant)
 
 
 class ReservationBase:
@@ -667,14 +687,13 @@ class ReservationBase:
     the place up: a wait in progress then returns ``None``.
     """
 
-    def __init__(self, limiter: LimiterBase, cost: int = 1) -> None:
+    def __init__(self, limiter: LimiterBase, cost: int = 1, tenant: str | None = None) -> None:
         self._limiter = limiter
         self._runner = runner = runner_of(limiter)
         #: the turn :meth:`wait` returned, once it has begun: a second wait returns it again
         self._begun: Turn | None = None
-        cost = check_cost(cost, runner.settings.burst)
         with runner.driver.lock:
-            self._place = runner.shard.add(cost=cost)
+            self._place = runner.place(None, cost, tenant)
 
     @property
     def turn(self) -> Turn | None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypedDict, Union
 
 from .core.clock import to_float
 from .core.jobs import Backoff, DeadLetter
-from .core.operation import MAX_NAME_LENGTH, Terms, check_name
+from .core.operation import MAX_NAME_LENGTH, MAX_WEIGHT, Terms, check_name, check_tenant
 from .core.protocol import MAX_HOLD_US, MAX_LEAD_US, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
@@ -87,6 +87,12 @@ class Options(TypedDict, total=False):
         wait, a refused queue job) also slows the whole queue: its effective interval doubles (at
         most 64 times the interval), and the excess halves every 5 s without another refusal.
         Headers stating a slower quota slow it to that quota. Off by default.
+    :param fair: serve tenants in turn (docs/fairness.md): a caller names its tenant
+        (``acquire(tenant="acme")``); tenants with waiters take turns, first come first served
+        inside each, every start still an interval apart. Fixed for the queue's name, as the
+        interval is. Off by default: callers are served in the order they came.
+    :param weights: a fair queue's tenants' weights (``{"acme": 3}``: up to 3 of acme's turns
+        per round of the others'); a tenant not named has weight 1. Whole numbers from 1 to 1000.
     :param clock: this process's clock, ``time.monotonic`` by default (tests shift it).
     :param on_event: called with a :class:`~ratequeue.Event` for each begin, timeout, state call,
         passed ticket and late wake-up, off the acquire path (docs/api.md, "Event"). Not pickled.
@@ -102,6 +108,8 @@ class Options(TypedDict, total=False):
     lease: Seconds
     when_down: WhenDown
     adaptive: bool
+    fair: bool
+    weights: Mapping[str, int] | None
     clock: Callable[[], float] | None
     on_event: EventHook | None
 
@@ -167,14 +175,27 @@ class Settings:
     when_down: WhenDown = "raise"
     #: whether a refusal heard also slows the whole queue (:meth:`~ratequeue.Limiter.slow_down`)
     adaptive: bool = False
+    #: whether tenants with waiters take turns (a fair queue)
+    fair: bool = False
+    #: a fair queue's tenants' weights, as ``(tenant, weight)`` pairs; a tenant not named has weight 1
+    weights: tuple[tuple[str, int], ...] = ()
     #: the queue's terms as every operation carries them
     terms: Terms = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         keep_us = 0 if self.keep is None else max(1, round(self.keep * US))
         lease_us = round(self.lease * US) if self.max_running else 0
-        terms = Terms.checked(_interval_us(self.interval), self.burst, keep_us, self.max_running, lease_us)
+        terms = Terms.checked(
+            _interval_us(self.interval), self.burst, keep_us, self.max_running, lease_us, self.fair
+        )
         object.__setattr__(self, "terms", terms)
+
+    def weight(self, tenant: str) -> int:
+        """``tenant``'s weight in a fair queue (1 unless :attr:`weights` names it)."""
+        for named, weight in self.weights:
+            if named == tenant:
+                return weight
+        return 1
 
     @classmethod
     def checked(
@@ -190,6 +211,8 @@ class Settings:
         lease: object = DEFAULT_LEASE,
         when_down: object = "raise",
         adaptive: object = False,
+        fair: object = False,
+        weights: object = None,
     ) -> Settings:
         """Settings from what a user passed: ``interval=`` or ``rate=`` (one of them), and the rest."""
         if rate is None:
@@ -222,6 +245,11 @@ class Settings:
             )
         if not isinstance(adaptive, bool):
             raise ConfigurationError(f"adaptive must be True or False, got {adaptive!r}")
+        if not isinstance(fair, bool):
+            raise ConfigurationError(f"fair must be True or False, got {fair!r}")
+        checked_weights = check_weights(weights)
+        if checked_weights and not fair:
+            raise ConfigurationError("weights= are a fair queue's: give fair=True as well")
         # (max_running is checked with the other terms, by Terms.checked in __post_init__)
         return cls(
             checked_name,
@@ -234,6 +262,8 @@ class Settings:
             lease,
             down,
             adaptive,
+            fair,
+            checked_weights,
         )
 
     @classmethod
@@ -258,7 +288,37 @@ class Settings:
 
     def arguments(self) -> dict[str, Any]:
         """These settings as the keyword arguments of a limiter (the pace as ``interval``)."""
-        return {item.name: getattr(self, item.name) for item in fields(self) if item.init}
+        arguments = {item.name: getattr(self, item.name) for item in fields(self) if item.init}
+        arguments["weights"] = dict(self.weights) or None
+        return arguments
+
+
+def check_weights(value: object) -> tuple[tuple[str, int], ...]:
+    """A fair queue's ``weights=``: a mapping of tenants to whole numbers from 1 to ``MAX_WEIGHT``."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"weights must map tenants to whole numbers, got {type(value).__name__}")
+    pairs = []
+    for tenant, weight in value.items():
+        check_tenant(tenant)
+        if not (_is_int(weight) and 1 <= weight <= MAX_WEIGHT):
+            raise ConfigurationError(
+                f"weights[{tenant!r}] must be a whole number from 1 to {MAX_WEIGHT}, got {weight!r}"
+            )
+        pairs.append((tenant, weight))
+    return tuple(sorted(pairs))
+
+
+def check_tenant_for(settings: Settings, tenant: object) -> str:
+    """``tenant`` (a caller's, or ``None``) checked for ``settings``' queue: it must be fair to name one."""
+    if tenant is None:
+        return ""
+    if not settings.fair:
+        raise ConfigurationError(
+            f"tenant= needs a fair queue: give fair=True to every limiter of {settings.name!r}"
+        )
+    return check_tenant(tenant)
 
 
 _LEADS = f"a number of seconds from 0 to {MAX_LEAD_US / US:g} (an hour)"

@@ -59,6 +59,8 @@ QUEUE_FIELDS = [
     "held_for",
     "running",
     "max_running",
+    "fair",
+    "tenants",
     "now_us",
 ]
 

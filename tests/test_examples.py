@@ -226,7 +226,16 @@ def check_token_budget(output: str) -> None:
     assert shares["settled after each call"] > shares["never settled"], "the refunds were used"
 
 
+def check_fair_tenants(output: str) -> None:
+    unfair = float(search(r"in arrival order: small's 5 calls took ([\d.]+) s", output)[1])
+    fair = float(search(r"fair=True: +small's 5 calls took ([\d.]+) s", output)[1])
+    assert fair < unfair
+    search(r"tenants waiting \(waiters, weight\): \{'big': \(\d, 1\)\}", output)
+    assert float(search(r"smallest gap between any two starts: ([\d.]+) ms", output)[1]) >= INTERVAL_MS
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "fair_tenants.py": check_fair_tenants,
     "http_feedback.py": check_http_feedback,
     "token_budget.py": check_token_budget,
     "metrics_prometheus.py": check_metrics_prometheus,

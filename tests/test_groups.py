@@ -127,12 +127,16 @@ def _swept_until_empty(state: object, group: LimiterGroup, deadline: float = LON
     300
 )  # secantusdb makes a new record in ~50 ms: 1000 of them take a minute, more if loaded
 def test_thousand_keys_used_once_expire_on_each_backend(shared_backend: Backend) -> None:
-    """1000 keys used once leave no records behind once idle past the keep time (Redis: by itself)."""
+    """1000 keys used once leave no records behind once idle past the keep time (Redis: by itself).
+
+    MongoDB's stand-in, secantusdb, makes a record in 50-120 ms: 250 keys there (the whole
+    thousand took two minutes of CI's time; the keys a process drops are tested on the others).
+    """
     name = shared_backend.fresh_name()
     state = open_state(_own_collection(shared_backend, name))
     try:
         group = LimiterGroup(state, name=name, rate="100/s", keep=0.5)
-        for key in range(1000):
+        for key in range(250 if shared_backend.kind == "mongodb" else 1000):
             group[f"k{key}"].acquire(timeout=LONG)
         # (the first keys may be gone already: a slow server takes longer than the keep time to make them)
         assert group.keys()

@@ -199,12 +199,13 @@ def test_the_asyncio_limiter_settles() -> None:
 
 @pytest.mark.parametrize("cost", [-1, 6, 1.5, "2", None, True])
 def test_a_bad_settled_cost_is_refused_and_changes_nothing(cost: object) -> None:
-    with closing(Limiter("memory://", name="settle-bad", interval=1.0, burst=5)) as limiter:
+    name = f"settle-bad-{cost!r}"  # (a name each: the memory store is the process's, and a used burst waits)
+    with closing(Limiter("memory://", name=name, interval=1.0, burst=5)) as limiter:
         turn = limiter.acquire(cost=5)
-        before = limiter.state.read("settle-bad").record
+        before = limiter.state.read(name).record
         with pytest.raises(ConfigurationError, match="settled cost must be a whole number from 0 to"):
             limiter.settle(turn, cost)  # type: ignore[arg-type]
-        assert limiter.state.read("settle-bad").record == before
+        assert limiter.state.read(name).record == before
 
 
 def test_settle_takes_a_turn() -> None:

@@ -70,16 +70,18 @@ class Limiter(LimiterBase):
         """The state this limiter uses."""
         return cast(AsyncState, self._runner.state)
 
-    async def acquire(self, timeout: Seconds | None = None, *, cost: int = 1) -> Turn:
+    async def acquire(
+        self, timeout: Seconds | None = None, *, cost: int = 1, tenant: str | None = None
+    ) -> Turn:
         """Wait until this task's global turn, and return it (see :meth:`ratequeue.Limiter.acquire`)."""
         runner = self._runner
-        turn = await arun(runner.acquire_flow(runner.place(timeout, cost)))
+        turn = await arun(runner.acquire_flow(runner.place(timeout, cost, tenant)))
         assert turn is not None, "only a withdrawn place has no turn, and this one is nobody else's"
         return turn
 
-    async def try_acquire(self, *, cost: int = 1) -> Turn | None:
+    async def try_acquire(self, *, cost: int = 1, tenant: str | None = None) -> Turn | None:
         """This task's turn if one is free now, else ``None`` (see :meth:`ratequeue.Limiter.try_acquire`)."""
-        return (await arun(self._runner.attempt_flow(cost)))[0]
+        return (await arun(self._runner.attempt_flow(cost, tenant)))[0]
 
     async def release(self, turn: Turn) -> bool:
         """End the job of ``turn``: give its place back now (see :meth:`ratequeue.Limiter.release`)."""
@@ -102,9 +104,9 @@ class Limiter(LimiterBase):
         except Exception as exc:
             _log.warning("could not release a lease of queue %r: %s", self.name, exc)
 
-    def reserve(self, *, cost: int = 1) -> Reservation:
+    def reserve(self, *, cost: int = 1, tenant: str | None = None) -> Reservation:
         """Take a place in this shard's line now, to await :meth:`Reservation.wait` later."""
-        return Reservation(self, cost)
+        return Reservation(self, cost, tenant)
 
     async def pause_everywhere(self) -> bool:
         """Pause every shard of the queue (see :meth:`ratequeue.Limiter.pause_everywhere`)."""
@@ -138,7 +140,7 @@ class Limiter(LimiterBase):
         """Read the queue's shared record (one call to the state) and this shard's state."""
         return Status.of(self.settings, await self.state.read(self.name), self._runner.shard)
 
-    def wrap(self, fn: F, *, cost: int = 1) -> F:
+    def wrap(self, fn: F, *, cost: int = 1, tenant: str | None = None) -> F:
         """``fn`` as a coroutine function whose every call first awaits its turn (of ``cost``).
 
         A coroutine function is awaited after the turn; a plain function is
@@ -148,7 +150,7 @@ class Limiter(LimiterBase):
 
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
-            turn = await self.acquire(cost=cost)
+            turn = await self.acquire(cost=cost, tenant=tenant)
             try:
                 result = fn(*args, **kwargs)
                 return await result if is_coroutine else result

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, TextIO
 
 from ..core.operation import Terms, operation
-from ..core.protocol import NEVER, US, Record, effective_interval, live_leases, new_record
+from ..core.protocol import NEVER, US, Record, effective_interval, live_leases, new_record, waiting_tenants
 from ..state import Snapshot, State, open_state
 
 #: what the command line accepts for "the per-user default state file"
@@ -75,6 +75,11 @@ def queue_fields(name: str, snapshot: Snapshot) -> dict[str, Any]:
         "held_for": (shown.not_before - now) / US if shown.not_before > now else None,
         "running": None if shown.max_running is None else len(live_leases(shown, now)),
         "max_running": shown.max_running or 0,
+        "fair": shown.fair,
+        "tenants": {
+            tenant: {"waiting": waiting, "holding": holding, "weight": weight}
+            for tenant, (waiting, holding, weight) in waiting_tenants(shown).items()
+        },
     }
     if record is None:
         fields = {**dict.fromkeys(fields), "paused": False}
@@ -124,6 +129,21 @@ def record_lines(where: str, fields: dict[str, Any], rate: str | None = None) ->
     ]
     if fields["running"] is not None:
         lines.append(f"running:    {fields['running']} of at most {fields['max_running']} (live leases)")
+    if fields["fair"]:
+        tenants = fields["tenants"]
+        total = sum(tenant["weight"] for tenant in tenants.values())
+        lines.append(
+            "tenants:    "
+            + (
+                ", ".join(
+                    f"{name!r} {t['waiting']} waiting ({t['holding']} with a ticket, "
+                    f"share {t['weight'] / total:.0%})"
+                    for name, t in tenants.items()
+                )
+                if tenants
+                else "none waiting (a fair queue)"
+            )
+        )
     return lines
 
 

@@ -190,6 +190,10 @@ class Job(Generic[F]):
     gated: bool = False
     #: the ticket of the group's turn it holds (its lease on the group's place), once it has it
     group_ticket: int | None = None
+    #: a fair queue's tenant of the job, and its place in the queue object's fair order
+    #: (:meth:`PendingJobs.fair_tag`); 0 on a queue that is not fair
+    tenant: str | None = None
+    tag: float = 0.0
 
     def dead_letter(self, exception: BaseException) -> DeadLetter:
         """The :class:`DeadLetter` of this job failing for good with ``exception``."""
@@ -201,12 +205,16 @@ class PendingJobs(Generic[F]):
     """The jobs of one queue object waiting to start, in the order of this module's rules."""
 
     def __init__(self) -> None:
-        self._ready: list[tuple[int, int, Job[F]]] = []  # (-priority, seq, job)
+        self._ready: list[tuple[tuple[int, float], int, Job[F]]] = []  # ((-priority, tag), seq, job)
         self._held: list[tuple[float, int, Job[F]]] = []  # (not_before, seq, job)
         self._gone: set[int] = set()  # seqs removed while still in a heap
         self._count = 0
         self._first_tries = 0
         self._seq = itertools.count()
+        #: a fair queue's order (start-time fair queuing over tenants): the tag of the latest job
+        #: started, and each tenant's latest tag
+        self._served_tag = 0.0
+        self._tags: dict[str, float] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -218,6 +226,19 @@ class PendingJobs(Generic[F]):
     def number(self) -> int:
         """A new order number for a job added now."""
         return next(self._seq)
+
+    def fair_tag(self, tenant: str, weight: int) -> float:
+        """The fair order of a job of ``tenant`` added now: after the others' ``k * weight / theirs``-th.
+
+        Among jobs of one priority, a fair queue starts them by this tag (then
+        in the order added): tenants take turns, ``weight`` jobs at a time.
+        """
+        tags = self._tags
+        start = max(tags.get(tenant, 0.0), self._served_tag)
+        tag = tags[tenant] = start + 1.0 / weight
+        if len(tags) > 2 * self._count + 16:  # forget tenants served up to now
+            self._tags = {name: value for name, value in tags.items() if value > self._served_tag}
+        return tag
 
     def push(self, job: Job[F]) -> None:
         """Add ``job`` (new, or back for a retry, keeping its order number)."""
@@ -237,13 +258,13 @@ class PendingJobs(Generic[F]):
         elif job.not_before is not None:
             heapq.heappush(self._held, (job.not_before, job.seq, job))
         else:
-            heapq.heappush(self._ready, (-job.priority, job.seq, job))
+            heapq.heappush(self._ready, ((-job.priority, job.tag), job.seq, job))
 
     def release_due(self, now: float) -> None:
         """Move the held jobs whose time has come (local time ``now``) among the ready ones."""
         while self.next_due() <= now:
             _, seq, job = heapq.heappop(self._held)
-            heapq.heappush(self._ready, (-job.priority, seq, job))
+            heapq.heappush(self._ready, ((-job.priority, job.tag), seq, job))
 
     def head(self) -> Job[F] | None:
         """The ready job to start next, if any."""
@@ -259,6 +280,8 @@ class PendingJobs(Generic[F]):
         """Take :meth:`head` out."""
         self._drop_gone(self._ready)
         _, _, job = heapq.heappop(self._ready)
+        if job.tag > self._served_tag:
+            self._served_tag = job.tag
         self._count -= 1
         self._first_tries -= job.attempts == 0
         return job

@@ -26,6 +26,8 @@ from .protocol import (
     Answer,
     Micros,
     Record,
+    enqueue,
+    enqueue_and_try,
     hold,
     lift,
     release,
@@ -37,6 +39,7 @@ from .protocol import (
     take,
     take_and_try,
     try_start,
+    try_turn,
 )
 
 __all__ = [
@@ -44,11 +47,14 @@ __all__ = [
     "KINDS",
     "STEPS",
     "MAX_NAME_LENGTH",
+    "MAX_TENANT_LENGTH",
+    "MAX_WEIGHT",
     "Kind",
     "Operation",
     "Terms",
     "apply",
     "check_name",
+    "check_tenant",
     "operation",
 ]
 
@@ -72,9 +78,9 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 
 #: the arguments each kind takes beyond the queue's name and terms (the others keep their defaults)
 ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "take": ("cost",),
+    "take": ("cost", "tenant"),
     "try_start": ("ticket", "lead_us", "cost", "token", "doubt_us"),
-    "take_and_try": ("lead_us", "cost", "token", "doubt_us"),
+    "take_and_try": ("lead_us", "cost", "token", "doubt_us", "tenant"),
     "retime": ("ticket", "lead_us", "doubt_us"),
     "set_paused": ("paused",),
     "release": ("ticket", "token"),
@@ -109,6 +115,8 @@ class Terms(NamedTuple):
     max_running: int | None = None
     #: how long (us) a start's or a renewal's lease lasts; used with ``max_running`` only
     lease_us: int = 0
+    #: whether tickets go to tenants in turn (a fair queue), fixed when the record is created
+    fair: bool = False
 
     @classmethod
     def checked(
@@ -118,6 +126,7 @@ class Terms(NamedTuple):
         keep_us: int = 0,
         max_running: int | None = None,
         lease_us: int = 0,
+        fair: bool = False,
     ) -> Terms:
         """Terms whose every field is checked: :class:`~ratequeue.errors.ConfigurationError` if one is bad."""
         _whole("interval_us", interval_us, 1)
@@ -137,7 +146,9 @@ class Terms(NamedTuple):
         _whole("lease_us", lease_us, 0 if max_running is None else 1)
         if lease_us > MAX_LEASE_US:
             raise ConfigurationError(f"lease_us must be at most {MAX_LEASE_US} (a day), got {lease_us!r}")
-        return cls(interval_us, burst, keep_us, max_running, lease_us)
+        if not isinstance(fair, bool):
+            raise ConfigurationError(f"fair must be True or False, got {fair!r}")
+        return cls(interval_us, burst, keep_us, max_running, lease_us, fair)
 
 
 class Operation(NamedTuple):
@@ -165,6 +176,17 @@ class Operation(NamedTuple):
     #: try_start, take_and_try, retime: how much (us) a start moves the next, for its starter's
     #: doubt of the state's clock (0 to :data:`~ratequeue.core.protocol.MAX_DOUBT_US`)
     doubt_us: int = 0
+    #: take, take_and_try on a fair queue: the waiter's tenant, and its weight (1 to
+    #: :data:`MAX_WEIGHT`): how many of the tenant's waiters may hold tickets at once
+    tenant: str = ""
+    weight: int = 1
+
+
+#: the largest weight of a fair queue's tenant
+MAX_WEIGHT = 1000
+
+#: the longest tenant name accepted, in characters
+MAX_TENANT_LENGTH = 200
 
 
 def operation(
@@ -178,6 +200,8 @@ def operation(
     paused: bool = False,
     token: int = 0,
     doubt_us: int = 0,
+    tenant: str = "",
+    weight: int = 1,
 ) -> Operation:
     """An :class:`Operation` of ``kind`` on queue ``name``, every argument checked.
 
@@ -220,7 +244,24 @@ def operation(
         raise ConfigurationError(
             "renew needs max_running: a queue without a cap on running jobs has no leases"
         )
-    return Operation(kind, check_name(name), terms, ticket, lead_us, cost, paused, token, doubt_us)
+    if "tenant" in takes:
+        check_tenant(tenant)
+        if not (_is_int(weight) and 1 <= weight <= MAX_WEIGHT):
+            raise ConfigurationError(f"weight must be a whole number from 1 to {MAX_WEIGHT}, got {weight!r}")
+    return Operation(
+        kind, check_name(name), terms, ticket, lead_us, cost, paused, token, doubt_us, tenant, weight
+    )
+
+
+def check_tenant(value: object) -> str:
+    """``value`` as a fair queue's tenant: a string of printable characters ("" is the default tenant)."""
+    if type(value) is str and len(value) <= MAX_TENANT_LENGTH and value.isprintable():
+        return value
+    if not isinstance(value, str):
+        raise ConfigurationError(f"tenant must be a string, got {type(value).__name__}")
+    if len(value) > MAX_TENANT_LENGTH:
+        raise ConfigurationError(f"tenant must be at most {MAX_TENANT_LENGTH} characters, got {len(value)}")
+    raise ConfigurationError(f"tenant must hold printable characters only, got {value!r}")
 
 
 #: the longest queue name accepted, in characters
@@ -258,12 +299,18 @@ def apply(record: Record, op: Operation, now: Micros) -> tuple[Record, Answer]:
 
 #: each kind of operation as a step of the record (:func:`apply` without the call)
 STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] = {
-    "take": lambda rec, op, now: take(rec, now, op.cost),
-    "try_start": lambda rec, op, now: try_start(
+    "take": lambda rec, op, now: (
+        enqueue(rec, now, op.tenant, op.weight, op.cost) if rec.fair else take(rec, now, op.cost)
+    ),
+    "try_start": lambda rec, op, now: (try_turn if rec.fair else try_start)(
         rec, op.ticket, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us
     ),
-    "take_and_try": lambda rec, op, now: take_and_try(
-        rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us
+    "take_and_try": lambda rec, op, now: (
+        enqueue_and_try(
+            rec, op.tenant, op.weight, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us
+        )
+        if rec.fair
+        else take_and_try(rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us)
     ),
     "retime": lambda rec, op, now: retime(rec, op.ticket, op.lead_us, now, op.doubt_us),
     "set_paused": lambda rec, op, now: set_paused(rec, op.paused, now),

@@ -41,7 +41,10 @@ __all__ = [
     "Taken",
     "Unwritten",
     "Wait",
+    "Waiter",
     "check",
+    "enqueue",
+    "enqueue_and_try",
     "expires",
     "effective_interval",
     "hold",
@@ -58,6 +61,8 @@ __all__ = [
     "take",
     "take_and_try",
     "try_start",
+    "try_turn",
+    "waiting_tenants",
 ]
 
 #: a time or a duration in whole microseconds (a name ending in ``_us`` says so where seconds are near)
@@ -122,6 +127,12 @@ FULL_GRACE_US = 3 * FULL_RECHECK_US
 Lease = tuple[int, Micros, int]
 
 
+#: a fair queue's waiter: ``(number, tenant, weight, cost, ticket)``. ``number`` names it (from
+#: :func:`enqueue`); ``ticket`` is the ticket it holds, 0 until its tenant's turn gives it one
+#: (at most ``weight`` of a tenant's waiters hold tickets at once, :func:`enqueue`)
+Waiter = tuple[int, str, int, int, int]
+
+
 class Record(NamedTuple):
     """What the shards of one queue share: its tickets, its latest start, its terms, pause and leases."""
 
@@ -154,6 +165,14 @@ class Record(NamedTuple):
     paced_at: Micros = NEVER
     #: the ticket of the latest settlement that moved ``due`` (:func:`settle`); 0: none
     settled: int = 0
+    #: whether tickets go to tenants in turn (a fair queue, :func:`enqueue`), fixed when created
+    fair: bool = False
+    #: a fair queue's next waiter number to hand out (the first is 1)
+    number: int = 1
+    #: the number of the waiter whose ticket started last (0: none): asked again, it is answered so
+    begun: int = 0
+    #: a fair queue's waiters, in the order they came (:data:`Waiter`)
+    waiters: tuple[Waiter, ...] = ()
 
     def slot(self, ticket: int) -> Micros:
         """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst.
@@ -206,9 +225,11 @@ def _due(due: Micros, not_before: Micros, interval: Micros) -> Micros:
     return due if due >= after_hold else after_hold
 
 
-def new_record(interval: Micros, burst: int = 1, max_running: int | None = None) -> Record:
+def new_record(
+    interval: Micros, burst: int = 1, max_running: int | None = None, fair: bool = False
+) -> Record:
     """The record of a queue that has handed out no ticket yet."""
-    return Record(1, 0, NEVER, interval, NEVER, burst, False, max_running)
+    return Record(1, 0, NEVER, interval, NEVER, burst, False, max_running, fair=fair)
 
 
 @dataclass(slots=True)
@@ -330,6 +351,10 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
         pace,
         paced_at,
         settled,
+        fair,
+        number,
+        begun,
+        waiters,
     ) = record
     if (
         at > now + MAX_LEAD_US
@@ -366,6 +391,10 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
             pace,
             paced_at,
             settled,
+            fair,
+            number,
+            begun,
+            waiters,
         ),
     )
 
@@ -427,6 +456,10 @@ def try_start(
         pace,
         paced_at,
         settled,
+        fair,
+        number,
+        begun,
+        waiters,
     ) = record
     if (
         at > now + MAX_LEAD_US
@@ -483,6 +516,10 @@ def try_start(
             pace,
             paced_at,
             settled,
+            fair,
+            number,
+            begun,
+            waiters,
         ),
     )
     return started, Started(ticket, start, now)
@@ -514,6 +551,131 @@ def take_and_try(
         if repeated is not None:
             return record, repeated
     return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease, token, doubt)
+
+
+def enqueue(record: Record, now: Micros, tenant: str, weight: int = 1, cost: int = 1) -> tuple[Record, Taken]:
+    """A fair queue's :func:`take`: a new waiter of ``tenant``, of ``cost``, at the back of its tenant's line.
+
+    The answer's ``ticket`` is the waiter's number, which :func:`try_turn`
+    names. A waiter holds no ticket until its tenant's turn: at most
+    ``weight`` of a tenant's waiters hold tickets at once, and a ticket is
+    handed out (the next, as :func:`take` does) to the first waiter without
+    one as soon as its tenant holds fewer (:func:`_seated`). So the tickets
+    not yet started belong to ``weight`` waiters of each tenant at most, in
+    the order their tenants' turns came: a tenant's first waiter starts
+    after at most the sum of the other waiting tenants' weights of tickets
+    (docs/design.md, "Fair queues"). G4's jump (:func:`take`) is made
+    first; waiters whose tickets it passed are dropped.
+    """
+    jumped = _taken(record, now, 0)
+    number = jumped.number
+    if number + 1 >= MAX_US:
+        raise Unwritten("number", number, now)
+    waiters = (*jumped.waiters, (number, tenant, weight, cost, 0))
+    seated = _seated(jumped._replace(number=number + 1, waiters=waiters), now)
+    return seated, Taken(number, seated.pos, seated.at, now)
+
+
+def _seated(record: Record, now: Micros) -> Record:
+    """``record`` without waiters whose tickets were passed, and with tickets for those whose turns came."""
+    pos, ticket = record.pos, record.ticket
+    holding: dict[str, int] = {}
+    waiters: list[Waiter] = []
+    changed = False
+    for waiter in record.waiters:
+        number, tenant, weight, cost, held = waiter
+        if held:
+            if held <= pos:  # passed: its holder is gone or late, and takes a new number
+                changed = True
+                continue
+            holding[tenant] = holding.get(tenant, 0) + 1
+        waiters.append(waiter)
+    for index, waiter in enumerate(waiters):
+        number, tenant, weight, cost, held = waiter
+        if held == 0 and holding.get(tenant, 0) < weight:
+            if ticket + cost >= MAX_US:
+                raise Unwritten("ticket", ticket, now)
+            waiters[index] = (number, tenant, weight, cost, ticket)
+            holding[tenant] = holding.get(tenant, 0) + 1
+            ticket += cost
+            changed = True
+    if not changed:
+        return record
+    return record._replace(ticket=ticket, waiters=tuple(waiters))
+
+
+def try_turn(
+    record: Record,
+    number: int,
+    lead: Micros,
+    now: Micros,
+    cost: int = 1,
+    lease: Micros = 0,
+    token: int = 0,
+    doubt: Micros = 0,
+) -> tuple[Record, Outcome]:
+    """A fair queue's :func:`try_start`: start waiter ``number``'s ticket, as :func:`try_start` would.
+
+    * A waiter that holds a ticket is tried as :func:`try_start` tries it;
+      started, it leaves the line, the tickets below its own are passed and
+      their waiters dropped, and its tenant's next waiter gets a ticket at
+      the back (:func:`_seated`). The :class:`Started` answer names the
+      ticket, which the turn's re-time, release and settlement then name.
+    * A waiter without a ticket yet is told to :class:`Wait` until its
+      tenant's first ticket may start (or an interval from ``now``, if
+      later): its own ticket comes no sooner.
+    * The latest start asked for again is answered again while its interval
+      has not run out (:func:`repeats_start`), as is a lease's start asked for
+      with its token; a number not in the line is :class:`Passed`.
+    """
+    check(record, now)
+    if number == record.begun and record.pos < record.ticket and now < record.at + record.interval:
+        return record, Started(record.pos, record.at, now)
+    if token and record.leases:
+        repeated = _repeated(record.leases, token, now, lease)
+        if repeated is not None:
+            return record, repeated
+    mine: Waiter | None = None
+    for waiter in record.waiters:
+        if waiter[0] == number:
+            mine = waiter
+            break
+    if mine is None:
+        return record, Passed(number, record.pos, now)
+    _, tenant, _, _, held = mine
+    if not held:
+        first = min((w[4] for w in record.waiters if w[1] == tenant and w[4]), default=0)
+        step = effective_interval(record, now)
+        after = record.earliest(first, cost) if first > record.pos else now + step
+        return record, Wait(number, max(after, now + step), now)
+    tried, outcome = try_start(record, held, lead, now, cost, lease, token, doubt)
+    if isinstance(outcome, Started):
+        left = tuple(w for w in tried.waiters if w[0] != number)
+        return _seated(tried._replace(begun=number, waiters=left), now), outcome
+    if isinstance(outcome, Wait):
+        return tried, Wait(number, outcome.slot, now)
+    return _seated(tried, now), Passed(number, outcome.pos, now)
+
+
+def enqueue_and_try(
+    record: Record,
+    tenant: str,
+    weight: int,
+    lead: Micros,
+    now: Micros,
+    cost: int = 1,
+    lease: Micros = 0,
+    token: int = 0,
+    doubt: Micros = 0,
+) -> tuple[Record, Outcome]:
+    """:func:`enqueue` a waiter and :func:`try_turn` it, as one atomic step (a fair :func:`take_and_try`)."""
+    if token and record.leases:
+        repeated = _repeated(check(record, now).leases, token, now, lease)
+        if repeated is not None:
+            return record, repeated
+    check(record, now)
+    queued, taken = enqueue(record, now, tenant, weight, cost)
+    return try_turn(queued, taken.ticket, lead, now, cost, lease, token, doubt)
 
 
 def _repeated(leases: tuple[Lease, ...], token: int, now: Micros, lease: Micros) -> Started | None:
@@ -679,6 +841,19 @@ def settle(record: Record, ticket: int, estimate: int, actual: int, now: Micros)
     if not moved:
         return record, False
     return record._replace(due=due, settled=ticket), True
+
+
+def waiting_tenants(record: Record) -> dict[str, tuple[int, int, int]]:
+    """A fair queue's tenants with waiters: each one's waiters, how many hold tickets, and its weight.
+
+    In the order their first waiters came. A tenant's share of the turns
+    while every tenant named here keeps waiting is its weight over their sum.
+    """
+    tenants: dict[str, tuple[int, int, int]] = {}
+    for _, tenant, weight, _, ticket in record.waiters:
+        waiting, holding, _ = tenants.get(tenant, (0, 0, weight))
+        tenants[tenant] = (waiting + 1, holding + (ticket > 0), weight)
+    return tenants
 
 
 def expires(record: Record) -> Micros:

@@ -134,6 +134,10 @@ class Place:
     doubt = 0.0
     #: set on the turn that rejoins a state that was down (``ratequeue.fallback``): from the state only
     rejoin = False
+    #: a fair queue's tenant of the caller, its weight, and its place in the shard's fair order
+    tenant = ""
+    weight = 1
+    tag = 0.0
 
     def __init__(self, deadline: float | None = None, timeout: float | None = None, cost: int = 1) -> None:
         #: local time by which the turn must have begun, or ``None``; the timeout (s) it came from
@@ -222,6 +226,12 @@ class Shard:
         #: whether that slot is a time to ask again (a paused or full record's answer) rather than a start
         self._ticket: int | None = None
         self._ticket_cost = 1
+        #: a fair queue's tenant the held ticket was taken for, and the tenant of a take in flight
+        self._ticket_tenant = self._call_tenant = ""
+        #: a fair queue's local order (start-time fair queuing over this shard's callers): the tag
+        #: of the latest place served, and each tenant's latest tag
+        self._served_tag = 0.0
+        self._tags: dict[str, float] = {}
         self._slot: float | None = None
         self._recheck = self._full = False
         #: local time of the answer that gave the slot; when to ask again for another offset bound
@@ -315,10 +325,39 @@ class Shard:
         ordered = sorted(self._wake_lateness)
         return min(ordered[len(ordered) // 2], self.interval, _MAX_EARLY)
 
-    def add(self, deadline: float | None = None, timeout: float | None = None, cost: int = 1) -> Place:
-        """A new place of ``cost`` at the back of the line; ``deadline``: local time (from ``timeout`` s)."""
+    def add(
+        self,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        cost: int = 1,
+        tenant: str = "",
+        weight: int = 1,
+    ) -> Place:
+        """A new place of ``cost`` at the back of the line; ``deadline``: local time (from ``timeout`` s).
+
+        On a fair queue the back of ``tenant``'s share of the line: places
+        are ordered by start-time fair queuing over their tenants (a
+        tenant's ``k``-th place waiting here comes after the others'
+        ``k * weight / their weight``-th), first come first served inside
+        a tenant, and never before the head, which may hold the ticket.
+        """
         place = Place(deadline, timeout, cost)
-        self._line.append(place)
+        line = self._line
+        if not self.terms.fair:
+            line.append(place)
+            return place
+        place.tenant, place.weight = tenant, weight
+        tags = self._tags
+        start = tags.get(tenant, 0.0)
+        if start < self._served_tag:
+            start = self._served_tag
+        place.tag = tags[tenant] = start + 1.0 / weight
+        index = len(line)
+        while index > 1 and line[index - 1].tag > place.tag:
+            index -= 1
+        line.insert(index, place)
+        if len(tags) > 2 * len(line) + 16:  # forget tenants served up to now
+            self._tags = {name: tag for name, tag in tags.items() if tag > self._served_tag}
         return place
 
     def cancel(self, place: Place) -> None:
@@ -387,14 +426,18 @@ class Shard:
                 place.late_calls += 1
             lead = max(0.0, min(lead, deadline - now))
         lead_us = round(lead * US)  # 0.000999999 s is the 1000 us it stands for
-        if self._ticket is not None and place.cost > self._ticket_cost:
-            # taken for a cheaper caller that has left: started at this cost it would overlap the
-            # next ticket's units, so it is dropped (passed, as a dead shard's ticket is)
+        if self._ticket is not None and (
+            place.cost > self._ticket_cost or (place.tenant != self._ticket_tenant and self.terms.fair)
+        ):
+            # taken for a cheaper caller (or another tenant's) that has left: started at this cost
+            # it would overlap the next ticket's units (or count against another tenant), so it is
+            # dropped (passed, as a dead shard's ticket is)
             self._ticket = self._slot = None
         self._call_lead_us = lead_us
         if self._ticket is None:
             self._in_flight = place
             self._call_cost = place.cost
+            self._call_tenant = place.tenant
             self._taking = True
             # (tuple.__new__: every field, without the NamedTuple's __new__, a Python function)
             return tuple.__new__(
@@ -409,6 +452,8 @@ class Shard:
                     False,
                     self._next_token,
                     self._doubt_us(now) if self.doubting else 0,
+                    place.tenant,
+                    place.weight,
                 ),
             )
         if self._slot is not None:
@@ -437,6 +482,8 @@ class Shard:
                 False,
                 self._token,
                 self._doubt_us(now) if self.doubting else 0,
+                "",
+                1,
             ),
         )
 
@@ -572,6 +619,8 @@ class Shard:
                 return
             head = line.popleft()  # the caller itself, or the next one if it left meanwhile
             head.queued = False
+            if head.tag > self._served_tag:
+                self._served_tag = head.tag
             head.turn = self._turn(answer, offset, sent, self._token, self._call_cost)
             head.doubt = doubt
             self._holder = head
@@ -579,6 +628,7 @@ class Shard:
             new_ticket = answer.ticket != self._ticket
             if new_ticket:  # from take_and_try
                 self._ticket_cost = self._call_cost
+                self._ticket_tenant = self._call_tenant
             self._ticket = answer.ticket
             slot = _to_local(answer.slot, answer.now, offset, sent)
             self._slot = place.expected = slot

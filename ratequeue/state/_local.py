@@ -17,6 +17,8 @@ __all__ = ["Clock", "LocalState", "keep_until"]
 class LocalState(State):
     """A state that runs the reference protocol in this process."""
 
+    fair_queues = True
+
     #: a test's clock in place of the host's (whole microseconds), if any
     _clock: Clock | None
     #: the host clock this state reads, in seconds (its ``now`` is this, in microseconds)
@@ -31,7 +33,7 @@ class LocalState(State):
         """``op`` applied to ``record`` (``None``: a new one); a record the protocol refuses is kept."""
         terms = op.terms
         if record is None:
-            record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
+            record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running, terms.fair)
         else:
             check_terms(op.name, record, terms)
         try:

@@ -30,7 +30,7 @@ from .._redact import redact
 from ..core.flow import Flow, arun, run
 from ..core.operation import Operation
 from ..core.protocol import Answer, Record
-from ..errors import RateQueueError, StateUnavailable, TermsMismatch
+from ..errors import ConfigurationError, RateQueueError, StateUnavailable, TermsMismatch
 from ..settings import check_name, check_prefix
 
 __all__ = [
@@ -57,6 +57,14 @@ class Snapshot(NamedTuple):
     now: int
 
 
+def no_fair_queues(state: StateBase) -> ConfigurationError:
+    """The error for a fair queue on ``state``, which does not carry fair queues out (yet)."""
+    return ConfigurationError(
+        f"fair queues run on the memory and file states so far, not on {type(state).__name__} "
+        "(docs/fairness.md)"
+    )
+
+
 class StateBase:
     """What the two contracts share: the URL, the clock's grain, the mapping of the client's errors."""
 
@@ -70,6 +78,10 @@ class StateBase:
     #: whether the state's clock is this process's ``time.monotonic`` (a memory state's): it
     #: never steps against a limiter's own clock
     reads_monotonic: bool = False
+
+    #: whether the state carries out fair queues' operations (docs/fairness.md): the states that
+    #: run the reference protocol themselves do; a fair limiter on another is refused when made
+    fair_queues: bool = False
 
     #: how often (us) creating a record also sweeps the expired ones (see :meth:`_sweep_due`)
     sweep_every_us = 60_000_000
@@ -153,9 +165,13 @@ class State(StateBase):
         """Carry out ``op`` atomically on the state's clock, answering as ``core.operation.apply`` does.
 
         A missing record is created with the operation's terms; a stored one
-        with another interval, burst or max_running raises
-        :class:`~ratequeue.errors.TermsMismatch` and changes nothing.
+        with another interval, burst, max_running or fairness raises
+        :class:`~ratequeue.errors.TermsMismatch` and changes nothing. A fair
+        queue's operation on a state without :attr:`fair_queues` raises
+        :class:`~ratequeue.errors.ConfigurationError`.
         """
+        if op.terms.fair and not self.fair_queues:
+            raise no_fair_queues(self)
         try:  # (not through _guarded: one frame less on every acquire)
             return self._execute(op)
         except Exception as exc:
@@ -218,6 +234,8 @@ class AsyncState(StateBase):
 
     async def execute(self, op: Operation) -> Answer:
         """As :meth:`State.execute`."""
+        if op.terms.fair and not self.fair_queues:
+            raise no_fair_queues(self)
         return await self._guarded(op.name, self._execute, op)
 
     async def read(self, name: str) -> Snapshot:
@@ -278,6 +296,7 @@ class ThreadedState(AsyncState):
         self.url = state.url
         self.clock_resolution = state.clock_resolution
         self.reads_monotonic = state.reads_monotonic
+        self.fair_queues = state.fair_queues
 
     def local_now(self) -> float | None:
         return self.state.local_now()

@@ -1213,6 +1213,17 @@ def _encode(record: Record) -> dict[str, Any]:
         "pace": record.pace,
         "paced_at": None if record.paced_at == NEVER else record.paced_at,
         "settled": record.settled,
+        **(_fair_fields(record) if record.fair else {}),
+    }
+
+
+def _fair_fields(record: Record) -> dict[str, Any]:
+    """A fair queue's own stored fields (a queue that is not fair stores none of them)."""
+    return {
+        "fair": True,
+        "number": record.number,
+        "begun": record.begun,
+        "waiters": [list(waiter) for waiter in record.waiters],
     }
 
 
@@ -1230,6 +1241,8 @@ def _record_content(name: str, record: Record, kept: int | None) -> bytes:
     Formatted by hand, since the fields' types are fixed: the operations write
     a record this way each time it changes.
     """
+    if record.fair:
+        return _record_bytes(name, _encode(record), kept)
     never = NEVER
     ticket, pos, at, interval, due, burst, paused, cap, leases, held, not_before, pace, paced_at = record[:13]
     settled = record.settled

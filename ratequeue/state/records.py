@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.operation import Terms
+from ..core.operation import MAX_WEIGHT, Terms
 from ..core.protocol import (
     MAX_BURST,
     MAX_DOUBT_US,
@@ -28,6 +28,7 @@ from ..core.protocol import (
     Lease,
     Record,
     Unwritten,
+    Waiter,
 )
 from ..errors import StateCorrupted, TermsMismatch
 
@@ -39,11 +40,11 @@ FIELDS = ("ticket", "pos", "at", "interval", "due", "burst", "paused", "max_runn
 
 def check_terms(name: str, record: Record, wanted: Terms) -> None:
     """Raise :class:`TermsMismatch` unless ``record``'s interval, burst and max_running are ``wanted``'s."""
-    stored = (record.interval, record.burst, record.max_running)
-    asked = (wanted.interval_us, wanted.burst, wanted.max_running)
+    stored = (record.interval, record.burst, record.max_running, record.fair)
+    asked = (wanted.interval_us, wanted.burst, wanted.max_running, wanted.fair)
     if stored == asked:  # (the usual case, at a glance: this runs on every operation)
         return
-    for field, have, want in zip(("interval", "burst", "max_running"), stored, asked, strict=True):
+    for field, have, want in zip(("interval", "burst", "max_running", "fair"), stored, asked, strict=True):
         if have != want:
             raise mismatch(name, field, have, want)
 
@@ -52,14 +53,22 @@ def mismatch(name: str, field: str, stored: int | None, wanted: int | None) -> T
     """The :class:`TermsMismatch` for queue ``name`` whose stored ``field`` is not ``wanted`` (in us)."""
 
     def said(value: int | None) -> str:
+        if field == "fair":
+            return f"fair={bool(value)}"
         if field == "interval":
             return f"{(value or 0) / US:g} s"
         return "no cap" if value is None else str(value)
 
     scale = US if field == "interval" else 1
-    return TermsMismatch(
+    told = (
         f"queue {name!r} has {field} {said(stored)} in this state, not {said(wanted)}; "
-        f"use the stored {field} or another name",
+        f"use the stored {field} or another name"
+        if field != "fair"
+        else f"queue {name!r} is {'' if stored else 'not '}fair in this state ({said(stored)}), not "
+        f"{said(wanted)}; give every limiter of it the same fair= or use another name"
+    )
+    return TermsMismatch(
+        told,
         name=name,
         field=field,
         stored=stored if stored is None or scale == 1 else stored / scale,
@@ -129,6 +138,22 @@ def check_record(fields: Any, *, where: str) -> Record:
     settled = fields.get("settled", 0)
     if not (_is_int(settled) and 0 <= settled <= pos):
         raise refuse("settled", "a ticket from 0 (none) to pos")
+    fair, number, begun = fields.get("fair", False), fields.get("number", 1), fields.get("begun", 0)
+    waiters: tuple[Waiter, ...] | None = ()
+    if fair is not False:
+        if fair is not True:
+            raise refuse("fair", "true or false")
+        if not (_is_int(number) and 1 <= number < MAX_US):
+            raise refuse("number", "a whole number >= 1")
+        if not (_is_int(begun) and 0 <= begun < number):
+            raise refuse("begun", "a waiter's number from 0 (none) to below number")
+        waiters = _waiters(fields.get("waiters", ()), number, pos, ticket)
+        if waiters is None:
+            raise refuse(
+                "waiters",
+                "[number, tenant, weight, cost, ticket] lists, numbers rising below number, "
+                "tickets 0 or above pos and below ticket",
+            )
     return Record(
         ticket,
         pos,
@@ -144,7 +169,31 @@ def check_record(fields: Any, *, where: str) -> Record:
         pace,
         paced_at,
         settled,
+        fair,
+        number,
+        begun,
+        waiters or (),
     )
+
+
+def _waiters(value: object, number: int, pos: int, ticket: int) -> tuple[Waiter, ...] | None:
+    """The waiters in ``value``, if each is well formed, numbered in order below ``number``."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    waiters: list[Waiter] = []
+    for waiter in value:
+        if not (isinstance(waiter, (list, tuple)) and len(waiter) == 5):
+            return None
+        mine, tenant, weight, cost, held = waiter
+        after = waiters[-1][0] if waiters else 0
+        if not (_is_int(mine) and after < mine < number and isinstance(tenant, str)):
+            return None
+        if not (_is_int(weight) and 1 <= weight <= MAX_WEIGHT and _is_int(cost) and cost >= 1):
+            return None
+        if not (_is_int(held) and (held == 0 or pos < held < ticket)):
+            return None
+        waiters.append((mine, tenant, weight, cost, held))
+    return tuple(waiters)
 
 
 def _leases(value: object, max_running: int, pos: int) -> tuple[Lease, ...] | None:
