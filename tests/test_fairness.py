@@ -31,15 +31,25 @@ from ratequeue.core.operation import Terms, operation
 from ratequeue.core.protocol import Passed, Record, Started, Wait
 from ratequeue.core.shard import Shard
 from ratequeue.errors import ConfigurationError, StateCorrupted, TermsMismatch
+from ratequeue.state import State
+from ratequeue.state.file import FileState
+from ratequeue.state.mongodb import MongoState
+from ratequeue.state.postgresql import PostgresState
 from ratequeue.state.records import check_record
+from ratequeue.state.redis import RedisState
 
 from .backends import Backend
 from .strategies import epochs_us, intervals_us, leads_us
 
 SHARDS = 6
 
-#: the backends whose states carry out fair queues (the others refuse them: tested below)
-FAIR_KINDS = {"memory", "file"}
+#: each shared backend's state class: whether it carries out fair queues (the others refuse them)
+STATE_CLASSES: dict[str, type[State]] = {
+    "file": FileState,
+    "redis": RedisState,
+    "postgresql": PostgresState,
+    "mongodb": MongoState,
+}
 
 #: steps: a shard of a tenant takes a number (if it holds none) and tries it; a shard asks with
 #: its number; a shard dies (forgets its number); the clock moves; the queue is paused, resumed,
@@ -301,7 +311,7 @@ def _big(url: str, name: str, fair: bool, ready: Any, stop: Any) -> None:
 @pytest.mark.parametrize("fair", [True, False])
 def test_processes_share_turns_between_tenants(shared_backend: Backend, fair: bool) -> None:
     """A tenant with 8 shards in one process, one with 1 in another: small's turns come every other."""
-    if fair and shared_backend.kind not in FAIR_KINDS:
+    if fair and not STATE_CLASSES[shared_backend.kind].fair_queues:
         pytest.skip(f"fair queues are not carried out on {shared_backend.kind} yet (refused: tested above)")
     name = shared_backend.fresh_name()
     url = shared_backend.url + (f"&collection={name}" if shared_backend.kind == "mongodb" else "")
