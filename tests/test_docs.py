@@ -35,8 +35,10 @@ The rules a page's Python blocks follow:
   snippet itself, visibly; long-running loops are shown with small numbers.
 - **Between pages**: what a page left open is closed, and what it added on
   the servers and in the ``memory://`` store is deleted
-  (``tests/_docs_cleanup.py``), so pages reuse names like ``github``
-  without meeting each other.
+  (``tests/_docs_cleanup.py``), so each page runs as on a clean machine;
+  and :func:`test_pages_run_one_after_another_against_one_state` runs them
+  all in sequence without that cleanup, as a reader pasting page after page
+  would, so that one queue name has one set of terms across the docs.
 - **Skips** are counted: a block is skipped only by a visible-in-source
   ``<!-- skip: next "reason" -->`` and :data:`SKIPPED` holds each page's
   count; a page run by another test is in :data:`ELSEWHERE`, with the name
@@ -54,6 +56,8 @@ from typing import Any
 import pytest
 from sybil import Document
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+from ratequeue.errors import TermsMismatch
 
 from ._docs_cleanup import Leftovers, close_all
 from .servers import Server
@@ -192,6 +196,39 @@ def test_page_runs(path: Path, request: pytest.FixtureRequest, tmp_path: Path) -
             leftovers.remove()
     assert skipped == SKIPPED.get(name, 0), f"{name}: {skipped} block(s) skipped; SKIPPED says otherwise"
     request.node.user_properties.append(("python blocks run", ran))
+
+
+def test_pages_run_one_after_another_against_one_state(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Every page, one after another, against the same servers and files, nothing deleted between them.
+
+    As a reader pastes page after page into one session against one Redis: a
+    name one page uses with other terms than an earlier page would raise
+    ``TermsMismatch`` here (issue 31, item 4). Pages therefore give each
+    queue name one set of terms across the docs (``github`` is 10/s
+    everywhere; an hourly quota is ``github-hourly``).
+    """
+    pages = [path for path in PAGES if page_id(path) not in ELSEWHERE]
+    texts = {path: path.read_text() for path in pages}
+    kinds = sorted({kind for text in texts.values() for kind in servers_named(text)})
+    servers = {kind: request.getfixturevalue(f"{kind}_server") for kind in kinds}
+    leftovers = Leftovers(servers)
+    kept: list[Any] = []
+    clashes: list[str] = []
+    try:
+        for path in pages:
+            document = parse(path, point_at(texts[path], servers, tmp_path))
+            try:
+                run(document, kept)
+            except TermsMismatch as exc:
+                clashes.append(f"{page_id(path)}: {exc}")
+    finally:
+        try:
+            close_all(kept)
+        finally:
+            leftovers.remove()
+    assert not clashes, "\n".join(clashes)
 
 
 def test_every_page_is_collected() -> None:
