@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ratequeue import AcquireTimeout, ConfigurationError, Limiter, aio
+from ratequeue import AcquireTimeout, ConfigurationError, Limiter, TermsMismatch, aio
 
 from .backends import Backend
 
@@ -99,3 +99,44 @@ def test_warnings_reach_stderr_only_where_the_application_configured_logging(con
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert ("busy host" in done.stderr) is configured, done.stderr
+
+
+def _frames(exc: BaseException) -> list[str]:
+    """The files of ``exc``'s traceback, outermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return frames
+
+
+def test_a_terms_mismatch_arrives_at_the_public_call(backend: Backend) -> None:
+    """TermsMismatch (any ConfigurationError) comes with the caller's call and two frames of ours, not 14."""
+    name = backend.fresh_name()
+    first = Limiter(backend.open(), name=name, interval=0.1)
+    other = Limiter(backend.open(), name=name, interval=0.2)
+    try:
+        first.acquire()
+        with pytest.raises(TermsMismatch) as raised:
+            other.acquire()
+        ours = [file for file in _frames(raised.value) if "/ratequeue/" in file]
+        assert len(ours) <= 2, ours  # limiter.py's acquire, and flow.run's re-raise
+        assert raised.value.__cause__ is None
+        assert raised.value.__suppress_context__
+
+        async def main() -> None:
+            limiter = aio.Limiter(backend.open_async(), name=name, interval=0.2)
+            try:
+                with pytest.raises(TermsMismatch) as raised:
+                    await limiter.acquire()
+                ours = [file for file in _frames(raised.value) if "/ratequeue/" in file]
+                assert len(ours) <= 2, ours
+            finally:
+                await limiter.close()
+                await limiter.state.close()
+
+        asyncio.run(main())
+    finally:
+        first.close()
+        other.close()

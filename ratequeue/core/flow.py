@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, TypeVar, Union
 
+from ..errors import AcquireTimeout, ConfigurationError
+
 __all__ = ["Call", "Effect", "Flow", "Sleep", "arun", "run"]
 
 T = TypeVar("T")
@@ -55,6 +57,16 @@ Effect = Union[Call, Sleep]
 Flow = Generator[Effect, Any, T]
 
 
+#: the errors that reach a caller without ratequeue's own frames: they are about what the caller
+#: asked (its terms, its input, its timeout), not about where inside ratequeue they were found
+_SHORT = (ConfigurationError, AcquireTimeout)
+
+
+def _shortened(exc: BaseException) -> BaseException:
+    """``exc`` with its traceback cut where the flow was run: the caller sees its own call, then this."""
+    return exc.with_traceback(None)
+
+
 def run(flow: Flow[T]) -> T:
     """Carry ``flow`` out in this thread and return what it returns (or raise what it raises)."""
     send, throw = flow.send, flow.throw
@@ -75,6 +87,8 @@ def run(flow: Flow[T]) -> T:
     except StopIteration as stop:
         value: T = stop.value
         return value
+    except _SHORT as exc:
+        raise _shortened(exc) from None
 
 
 async def arun(flow: Flow[T]) -> T:
@@ -91,6 +105,8 @@ async def arun(flow: Flow[T]) -> T:
         except StopIteration as stop:
             value: T = stop.value
             return value
+        except _SHORT as exc:
+            raise _shortened(exc) from None
         finally:
             error = None
         result = None
