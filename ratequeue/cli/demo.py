@@ -100,7 +100,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         status = _summary(seen, processes * jobs, settings.terms.interval_us, out)
         if args.plot is not None:
             try:
-                plot.draw_demo(args.plot, seen.timeline, seen.starts, interval)
+                plot.draw_demo(
+                    args.plot,
+                    seen.timeline,
+                    seen.starts,
+                    interval,
+                    begin_bound(settings.terms.interval_us) / US,
+                )
             except OSError as exc:
                 raise ConfigurationError(f"--plot {args.plot!r}: cannot write it: {exc}") from exc
             say(out, f"plot: {args.plot}")

@@ -34,15 +34,20 @@ def check(path: str) -> None:
         raise ConfigurationError(f"--plot {path!r}: folder {str(target.parent)!r} does not exist")
 
 
-def draw_demo(path: str, timeline: list[tuple[int, float]], starts: list[int], interval: float) -> None:
+def draw_demo(
+    path: str, timeline: list[tuple[int, float]], starts: list[int], interval: float, bound: float
+) -> None:
     """Draw into ``path``: begins (x: seconds since the first, y: process) and the gap histograms.
 
     ``timeline`` holds ``(process, begin)`` pairs, begins in
     ``time.monotonic()`` seconds of this host; ``starts`` the state-clock
-    starts (us). The histogram shows the begin gaps and the state-clock gaps
-    in milliseconds, in forty bins they share, with the interval marked.
+    starts (us); ``bound`` the smallest begin gap G7 keeps (s,
+    ``interval - max_late``). The histogram shows the begin gaps and the
+    state-clock gaps in milliseconds, side by side in the bins they share,
+    with the interval and the bound marked. Its range is the gaps near the
+    interval: the few far longer ones (a pause, a slow host) are counted in
+    the legend rather than drawn, so that they do not squash the rest.
     """
-    import numpy
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -62,11 +67,31 @@ def draw_demo(path: str, timeline: list[tuple[int, float]], starts: list[int], i
     begins = sorted(begin for _, begin in timeline)
     begin_gaps = [(later - earlier) * 1000 for earlier, later in itertools.pairwise(begins)]
     state_gaps = [(later - earlier) * 1000 / US for earlier, later in itertools.pairwise(sorted(starts))]
+    interval_ms, bound_ms = interval * 1000, bound * 1000
+    # the range drawn: from a little below the bound (or the shortest gap) to 4 % over the interval
+    low = max(0.0, min([bound_ms - 0.01 * interval_ms, *begin_gaps, *state_gaps]))
+    high = min(max([*begin_gaps, *state_gaps], default=interval_ms), interval_ms * 1.04)
+    high = max(high, interval_ms + 0.01 * interval_ms)
+    shown = [[gap for gap in state_gaps if gap <= high], [gap for gap in begin_gaps if gap <= high]]
+    longer = len(state_gaps) + len(begin_gaps) - len(shown[0]) - len(shown[1])
     if begin_gaps:
-        bins = numpy.histogram_bin_edges(begin_gaps + state_gaps, bins=40)
-        gaps.hist(state_gaps, bins=bins, alpha=0.5, label="state-clock gaps")
-        gaps.hist(begin_gaps, bins=bins, alpha=0.5, label="begin gaps")
-    gaps.axvline(interval * 1000, color="red", linestyle="--", label=f"interval ({interval * 1000:g} ms)")
-    gaps.set(xlabel="gap between consecutive starts (ms)", ylabel="count")
-    gaps.legend()
+        gaps.hist(
+            shown,
+            bins=40,
+            range=(low, high),
+            label=["state-clock gaps", "begin gaps (acquire() returning)"],
+            color=["tab:blue", "tab:orange"],
+        )
+    gaps.axvline(interval_ms, color="red", linestyle="--", label=f"interval ({interval_ms:g} ms)")
+    if bound_ms < interval_ms:
+        gaps.axvline(
+            bound_ms,
+            color="black",
+            linestyle=":",
+            label=f"interval - max_late ({bound_ms:g} ms): none below (G7)",
+        )
+    if longer:
+        gaps.plot([], [], " ", label=f"{longer} gap(s) over {high:g} ms not drawn")
+    gaps.set(xlabel="gap between consecutive starts (ms)", ylabel="count", xlim=(low, high))
+    gaps.legend(fontsize="small")
     figure.savefig(path)
