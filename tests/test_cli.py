@@ -907,3 +907,22 @@ def test_the_exit_statuses_in_the_help_are_those_in_the_docs(cli: Cli) -> None:
     }
     assert helped == documented
     assert "demo and set-interval" in EXIT_STATUS, "143 and 129 end set-interval too (docs/cli.md)"
+
+
+def test_the_demo_summary_says_what_passed_tickets_are() -> None:
+    """180/180 starts and ticket 198: the summary says the 18 passed tickets were taken again, none lost."""
+    import io
+
+    from ratequeue.cli import demo
+
+    starts = [index * 50_000 for index in range(10)]
+    seen = demo.Seen(starts=starts, begins=[start / 1e6 for start in starts], highest_ticket=12)
+    out = io.StringIO()
+    assert demo._summary(seen, 10, 50_000, out) == 0
+    assert "12 handed out for 10 starts: 2 tickets passed" in out.getvalue()
+    assert "none was lost" in out.getvalue()
+    out = io.StringIO()
+    demo._summary(
+        demo.Seen(starts=starts, begins=[s / 1e6 for s in starts], highest_ticket=10), 10, 50_000, out
+    )
+    assert "passed" not in out.getvalue(), "no word on passed tickets when there were none"

@@ -59,6 +59,8 @@ class Seen:
     #: (process, begin) of every start, in the order reported, for the plot
     timeline: list[tuple[int, float]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    #: the highest ticket that started: with a fresh queue, the tickets handed out for the starts
+    highest_ticket: int = 0
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         finally:
             if not given:
                 state.reset(name)  # the demo's own fresh queue: leave nothing behind
-        status = _summary(seen, processes * jobs, settings.terms.interval_us, out)
+        status = _summary(seen, processes * jobs, settings.terms.interval_us, out, fresh=not given)
         if args.plot is not None:
             try:
                 plot.draw_demo(
@@ -150,6 +152,7 @@ def _run_workers(url: str, settings: Settings, processes: int, jobs: int, quiet:
             late_start, state_gap = _insert(seen.starts, start)
             late_begin, begin_gap = _insert(seen.begins, begin)
             seen.timeline.append((index, begin))
+            seen.highest_ticket = max(seen.highest_ticket, ticket)
             if not quiet:
                 place = f"[{len(seen.starts):>{len(str(total))}}/{total}] process {index}  ticket {ticket:>6}"
                 say(out, _line(place, state_gap, begin_gap, interval_us, late_start or late_begin))
@@ -201,7 +204,7 @@ def _line(place: str, state_gap: int | None, begin_gap: float | None, interval_u
     return f"{place}  state-clock gap {state:>9} ms  begin gap {begin:>9} ms{flags}"
 
 
-def _summary(seen: Seen, total: int, interval_us: int, out: TextIO) -> int:
+def _summary(seen: Seen, total: int, interval_us: int, out: TextIO, fresh: bool = True) -> int:
     """Print the summary; the exit status: 0 if no state-clock gap was under the interval, nothing failed
     and every start came; else 1. Begin gaps are reported only."""
     starts = seen.starts
@@ -221,6 +224,14 @@ def _summary(seen: Seen, total: int, interval_us: int, out: TextIO) -> int:
         say(out, f"  begin gaps:       {_begin_spread(begin_gaps, interval_us, bound, past_bound)}")
     else:
         say(out, f"summary: {len(starts)}/{total} starts")
+    passed = seen.highest_ticket - len(starts)
+    if passed > 0 and fresh:
+        say(
+            out,
+            f"  tickets:          {seen.highest_ticket} handed out for {len(starts)} starts: "
+            f"{plural(passed, 'ticket')} passed (a turn given up for a late wake-up, G7, or a ticket "
+            "its caller left); each caller took a new one, none was lost",
+        )
     say(out, *(f"failure: {failure}" for failure in seen.failures))
     problems = []
     if under:
