@@ -115,7 +115,8 @@ class Event(NamedTuple):
     ``"begin"``           a caller's turn begins (``acquire()`` returns; a queue's job is started):
                           ``ticket``, ``wait``, ``lateness``. ``all_of()`` reports one per limiter,
                           once all its turns begin together
-    ``"timeout"``         a caller gave up waiting (``AcquireTimeout``): ``wait``
+    ``"timeout"``         a caller gave up waiting (``AcquireTimeout``): ``wait``; both with
+                          ``tenant`` on a fair queue
     ``"call"``            a call to the state was answered: ``operation``, ``outcome``, ``duration``,
                           ``ticket``
     ``"state_error"``     a call to the state raised (after the state's own retries): ``operation``,
@@ -171,6 +172,9 @@ class Event(NamedTuple):
     error: str | None = None
     #: ``"retry"``/``"dead_letter"``: which try of the job failed (1 for the first)
     attempt: int | None = None
+    #: ``"begin"``/``"timeout"`` on a fair queue: the caller's tenant (``""``: none named);
+    #: ``None`` on a queue that is not fair
+    tenant: str | None = None
 
 
 #: what ``on_event=`` accepts: called with each :class:`Event`; what it returns is ignored

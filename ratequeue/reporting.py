@@ -56,8 +56,11 @@ class Reporter:
         *,
         keep: float | None = None,
         max_late: float | None = None,
+        fair: bool = False,
     ) -> None:
         self.name = name
+        #: whether the queue is fair: its begins and timeouts carry the caller's tenant
+        self.fair = fair
         #: whether a hook is set: the places that report test this first
         self.on = hook is not None
         self._outlet = None if hook is None else Outlet(hook, owner)
@@ -99,17 +102,18 @@ class Reporter:
             )
         _calls_log.debug(_CALL_FAILED, op.kind, self.name, ticket, error, exc, round(duration * US))
 
-    def begin(self, turn: Turn, now: float, since: float) -> None:
-        """The begin of ``turn`` at local time ``now``, asked for at ``since``."""
+    def begin(self, turn: Turn, now: float, since: float, tenant: str | None = None) -> None:
+        """The begin of ``turn`` at local time ``now``, asked for at ``since`` (by ``tenant``, if fair)."""
         wait, lateness = now - since, now - turn.local_start
         if self.on:
-            self.emit(Event("begin", self.name, turn.ticket, wait=wait, lateness=lateness))
+            self.emit(Event("begin", self.name, turn.ticket, wait=wait, lateness=lateness, tenant=tenant))
         _log.debug(_BEGIN, self.name, turn.ticket, wait, round(lateness * US))
 
     def timeout(self, place: Place, waited: float) -> None:
         """A caller gives up after ``waited`` seconds (its ``AcquireTimeout`` follows)."""
         if self.on:
-            self.emit(Event("timeout", self.name, wait=waited))
+            tenant = place.tenant if self.fair else None
+            self.emit(Event("timeout", self.name, wait=waited, tenant=tenant))
         _log.debug(_TIMEOUT, self.name, waited, place.timeout)
 
     def state_down(self, mode: str, error: str) -> None:

@@ -211,6 +211,7 @@ class ShardRunner:
             clock,
             keep=settings.keep,
             max_late=settings.max_late,
+            fair=settings.fair,
         )
         self.leases = LeaseKeeper(self) if settings.max_running else None
         #: the local turns while the state is down, unless ``when_down`` is ``"raise"``
@@ -342,7 +343,7 @@ class ShardRunner:
                         if shard.unused or driver.waiters:
                             self.changed()  # the next caller is head now
                         if reporter.begins:
-                            reporter.begin(turn, now, since)
+                            reporter.begin(turn, now, since, place.tenant if reporter.fair else None)
                     except BaseException:  # interrupted: the job will not run, its place goes back
                         self.end(turn.ticket, turn.token)
                         raise

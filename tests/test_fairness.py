@@ -30,7 +30,7 @@ from ratequeue.core import protocol
 from ratequeue.core.operation import Terms, operation
 from ratequeue.core.protocol import Passed, Record, Started, Wait
 from ratequeue.core.shard import Shard
-from ratequeue.errors import ConfigurationError, StateCorrupted, TermsMismatch
+from ratequeue.errors import AcquireTimeout, ConfigurationError, StateCorrupted, TermsMismatch
 from ratequeue.state import State
 from ratequeue.state.file import FileState
 from ratequeue.state.mongodb import MongoState
@@ -424,3 +424,23 @@ def test_tenants_that_leave_leave_nothing_in_the_record(tmp_path: Path) -> None:
         assert record.number >= 61, "a waiter number per acquire (more for a turn given up and taken again)"
     finally:
         limiter.close()
+
+
+def test_begins_and_timeouts_carry_the_tenant(tmp_path: Path) -> None:
+    from ratequeue.events import Event, flush
+
+    events: list[Event] = []
+    url = f"file://{tmp_path}/s.json"
+    fair = Limiter(url, name="q", interval=10.0, fair=True, on_event=events.append)
+    unfair = Limiter(url, name="u", interval=0.01, on_event=events.append)
+    try:
+        fair.acquire(tenant="acme")
+        with pytest.raises(AcquireTimeout):
+            fair.acquire(timeout=0.01, tenant="globex")  # the next turn is 10 s away
+        unfair.acquire()
+        assert flush(5.0)
+    finally:
+        fair.close()
+        unfair.close()
+    seen = [(event.kind, event.queue, event.tenant) for event in events if event.kind in ("begin", "timeout")]
+    assert seen == [("begin", "q", "acme"), ("timeout", "q", "globex"), ("begin", "u", None)]
