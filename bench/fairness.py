@@ -83,7 +83,7 @@ def _small(url: str, name: str, rate: float, fair: bool, out: Any) -> None:
         begins.append((turn.start_us, time.monotonic()))
     took = time.monotonic() - began
     limiter.close()
-    out.put(("small", (took, begins)))
+    out.put(("small", (took, begins, began)))
 
 
 def big_and_small(url: str, rate: float, fair: bool, shards: int) -> dict[str, float]:
@@ -100,8 +100,8 @@ def big_and_small(url: str, rate: float, fair: bool, shards: int) -> dict[str, f
     results.update([out.get(timeout=120)])
     big.join()
     small.join()
-    took, small_begins = results["small"]
-    first, last = small_begins[0][1] - took, small_begins[-1][1]
+    took, small_begins, first = results["small"]
+    last = small_begins[-1][1]
     begins = sorted(results["big"] + small_begins)
     window = [b for b in begins if first <= b[1] <= last]
     interval_us = 1e6 / rate
