@@ -1,8 +1,7 @@
 """Fair queues against arrival order, in one run: a small tenant beside a big one, and many tenants.
 
 Two measurements, each made with ``fair=True`` and without, in turns, on
-the file state (the states that carry out fair queues: memory and file;
-memory is one process's only):
+the file state and Redis (a ``redis-server`` of its own, or ``--redis-url``):
 
 * **big and small** (issue 30's walk-through): rate R; one process with
   ``--big-shards`` threads, each its own limiter (as that many worker
@@ -27,6 +26,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import redis_server
 
 import ratequeue
 from ratequeue.events import flush
@@ -190,6 +192,43 @@ def many_tenants(
     }
 
 
+def _measure(url: str, state: str, args: argparse.Namespace) -> None:
+    print(f"\n## big ({args.big_shards} shards) and small (5 acquires) at {args.rate:g}/s, {state} state")
+    print(
+        "| order | round | small's 5 turns | rate kept | smallest gap, state clock "
+        "| smallest begin gap | begin gaps under I - 0.5 ms |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for round_ in range(1, args.rounds + 1):
+        for fair in (False, True):
+            r = big_and_small(url, args.rate, fair, args.big_shards)
+            print(
+                f"| {'fair' if fair else 'arrival'} | {round_} | {r['small_took']:.2f} s "
+                f"| {r['rate_kept']:.1%} | {r['state_gap_ms']:.3f} ms | {r['begin_gap_ms']:.3f} ms "
+                f"| {r['under']:.0f} of {r['gaps']:.0f} |",
+                flush=True,
+            )
+    if args.skip_many:
+        return
+    print(
+        f"\n## {args.tenants} tenants over {args.procs} processes, {args.seconds:g} s at "
+        f"{args.many_rate:g}/s, {state} state"
+    )
+    print(
+        "| order | starts | rate kept | shares (of even) min / max / sd | within ±10 % "
+        "| CPU per start | state calls per start |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for fair in (False, True):
+        r = many_tenants(url, args.many_rate, fair, args.tenants, args.procs, args.seconds)
+        print(
+            f"| {'fair' if fair else 'arrival'} | {r['starts']:.0f} | {r['rate_kept']:.1%} "
+            f"| {r['share_min']:.2f} / {r['share_max']:.2f} / {r['share_sd']:.3f} "
+            f"| {r['within_10']:.1%} | {r['cpu_us']:.0f} µs | {r['calls']:.2f} |",
+            flush=True,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -203,6 +242,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hog", type=int, default=0)
     parser.add_argument("--skip-many", action="store_true")
+    parser.add_argument("--states", default="file,redis", help="of file, redis (file,redis)")
+    parser.add_argument("--redis-url", help="use this Redis instead of starting one of our own")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
@@ -211,43 +252,16 @@ def main() -> int:
         hog.start()
     print(f"load before: {os.getloadavg()[0]:.2f}, busy loops: {args.hog}, cores: {os.cpu_count()}")
     try:
-        with tempfile.TemporaryDirectory() as directory:
-            url = (Path(directory) / "state.json").as_uri()
-            print(
-                f"\n## big ({args.big_shards} shards) and small (5 acquires) at {args.rate:g}/s, file state"
-            )
-            print(
-                "| order | round | small's 5 turns | rate kept | smallest gap, state clock "
-                "| smallest begin gap | begin gaps under I - 0.5 ms |"
-            )
-            print("|---|--:|--:|--:|--:|--:|--:|")
-            for round_ in range(1, args.rounds + 1):
-                for fair in (False, True):
-                    r = big_and_small(url, args.rate, fair, args.big_shards)
-                    print(
-                        f"| {'fair' if fair else 'arrival'} | {round_} | {r['small_took']:.2f} s "
-                        f"| {r['rate_kept']:.1%} | {r['state_gap_ms']:.3f} ms | {r['begin_gap_ms']:.3f} ms "
-                        f"| {r['under']:.0f} of {r['gaps']:.0f} |",
-                        flush=True,
-                    )
-            if not args.skip_many:
-                print(
-                    f"\n## {args.tenants} tenants over {args.procs} processes, {args.seconds:g} s at "
-                    f"{args.many_rate:g}/s, file state"
-                )
-                print(
-                    "| order | starts | rate kept | shares (of even) min / max / sd | within ±10 % "
-                    "| CPU per start | state calls per start |"
-                )
-                print("|---|--:|--:|--:|--:|--:|--:|")
-                for fair in (False, True):
-                    r = many_tenants(url, args.many_rate, fair, args.tenants, args.procs, args.seconds)
-                    print(
-                        f"| {'fair' if fair else 'arrival'} | {r['starts']:.0f} | {r['rate_kept']:.1%} "
-                        f"| {r['share_min']:.2f} / {r['share_max']:.2f} / {r['share_sd']:.3f} "
-                        f"| {r['within_10']:.1%} | {r['cpu_us']:.0f} µs | {r['calls']:.2f} |",
-                        flush=True,
-                    )
+        for state in args.states.split(","):
+            with contextlib.ExitStack() as stack:
+                if state == "file":
+                    directory = stack.enter_context(tempfile.TemporaryDirectory())
+                    url = (Path(directory) / "state.json").as_uri()
+                elif state == "redis":
+                    url = stack.enter_context(redis_server(args.redis_url))
+                else:
+                    raise SystemExit(f"--states: {state!r} is not file or redis")
+                _measure(url, state, args)
     finally:
         stop.set()
         for hog in hogs:

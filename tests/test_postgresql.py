@@ -7,23 +7,28 @@ in conftest includes ``postgresql``); this covers what only this backend has.
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 import time
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import ratequeue
 from ratequeue import aio
 from ratequeue.core import protocol
-from ratequeue.core.protocol import MAX_DOUBT_US, MAX_SLOW, MAX_US, NEVER, US, Record, Started
-from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
+from ratequeue.core.operation import Terms, apply, operation
+from ratequeue.core.protocol import MAX_DOUBT_US, MAX_SLOW, MAX_US, NEVER, US, Record, Started, Taken, Wait
+from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable, TermsMismatch
 from ratequeue.state import open_state, postgresql
 from ratequeue.state.postgresql import AsyncPostgresState, PostgresState, split_url
 
 from .ops import ado, do
 from .servers import Server
+from .strategies import doubts_us, epochs_us, intervals_us, leads_us
 
 SECRET = "s3cr3t-pa55"
 
@@ -98,7 +103,7 @@ def test_schema_and_table_are_where_the_rows_go(postgresql_server: Server) -> No
         assert row.fetchall() == [(2, 1)]
         function = connection.execute(
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-            " WHERE n.nspname = 'rq_schema' AND p.proname = 'MixedCase_op_v3'"
+            " WHERE n.nspname = 'rq_schema' AND p.proname = 'MixedCase_op_v4'"
         )
         assert function.fetchone() == (1,)
 
@@ -263,6 +268,7 @@ def test_a_table_made_before_the_settlement_gains_its_column(postgresql_server: 
         connection.execute(f"DROP TABLE IF EXISTS {table}")
         connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v2")
         connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v3")
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v4")
         connection.execute(OLDER_TABLES[lacking].format(table))
         connection.execute(OLD_FUNCTION.format(f"{table}_op_v2"))
         connection.execute(
@@ -294,6 +300,7 @@ def test_a_database_of_the_previous_version_gains_this_ones_function(postgresql_
         connection.execute(f"DROP TABLE IF EXISTS {table}")
         connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v2")
         connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v3")
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v4")
         setup = postgresql.SETUP_SQL.replace("@TABLE@", f'"{table}"').split("-- ;;\n")[:2]
         for statement in setup:  # the table as v2 made it: every column it has now
             connection.execute(statement)
@@ -314,7 +321,7 @@ def test_a_database_of_the_previous_version_gains_this_ones_function(postgresql_
         versions = connection.execute(
             "SELECT proname, pronargs FROM pg_proc WHERE proname LIKE %s ORDER BY proname", (f"{table}_op_%",)
         )
-        assert versions.fetchall() == [(f"{table}_op_v2", 13), (f"{table}_op_v3", 14)]
+        assert versions.fetchall() == [(f"{table}_op_v2", 13), (f"{table}_op_v4", 17)]
         state.close()
 
 
@@ -430,4 +437,368 @@ def test_a_due_a_doubt_moved_is_stored_checked_and_kept(postgresql_server: Serve
             assert state.read("q").record == reference, (kind, args)
             if kind == "retime" and args[1]:
                 assert reference.due == cap + 5000
+        state.close()
+
+
+# -- fair queues (_v4): the waiters in the row, older tables and functions, stored fields checked ---
+
+#: the table as v3 made it: no fair queues
+V3_TABLE = """
+    CREATE TABLE {} (
+        name text PRIMARY KEY, ticket bigint NOT NULL, pos bigint NOT NULL, at_us bigint NOT NULL,
+        interval_us bigint NOT NULL, burst bigint NOT NULL DEFAULT 1, due_us bigint NOT NULL,
+        paused boolean NOT NULL DEFAULT false, max_running integer NOT NULL DEFAULT 0,
+        leases bigint[] NOT NULL DEFAULT '{{}}', held_us bigint NOT NULL DEFAULT -4503599627370496,
+        keep_until_us bigint, not_before_us bigint, pace_us bigint NOT NULL DEFAULT 0, paced_at_us bigint,
+        settled bigint NOT NULL DEFAULT 0
+    )"""
+
+#: a function of v3's name and signature (p_doubt, no p_fair, p_tenant, p_weight) that answers "v3"
+V3_FUNCTION = """
+    CREATE FUNCTION {}(text, text, bigint, bigint, bigint, integer, bigint, bigint, bigint, bigint, bigint,
+                       boolean, bigint, bigint)
+    RETURNS TABLE (o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean,
+                   o_stored jsonb)
+    LANGUAGE sql
+    AS $$ SELECT 'v3'::text, 0::numeric, 0::numeric, 0::numeric, 0::bigint, false, NULL::jsonb $$
+"""
+
+#: tenants of the fair tests below, and their weights
+TENANTS = {"a": 1, "b": 2, "ü €": 3}
+
+
+def fair_terms(interval: int = 1000, burst: int = 1, max_running: int | None = None) -> Terms:
+    return Terms.checked(
+        interval, burst, max_running=max_running, lease_us=5000 if max_running else 0, fair=True
+    )
+
+
+def test_a_v3_database_gains_v4_and_its_rows_read_not_fair(postgresql_server: Server) -> None:
+    """A table and function made by v3: the table gains the fair columns, v4 is made beside v3's."""
+    table = "before_fair"
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {table}")
+        for version in ("v3", "v4"):
+            connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_{version}")
+        connection.execute(V3_TABLE.format(table))
+        connection.execute(V3_FUNCTION.format(f"{table}_op_v3"))
+        record = Record(4, 3, NOW - 500, 1000, NOW + 1500, 3, settled=2)
+        store(connection, table, "q", record)
+        state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: NOW)
+        assert state.fair_queues
+        assert state.read("q").record == record, "an older row is not fair"
+        row = connection.execute(f"SELECT fair, number, begun, waiters, tenants FROM {table}").fetchone()
+        assert row == (None, None, None, None, None)
+        reference, outcome = protocol.take_and_try(record, 10**6, NOW)
+        assert do(state, "take_and_try", "q", 1000, 10**6, burst=3) == outcome
+        assert state.read("q").record == reference
+        with pytest.raises(TermsMismatch, match="fair"):
+            state.execute(operation("take", "q", fair_terms(burst=3), tenant="a"))
+        assert state.read("q").record == reference, "the refusal changed nothing"
+        fair = state.execute(operation("take_and_try", "f", fair_terms(), tenant="a", lead_us=10))
+        assert fair == Started(1, NOW, NOW)
+        old = connection.execute(
+            f"SELECT o_kind FROM {table}_op_v3('read', 'q', 1, 1, 0, 0, 0, NULL, 0, 0, 1, false, 0, 0)"
+        )
+        assert old.fetchone() == ("v3",)
+        versions = connection.execute(
+            "SELECT proname, pronargs FROM pg_proc WHERE proname LIKE %s ORDER BY proname", (f"{table}_op_%",)
+        )
+        assert versions.fetchall() == [(f"{table}_op_v3", 14), (f"{table}_op_v4", 17)]
+        state.close()
+
+
+def test_a_fair_row_stores_its_waiters_and_a_row_that_is_not_fair_stores_none(
+    postgresql_server: Server,
+) -> None:
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="fair_rows", clock=lambda: NOW)
+        for name in ("fair", "unfair"):
+            state.reset(name)
+        reference = protocol.new_record(1000, fair=True)
+        for tenant in ("a", "a", "ü €", "a"):
+            reference, taken = protocol.enqueue(reference, NOW, tenant, TENANTS[tenant])
+            assert (
+                state.execute(operation("take", "fair", fair_terms(), tenant=tenant, weight=TENANTS[tenant]))
+                == taken
+            )
+        assert state.read("fair").record == reference
+        row = connection.execute(
+            "SELECT fair, number, begun, waiters, tenants FROM fair_rows WHERE name = 'fair'"
+        ).fetchone()
+        # (each take passed the ticket before it, which nobody tried: G4's jump)
+        assert reference.waiters == ((4, "a", 1, 1, 4),)
+        assert row == (True, 5, 0, [4, 1, 1, 4], ["a"])
+        do(state, "take_and_try", "unfair", 1000, 0)
+        row = connection.execute(
+            "SELECT fair, number, begun, waiters, tenants FROM fair_rows WHERE name = 'unfair'"
+        ).fetchone()
+        assert row == (None, None, None, None, None)
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("columns", "pattern"),
+    [
+        ({"number": 0}, "number=0"),
+        ({"number": None}, "number=None"),
+        ({"begun": None}, "begun=None"),
+        ({"waiters": None}, "waiters="),
+        ({"tenants": None}, "waiters="),
+        ({"begun": 5}, "begun=5"),
+        ({"begun": -1}, "begun=-1"),
+        ({"waiters": [1, 1, 1]}, "waiters="),
+        ({"tenants": ["a", "b"]}, "waiters="),
+        ({"tenants": [None]}, "waiters="),
+        ({"waiters": [1, 1, 1, None]}, "waiters="),
+        ({"waiters": [5, 1, 1, 0]}, "waiters="),
+        ({"waiters": [1, 0, 1, 0]}, "waiters="),
+        ({"waiters": [1, 1001, 1, 0]}, "waiters="),
+        ({"waiters": [1, 1, 0, 0]}, "waiters="),
+        ({"waiters": [1, 1, 1, 3]}, "waiters="),
+        ({"waiters": [1, 1, 1, 9]}, "waiters="),
+        ({"waiters": [[1, 1], [1, 0]]}, "waiters="),
+        ({"waiters": [2, 1, 1, 0, 1, 1, 1, 0], "tenants": ["a", "a"]}, "waiters="),
+    ],
+)
+def test_stored_fair_fields_are_checked(
+    postgresql_server: Server, columns: dict[str, Any], pattern: str
+) -> None:
+    """A fair row no version could have written is refused by the function and by a read, by name."""
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="fair_checks", clock=lambda: NOW)
+        state.read("q")  # the table exists
+        good = {"fair": True, "number": 5, "begun": 2, "waiters": [1, 1, 1, 4], "tenants": ["a"]}
+        record = Record(5, 3, NOW, 1000, NOW, 1)
+        store(connection, "fair_checks", "q", record, **good)
+        assert state.read("q").record == record._replace(
+            fair=True, number=5, begun=2, waiters=((1, "a", 1, 1, 4),)
+        )
+        store(connection, "fair_checks", "q", record, **{**good, **columns})
+        terms = fair_terms()
+        for call in (
+            lambda: state.read("q"),
+            lambda: state.execute(operation("take", "q", terms, tenant="a")),
+            lambda: state.execute(operation("try_start", "q", terms, ticket=1)),
+            lambda: state.execute(operation("hold", "q", terms, lead_us=5)),
+        ):
+            with pytest.raises(StateCorrupted, match=pattern):
+                call()
+        # a row that is not fair does not read them
+        store(connection, "fair_checks", "q", record, **{**good, **columns, "fair": False})
+        assert state.read("q").record == record
+        assert do(state, "take", "q", 1000).ticket == 5
+        state.close()
+
+
+def test_a_fair_queue_refuses_a_number_or_ticket_past_the_limit(postgresql_server: Server) -> None:
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="fair_limits", clock=lambda: NOW)
+        state.read("q")  # the table exists
+        terms = fair_terms()
+        fair = {"fair": True, "begun": 0, "waiters": [], "tenants": []}
+        store(connection, "fair_limits", "q", Record(5, 3, NOW, 1000, NOW), **fair, number=MAX_US - 1)
+        with pytest.raises(StateCorrupted, match=f"number={MAX_US - 1}"):
+            state.execute(operation("take", "q", terms, tenant="a"))
+        store(
+            connection, "fair_limits", "q", Record(MAX_US - 1, MAX_US - 2, NOW, 1000, NOW), **fair, number=3
+        )
+        with pytest.raises(StateCorrupted, match=f"ticket={MAX_US - 1}"):
+            state.execute(operation("take_and_try", "q", terms, tenant="a"))
+        assert connection.execute("SELECT number, waiters FROM fair_limits").fetchone() == (3, [])
+        state.close()
+
+
+def test_the_asyncio_state_carries_out_fair_queues(postgresql_server: Server) -> None:
+    async def main() -> None:
+        state = AsyncPostgresState(conninfo=url_of(postgresql_server), table="fair_aio", clock=lambda: NOW)
+        await state.reset("q")
+        terms = fair_terms()
+        reference = protocol.new_record(1000, fair=True)
+        for tenant in ("a", "a", "b"):
+            reference, expected = protocol.enqueue_and_try(reference, tenant, TENANTS[tenant], 0, NOW)
+            op = operation("take_and_try", "q", terms, tenant=tenant, weight=TENANTS[tenant])
+            assert await state.execute(op) == expected
+        reference, expected = protocol.try_turn(reference, 3, 10**6, NOW)
+        assert await state.execute(operation("try_start", "q", terms, ticket=3, lead_us=10**6)) == expected
+        assert isinstance(expected, Started)
+        assert (await state.read("q")).record == reference
+        await state.close()
+
+    asyncio.run(main())
+
+
+#: a fair queue's steps: a take or a take and try of a tenant (of a cost, with a token), a try of a
+#: waiter number (one in line, or any), a retime, release, renew or settle of a ticket, the flags
+_fair_steps = st.one_of(
+    st.tuples(st.just("take"), st.sampled_from(list(TENANTS)), st.integers(1, 3)),
+    st.tuples(
+        st.just("take_and_try"),
+        st.sampled_from(list(TENANTS)),
+        leads_us,
+        st.integers(1, 3),
+        st.integers(0, 3),
+        doubts_us,
+    ),
+    st.tuples(st.just("try"), st.integers(0, 40), leads_us, st.integers(1, 3), st.integers(0, 3), doubts_us),
+    st.tuples(st.just("retime"), st.integers(0, 40), leads_us, doubts_us),
+    st.tuples(st.just("release"), st.integers(0, 40), st.integers(0, 3)),
+    st.tuples(st.just("renew"), st.integers(0, 40), st.integers(0, 3)),
+    st.tuples(st.just("settle"), st.integers(0, 40), st.integers(1, 3), st.integers(0, 3)),
+    st.tuples(st.just("pause"), st.booleans()),
+    st.tuples(st.just("hold"), st.integers(0, 300_000)),
+    st.tuples(st.just("lift")),
+    st.tuples(st.just("slow"), st.integers(0, 2_000_000)),
+    st.tuples(
+        st.just("clock"), st.one_of(st.integers(0, 2000), st.integers(0, 300_000), st.integers(-100_000, 0))
+    ),
+)
+
+
+def _pick(choice: int, known: list[int], most: int) -> int:
+    """One of ``known`` (the tickets or numbers that matter), or any from 1 to ``most``."""
+    return max(known[choice % len(known)], 1) if known and choice % 2 else 1 + choice % max(most, 1)
+
+
+@given(
+    interval=st.one_of(st.sampled_from([1000, 20_000, 1_000_000]), intervals_us),
+    epoch=epochs_us,
+    burst=st.integers(1, 3),
+    max_running=st.one_of(st.none(), st.integers(1, 2)),
+    steps=st.lists(_fair_steps, min_size=1, max_size=40),
+)
+def test_a_fair_queue_answers_and_stores_as_the_reference_with_every_kind(
+    postgresql_server: Server,
+    interval: int,
+    epoch: int,
+    burst: int,
+    max_running: int | None,
+    steps: list[tuple[Any, ...]],
+) -> None:
+    """Every kind, costs, bursts, leases and tokens on a fair queue: each answer, and the row after it."""
+    clock = [epoch]
+    state = PostgresState(conninfo=url_of(postgresql_server), table="fair_kinds", clock=lambda: clock[0])
+    state.reset("q")
+    terms = fair_terms(interval, burst, max_running)
+    reference = protocol.new_record(interval, burst, max_running, fair=True)
+    try:
+        for step in steps:
+            kind, now = step[0], clock[0]
+            if kind == "clock":
+                clock[0] = max(0, now + step[1])
+                continue
+            numbers = [waiter[0] for waiter in reference.waiters] + [reference.begun]
+            tickets = [reference.pos] + [lease[0] for lease in reference.leases]
+            if kind == "take":
+                op = operation(
+                    "take", "q", terms, tenant=step[1], weight=TENANTS[step[1]], cost=min(step[2], burst)
+                )
+            elif kind == "take_and_try":
+                _, tenant, lead, cost, token, doubt = step
+                op = operation(
+                    "take_and_try", "q", terms, tenant=tenant, weight=TENANTS[tenant], lead_us=lead,
+                    cost=min(cost, burst), token=token, doubt_us=doubt,
+                )  # fmt: skip
+            elif kind == "try":
+                _, choice, lead, cost, token, doubt = step
+                op = operation(
+                    "try_start", "q", terms, ticket=_pick(choice, numbers, reference.number), lead_us=lead,
+                    cost=min(cost, burst), token=token, doubt_us=doubt,
+                )  # fmt: skip
+            elif kind == "retime":
+                ticket = _pick(step[1], tickets, reference.ticket)
+                op = operation("retime", "q", terms, ticket=ticket, lead_us=step[2], doubt_us=step[3])
+            elif kind in ("release", "renew"):
+                if kind == "renew" and max_running is None:
+                    continue
+                op = operation(
+                    kind, "q", terms, ticket=_pick(step[1], tickets, reference.ticket), token=step[2]
+                )
+            elif kind == "settle":
+                ticket = _pick(step[1], tickets, reference.ticket)
+                op = operation(
+                    "settle", "q", terms, ticket=ticket, cost=min(step[2], burst), lead_us=min(step[3], burst)
+                )
+            elif kind == "pause":
+                op = operation("set_paused", "q", terms, paused=step[1])
+            elif kind in ("hold", "slow"):
+                op = operation(kind, "q", terms, lead_us=step[1])
+            else:
+                op = operation("lift", "q", terms)
+            reference, expected = apply(reference, op, now)
+            assert state.execute(op) == expected, (op, reference)
+            assert state.read("q").record == reference, op
+    finally:
+        state.reset("q")
+        state.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_busy_fair_queue_answers_and_stores_as_the_reference(postgresql_server: Server, seed: int) -> None:
+    """Long runs of shards of several tenants asking about as fast as the interval: many waiters in line.
+
+    (The property test above reaches few waiters at once: a take passes every
+    ticket whose slot is past, and its clock moves by large steps.)
+    """
+    rng = random.Random(seed)
+    clock = [NOW]
+    state = PostgresState(conninfo=url_of(postgresql_server), table="fair_busy", clock=lambda: clock[0])
+    most = 0
+    try:
+        for run in range(25):
+            name = f"q{run}"
+            state.reset(name)
+            interval, burst = rng.choice([(1000, 1), (1000, 3), (5000, 2)])
+            max_running = rng.choice([None, None, 1, 3])
+            terms = fair_terms(interval, burst, max_running)
+            reference = protocol.new_record(interval, burst, max_running, fair=True)
+            held: dict[int, int] = {}  # shard -> its waiter number
+            for _ in range(80):
+                now = clock[0]
+                shard = rng.randrange(8)
+                tenant = list(TENANTS)[shard % 3]
+                roll = rng.random()
+                cost = rng.randint(1, burst)
+                if roll < 0.15:
+                    clock[0] = now + rng.randint(0, interval)
+                    continue
+                if roll < 0.2:
+                    ticket = max(reference.pos, 1)
+                    op = operation(
+                        rng.choice(["release", "retime"]), name, terms, ticket=ticket, token=shard + 1
+                    )
+                elif roll < 0.23:
+                    op = operation("set_paused", name, terms, paused=rng.random() < 0.5)
+                elif roll < 0.26:
+                    op = operation(
+                        "settle", name, terms, ticket=max(reference.pos, 1), cost=cost, lead_us=burst
+                    )
+                elif shard in held:
+                    lead = rng.choice([0, interval // 2, 3 * interval])
+                    op = operation(
+                        "try_start", name, terms, ticket=held[shard], lead_us=lead, cost=cost, token=shard + 1
+                    )
+                elif roll < 0.4:
+                    op = operation("take", name, terms, tenant=tenant, weight=TENANTS[tenant], cost=cost)
+                else:
+                    lead = rng.choice([0, interval // 2])
+                    op = operation(
+                        "take_and_try", name, terms, tenant=tenant, weight=TENANTS[tenant], lead_us=lead,
+                        cost=cost, token=shard + 1,
+                    )  # fmt: skip
+                reference, expected = apply(reference, op, now)
+                assert state.execute(op) == expected, (op, reference)
+                assert state.read(name).record == reference, op
+                most = max(most, len(reference.waiters))
+                if op.kind == "take":
+                    assert isinstance(expected, Taken)
+                    held[shard] = expected.ticket
+                elif op.kind in ("take_and_try", "try_start"):
+                    if isinstance(expected, Wait):
+                        held[shard] = expected.ticket
+                    else:
+                        held.pop(shard, None)
+            state.reset(name)
+        assert most >= 4, "several waiters were in line at once"
+    finally:
         state.close()

@@ -1,9 +1,10 @@
 """The Redis state on a real Redis Cluster: the contract suite, processes, and a queue's slot moved mid-run.
 
 A cluster of three masters (``tests/redis_cluster.py``) runs for the
-session. The contract tests of ``tests/test_contract.py`` are collected here
-again with this module's ``backend`` fixture, so every operation is held to
-the reference on the cluster too. Then real processes share a queue through
+session. The contract tests of ``tests/test_contract.py`` (and the fair
+queues' of ``tests/test_fairness.py``) are collected here again with this
+module's ``backend`` fixture, so every operation is held to the reference on
+the cluster too. Then real processes share a queue through
 ``redis+cluster://``, and while they run the slot holding the queue's key
 moves to another master: no two starts closer than the interval, every
 acquire answered, no ticket given twice.
@@ -43,6 +44,9 @@ from .test_contract import (  # noqa: F401
     test_backend_answers_as_the_reference_with_leases,
     test_max_running_is_fixed_per_queue,
 )
+
+# and the fair queues' contract (the script runs them on the cluster as on one server)
+from .test_fairness import test_the_states_carry_out_fair_queues_as_the_reference  # noqa: F401
 
 INTERVAL = 0.01
 WAIT = 120.0

@@ -647,6 +647,11 @@ def try_turn(
         first = min((w[4] for w in record.waiters if w[1] == tenant and w[4]), default=0)
         step = effective_interval(record, now)
         after = record.earliest(first, cost) if first > record.pos else now + step
+        if record.burst == 1:
+            # it is seated once as many of its tenant's tickets have started as it has waiters
+            # without one before it, plus one: each of those starts an interval after the one before
+            ahead = sum(1 for w in record.waiters if w[1] == tenant and not w[4] and w[0] < number)
+            after += ahead * record.interval
         return record, Wait(number, max(after, now + step), now)
     tried, outcome = try_start(record, held, lead, now, cost, lease, token, doubt)
     if isinstance(outcome, Started):

@@ -60,8 +60,8 @@ class Snapshot(NamedTuple):
 def no_fair_queues(state: StateBase) -> ConfigurationError:
     """The error for a fair queue on ``state``, which does not carry fair queues out (yet)."""
     return ConfigurationError(
-        f"fair queues run on the memory and file states so far, not on {type(state).__name__} "
-        "(docs/fairness.md)"
+        f"{type(state).__name__} does not carry out fair queues (yet): docs/fairness.md lists the "
+        "states that do"
     )
 
 

@@ -170,8 +170,8 @@ def check_record(fields: Any, *, where: str) -> Record:
         paced_at,
         settled,
         fair,
-        number,
-        begun,
+        number if fair else 1,
+        begun if fair else 0,
         waiters or (),
     )
 
@@ -221,8 +221,8 @@ def unwritten(exc: Unwritten, place: str, where: str) -> StateCorrupted:
     ``where``; the message names the field, its value, the clock's ``now``
     and the way out (a reset).
     """
-    if exc.field == "ticket":
-        why = "the last ticket a record can hold: taking another would overflow it"
+    if exc.field in ("ticket", "number"):
+        why = f"the last {exc.field} a record can hold: taking another would overflow it"
     else:  # at, held, a hold's end or a lease's expiry, further ahead than the protocol writes
         ahead = MAX_LEAD_US + {"leases": MAX_LEASE_US, "not_before": MAX_HOLD_US}.get(exc.field, 0)
         why = (

@@ -5,7 +5,7 @@ Each queue is one document holding every field of its record (see
 ``find_one_and_update`` whose update pipeline reads ``$$NOW`` on the server,
 applies the protocol and leaves its answer in ``answer``: no
 read-then-write from the client and no transaction. The filter names the
-expected interval, burst and max_running, so an operation on a record with others
+expected interval, burst, max_running and fairness, so an operation on a record with others
 matches nothing and changes nothing; only then (and for a queue's first
 operation) does the client insert the initial record or report the
 mismatch. What is sent and how answers are read is in :mod:`.codec`.
@@ -30,6 +30,11 @@ operation may reach the server twice when only its reply was lost: a
 repeated ``try_start`` of the latest start is answered with the same start
 (:func:`ratequeue.core.protocol.repeats_start`), so no turn is lost; a repeated
 ``take`` leaks one ticket, which costs at most one interval (G4).
+
+A fair queue's ``take``, ``try_start`` and ``take_and_try`` are
+:func:`~ratequeue.core.protocol.enqueue`, :func:`~ratequeue.core.protocol.try_turn`
+and :func:`~ratequeue.core.protocol.enqueue_and_try`, in the same single
+pipeline (the waiters seated by a ``$reduce``): still one round trip.
 
 ``$$NOW`` has millisecond resolution: on this backend every ``now`` is a
 whole millisecond (in microseconds), and intervals keep their microseconds.
@@ -101,6 +106,9 @@ class MongoBackend(StateBase, Generic[ClientT]):
 
     #: ``$$NOW`` has whole milliseconds
     clock_resolution = 0.001
+
+    #: fair queues run in the update pipelines too (:mod:`.codec`, ``_FAIR_STAGES``)
+    fair_queues = True
 
     _client_errors = (PyMongoError,)
 

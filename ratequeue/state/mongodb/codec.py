@@ -13,7 +13,13 @@ array of ``[ticket, expiry, token]`` arrays in start order; no cap is
 written before holds existed, which lacks ``not_before``; no slow-down is
 ``pace`` 0 and ``paced_at`` ``NEVER``, as in a document written before
 slow-downs existed, which lacks both; no settlement is ``settled`` 0, as in
-a document written before settlements existed, which lacks it). ``expires`` (a
+a document written before settlements existed, which lacks it). A fair
+queue's document also holds ``fair`` (true), ``number``, ``begun`` and
+``waiters``, an array of ``[number, tenant, weight, cost, ticket]`` arrays
+(:data:`~ratequeue.core.protocol.Waiter`); any other document holds none of
+them, and is not fair (one created after fair queues came to the
+reference but before this backend ran them holds ``fair`` false and the
+others' defaults, and is read as not fair). ``expires`` (a
 ``Date``; on a test clock, whole microseconds on it) is there while the
 record is kept for a while only (``Terms.keep_us``): the collection's TTL
 index, and :func:`sweep_filter`, delete the document once it has passed.
@@ -33,7 +39,7 @@ from pymongo.errors import ConfigurationError as MongoConfigurationError
 from pymongo.errors import InvalidURI
 
 from ...core import protocol
-from ...core.operation import Operation, Terms
+from ...core.operation import MAX_WEIGHT, Operation, Terms
 from ...core.protocol import (
     FULL_GRACE_US,
     FULL_RECHECK_US,
@@ -158,7 +164,7 @@ def _check_stages(op: Operation) -> Pipeline:
         ({"$gt": ["$paced_at", horizon]}, "paced_at", "$paced_at"),
         ({"$gt": [latest_expiry, {"$add": [horizon, {"$literal": MAX_LEASE_US}]}]}, "leases", latest_expiry),
     ]
-    if op.kind in ("take", "take_and_try"):
+    if op.kind in ("take", "take_and_try") and not op.terms.fair:  # (a fair take seats, and checks, later)
         cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": op.cost}]}, MAX_US]}, "ticket", "$ticket"))
     branches = [
         {"case": case, "then": {"kind": "unwritten", "field": field, "value": value, "now": "$_now"}}
@@ -211,7 +217,7 @@ def _lease_stages(op: Operation) -> Pipeline:
 _ADOPTED = {"$eq": [{"$type": "$_mine"}, "array"]}
 
 
-def _try_stages(op: Operation) -> Pipeline:
+def _try_stages(op: Operation, gate: Any = None) -> Pipeline:
     """``try_start`` of ticket ``_t``, of ``op.cost``: set ``answer``; if it starts, ``pos``, ``at``, ``due``.
 
     A start's ``due`` is the later of its slot and its start, plus
@@ -233,6 +239,9 @@ def _try_stages(op: Operation) -> Pipeline:
     (the answer's kind is ``full`` until the last stage, which makes it
     ``wait``, sets ``held`` to ``_now`` and lets the expired leases go); a
     start appends its lease to the live ones.
+
+    With ``gate`` (a fair queue's turn, :func:`_turn_stages`), all of this
+    only where ``gate`` holds: elsewhere ``answer`` and the record stay.
     """
     same_start = {
         "$and": [
@@ -278,7 +287,10 @@ def _try_stages(op: Operation) -> Pipeline:
         *full_branches,
         {"case": can_start, "then": _told("started", {"$max": ["$_e", "$_now"]})},
     ]
-    answer = {"$switch": {"branches": branches, "default": _told("wait", "$_e")}}
+    answer: Any = {"$switch": {"branches": branches, "default": _told("wait", "$_e")}}
+    if gate is not None:
+        answer = {"$cond": [gate, answer, "$answer"]}
+        started = {"$and": [gate, started]}
     return [*stages, {"$set": {"answer": answer}}, {"$set": _where(started, start)}, *after]
 
 
@@ -515,6 +527,227 @@ def _settle_stages(op: Operation) -> Pipeline:
     ]
 
 
+def _of(waiter: Any, index: int) -> Any:
+    """Field ``index`` of ``waiter``, a fair queue's ``[number, tenant, weight, cost, ticket]`` array."""
+    return {"$arrayElemAt": [waiter, index]}
+
+
+def _waiters_where(cond: Any, name: str = "w", waiters: Any = "$waiters") -> Any:
+    """The waiters (each ``$$name`` in ``cond``) of ``waiters`` for which ``cond`` holds."""
+    return {"$filter": {"input": waiters, "as": name, "cond": cond}}
+
+
+def _unwritten_unless_bad(cond: Any, field: str, value: Any) -> dict[str, Any]:
+    """``_bad`` (for a ``$set``): ``field`` (``value``) refused where ``cond`` holds, unless already."""
+    refused = {"kind": "unwritten", "field": field, "value": value, "now": "$_now"}
+    return {"_bad": {"$cond": [{"$and": [{"$eq": ["$_bad", ""]}, cond]}, refused, "$_bad"]}}
+
+
+def _seat(cond: Any, waiters: Any) -> Any:
+    """``_seat``: :func:`ratequeue.core.protocol._seated` of ``waiters`` where ``cond`` holds, else missing.
+
+    The waiters whose tickets were passed (at or below ``pos``) are dropped;
+    then, in order, each waiter without a ticket whose tenant holds fewer
+    than its weight gets the next one (``cost`` numbers). ``held`` lists
+    the tenant of every ticket held so far (of the waiters kept, then of
+    those seated). The result is ``{out, ticket, bad}``: the waiters, the
+    next ticket, and the ticket at which the first seat would pass the last
+    one a record holds (0: none), which refuses the operation
+    (:func:`_seated_stages`). (Few stages, each doing much: a stage costs
+    more than an expression on some servers.)
+    """
+    passed = {"$and": [{"$gt": [_of("$$w", 4), 0]}, {"$lte": [_of("$$w", 4), "$pos"]}]}
+    kept = _waiters_where({"$not": [passed]}, waiters=waiters)
+    holders = {
+        "$map": {
+            "input": _waiters_where({"$gt": [_of("$$w", 4), 0]}, waiters="$$kept"),
+            "as": "w",
+            "in": _of("$$w", 1),
+        }
+    }
+    holding = {"$size": {"$filter": {"input": "$$value.held", "as": "h", "cond": {"$eq": ["$$h", "$$t"]}}}}
+    overflows = {"$gte": [{"$add": ["$$value.ticket", "$$c"]}, {"$literal": MAX_US}]}
+    waiter = [_of("$$this", 0), "$$t", _of("$$this", 2), "$$c", "$$value.ticket"]
+    seated = {
+        "out": {"$concatArrays": ["$$value.out", [waiter]]},
+        "ticket": {"$add": ["$$value.ticket", "$$c"]},
+        "held": {"$concatArrays": ["$$value.held", ["$$t"]]},
+        "bad": "$$value.bad",
+    }
+    kept_as_is = {
+        "out": {"$concatArrays": ["$$value.out", ["$$this"]]},
+        "ticket": "$$value.ticket",
+        "held": "$$value.held",
+        "bad": "$$value.bad",
+    }
+    first_bad = {"$cond": [{"$eq": ["$$value.bad", 0]}, "$$value.ticket", "$$value.bad"]}
+    refused = {**kept_as_is, "bad": first_bad}  # (the operation is refused: the rest does not matter)
+    free = {"$cond": [{"$eq": [_of("$$this", 4), 0]}, {"$lt": [holding, _of("$$this", 2)]}, False]}
+    step = {
+        "$let": {
+            "vars": {"t": _of("$$this", 1), "c": _of("$$this", 3)},
+            "in": {"$cond": [free, {"$cond": [overflows, refused, seated]}, kept_as_is]},
+        }
+    }
+    start = {"out": [], "ticket": "$ticket", "held": holders, "bad": 0}
+    seat = {"$reduce": {"input": "$$kept", "initialValue": start, "in": step}}
+    return {"$cond": [cond, {"$let": {"vars": {"kept": kept}, "in": seat}}, "$$REMOVE"]}
+
+
+def _seated_stages() -> Pipeline:
+    """The waiters and next ticket :func:`_seat` left in ``_seat``, if any; a ticket past the last refuses."""
+    seated = {"$eq": [{"$type": "$_seat"}, "object"]}
+    return [
+        {
+            "$set": {
+                **_where(seated, {"waiters": "$_seat.out", "ticket": "$_seat.ticket"}),
+                **_unwritten_unless_bad(
+                    {"$and": [seated, {"$gt": ["$_seat.bad", 0]}]}, "ticket", "$_seat.bad"
+                ),
+            }
+        }
+    ]
+
+
+def _enqueue_stages(op: Operation, unless: Any = False) -> Pipeline:
+    """:func:`ratequeue.core.protocol.enqueue`: G4's jump (as ``take`` of cost 0), a waiter, seated.
+
+    The new waiter's number goes into ``_n``. Nothing is done where
+    ``unless`` holds (a retried fair ``take_and_try`` whose first call
+    started a ticket: it is answered again).
+    """
+    last = {"$subtract": ["$ticket", 1]}
+    stale = {
+        "$and": [
+            {"$not": [unless]},
+            {"$gt": [last, "$pos"]},
+            {"$lte": [{"$add": [_slot(last, "$_p"), "$_p"]}, "$_now"]},
+            {"$lte": [_GRACE_END, "$_now"]},
+        ]
+    }
+    waiter = ["$number", {"$literal": op.tenant}, {"$literal": op.weight}, {"$literal": op.cost}, 0]
+    queued = {"$concatArrays": ["$waiters", [waiter]]}
+    last_number = {"$and": [{"$not": [unless]}, {"$gte": [{"$add": ["$number", 1]}, {"$literal": MAX_US}]}]}
+    return [
+        {"$set": _where(stale, {"pos": last})},
+        {
+            "$set": {
+                **_unwritten_unless_bad(last_number, "number", "$number"),
+                "_n": "$number",
+                **_where({"$not": [unless]}, {"number": {"$add": ["$number", 1]}}),
+                "_seat": _seat({"$not": [unless]}, queued),
+            }
+        },
+        *_seated_stages(),
+    ]
+
+
+def _turn_stages(op: Operation, number: Any, adopted_first: bool) -> Pipeline:
+    """:func:`ratequeue.core.protocol.try_turn` of waiter ``number``: set ``answer``, start, reseat.
+
+    ``_f`` names the case, in the reference's order: ``begun`` (the latest
+    start asked for again), ``repeat`` (a live lease's token: that start
+    again), ``passed`` (no such waiter, ``_w``), ``unseated`` (a waiter
+    without a ticket waits for its tenant's first ticket's earliest start,
+    an interval from now at least), ``try`` (the waiter's ticket ``_t`` is
+    tried as ``try_start`` tries it, :func:`_try_stages`: started, the
+    waiter leaves and ``begun`` names it; a wait or a pass names the waiter;
+    a start or a pass reseats, :func:`_seat`). ``adopted_first``: the
+    lease's repeat comes first (a fair ``take_and_try``: its waiter was not added).
+    """
+    lease_repeat = [{"case": _ADOPTED, "then": "repeat"}] if op.terms.max_running and op.token else []
+    begun = {
+        "$and": [
+            {"$eq": [number, "$begun"]},
+            {"$lt": ["$pos", "$ticket"]},
+            {"$lt": ["$_now", {"$add": ["$at", "$interval"]}]},
+        ]
+    }
+    found = _waiters_where({"$eq": [_of("$$w", 0), number]})
+    mine = {"$arrayElemAt": [found, 0]}
+    branches = [
+        *(lease_repeat if adopted_first else []),
+        {"case": begun, "then": "begun"},
+        *([] if adopted_first else lease_repeat),
+        {"case": {"$eq": [{"$size": "$$found"}, 0]}, "then": "passed"},
+        {
+            "case": {"$in": [0, {"$map": {"input": "$$found", "as": "w", "in": _of("$$w", 4)}}]},
+            "then": "unseated",
+        },
+    ]
+    case = {"$let": {"vars": {"found": found}, "in": {"$switch": {"branches": branches, "default": "try"}}}}
+    of_tenant = {"$and": [{"$eq": [_of("$$w", 1), _of("$_w", 1)]}, {"$gt": [_of("$$w", 4), 0]}]}
+    tickets = {"$map": {"input": _waiters_where(of_tenant), "as": "w", "in": _of("$$w", 4)}}
+    early = {"$multiply": [{"$subtract": ["$burst", {"$literal": op.cost}]}, "$interval"]}
+    earliest = {"$max": [{"$subtract": [_slot("$$first", _SLOWEST), early]}, "$at", "$not_before"]}
+    soonest = {"$add": ["$_now", "$_p"]}
+    after = {"$cond": [{"$gt": ["$$first", "$pos"]}, earliest, soonest]}
+    # without a burst, an interval more for each waiter of its tenant without a ticket before it
+    before_me = {
+        "$and": [
+            {"$eq": [_of("$$w", 1), _of("$_w", 1)]},
+            {"$eq": [_of("$$w", 4), 0]},
+            {"$lt": [_of("$$w", 0), number]},
+        ]
+    }
+    ahead = {"$multiply": [{"$size": _waiters_where(before_me)}, "$interval"]}
+    later = {"$add": [after, {"$cond": [{"$eq": ["$burst", 1]}, ahead, 0]}]}
+    unseated_wait = {
+        "$let": {"vars": {"first": {"$ifNull": [{"$min": tickets}, 0]}}, "in": {"$max": [later, soonest]}}
+    }
+    repeated_start = {"$subtract": [_expiry("$_mine"), {"$literal": op.terms.lease_us}]}
+    answers = {
+        "begun": _told("started", "$at", "$pos"),
+        "repeat": _told("started", repeated_start, _holder("$_mine")),
+        "passed": _told("passed", "$pos", number),
+        "unseated": _told("wait", unseated_wait, number),
+    }
+    cases = [{"case": {"$eq": ["$_f", name]}, "then": then} for name, then in answers.items()]
+    told = {"$switch": {"branches": cases, "default": "$answer"}}
+    trying = {"$eq": ["$_f", "try"]}
+    started = {"$and": [trying, {"$eq": ["$answer.kind", "started"]}]}
+    renamed = {"$and": [trying, {"$ne": ["$answer.kind", "started"]}]}
+    named = {"$mergeObjects": ["$answer", {"ticket": number}]}
+    left = {"$cond": [started, _waiters_where({"$ne": [_of("$$w", 0), number]}), "$waiters"]}
+    return [
+        {"$set": {"_w": mine, "_f": case}},
+        {"$set": {"answer": told, "_t": {"$cond": [trying, _of("$_w", 4), 0]}}},
+        *_try_stages(op, trying),
+        {
+            "$set": {
+                "answer": {"$cond": [renamed, named, "$answer"]},
+                **_where(started, {"begun": number}),
+                "_seat": _seat({"$and": [trying, {"$ne": ["$answer.kind", "wait"]}]}, left),
+            }
+        },
+        *_seated_stages(),
+    ]
+
+
+#: the stages of a fair queue's take, try_start and take_and_try (the other kinds run as on any queue)
+_FAIR_STAGES: dict[str, Callable[[Operation], Pipeline]] = {
+    "take": lambda op: [
+        *_EFFECTIVE,
+        *_enqueue_stages(op),
+        {"$set": {"answer": _told("taken", "$pos", "$_n")}},
+    ],
+    "try_start": lambda op: [
+        *_EFFECTIVE,
+        *_lease_stages(op),
+        *_turn_stages(op, {"$literal": op.ticket}, adopted_first=False),
+    ],
+    "take_and_try": lambda op: [
+        *_EFFECTIVE,
+        *_lease_stages(op),
+        *_enqueue_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
+        *_turn_stages(op, "$_n", adopted_first=True),
+    ],
+}
+
+#: the fields a fair queue's pipeline works in besides :data:`_SCRATCH`
+_FAIR_SCRATCH = ["_seat", "_w", "_f"]
+
+
 #: the stages of each kind of operation, between the checks and the keep time
 _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "take": lambda op: [*_EFFECTIVE, *_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
@@ -547,6 +780,7 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     """
     refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
+    fair = op.terms.fair and op.kind in _FAIR_STAGES
     # a document written before holds existed has no ``not_before``: no hold (``NEVER``); one
     # written before slow-downs has no ``pace`` and ``paced_at``: none (0, ``NEVER``); one written
     # before settlements has no ``settled``: none (0)
@@ -558,14 +792,16 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
         "paced_at": _PACED_AT,
         "settled": _SETTLED,
     }
+    if fair:  # a fair record's waiters (none where the document lacks them)
+        read["waiters"] = {"$ifNull": ["$waiters", []]}
     return [
         {"$set": read},  # the document as read, the clock, the hold, the slow-down, the settlement
         *_check_stages(op),
-        *_STAGES[op.kind](op),
+        *(_FAIR_STAGES if fair else _STAGES)[op.kind](op),
         *_keep_stages(op.terms.keep_us, now_us is not None),
         # a refusal named in ``_bad`` puts the document back as it was read, answering ``_bad``
         {"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}},
-        {"$unset": _SCRATCH},
+        {"$unset": _SCRATCH + _FAIR_SCRATCH if fair else _SCRATCH},
     ]
 
 
@@ -615,8 +851,16 @@ def initial_document(name: str, terms: Terms) -> dict[str, Any]:
     """The record of a queue that has handed out no ticket yet, as :func:`~ratequeue.core.protocol.new_record`
     makes it (no cap: ``max_running`` 0).
     """
-    record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running)
-    return {"_id": name, **record._asdict(), "max_running": terms.max_running or 0, "leases": []}
+    record = protocol.new_record(terms.interval_us, terms.burst, terms.max_running, terms.fair)
+    fields = dict(zip(_UNFAIR, record, strict=False))  # (a queue that is not fair stores no fair fields)
+    document: dict[str, Any] = {"_id": name, **fields, "max_running": terms.max_running or 0, "leases": []}
+    if terms.fair:
+        document.update(fair=True, number=record.number, begun=record.begun, waiters=[])
+    return document
+
+
+#: the fields of a record that is not fair, as stored before fair queues existed
+_UNFAIR = Record._fields[: Record._fields.index("fair")]
 
 
 def update_filter(name: str, terms: Terms) -> dict[str, Any]:
@@ -682,9 +926,49 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
                 *_within(NEVER, "$held", MAX_US),
                 {"$lte": [{"$size": "$leases"}, {"$literal": terms.max_running or 0}]},
                 {"$lte": [last_holder, "$pos"]},
+                *(_fair_filter() if terms.fair else _unfair_filter()),
             ]
         },
     }
+
+
+def _unfair_filter() -> list[Any]:
+    """A record that is not fair: no ``fair`` (a document older than fair queues), or ``false``."""
+    return [{"$or": [{"$eq": [{"$type": "$fair"}, "missing"]}, {"$eq": ["$fair", False]}]}]
+
+
+def _fair_filter() -> list[Any]:
+    """A fair record, its fields as :func:`~ratequeue.state.records.check_record` takes them.
+
+    ``fair`` true, ``number`` from 1, ``begun`` below it, and ``waiters``
+    (missing: none) an array of ``[number, tenant, weight, cost, ticket]``
+    arrays, numbers rising below ``number``, each ticket 0 or one not yet
+    started (above ``pos``, below ``ticket``).
+    """
+    mine, tenant, weight, cost, held = (_of("$$this", index) for index in range(5))
+    waiter = {
+        "$and": [
+            {"$isArray": "$$this"},
+            {"$eq": [{"$size": "$$this"}, 5]},
+            *({"$in": [{"$type": value}, _WHOLE]} for value in (mine, weight, cost, held)),
+            {"$eq": [{"$type": tenant}, "string"]},
+            {"$gt": [mine, "$$value"]},  # numbers rising
+            {"$lte": [1, weight]},
+            {"$lte": [weight, {"$literal": MAX_WEIGHT}]},
+            {"$lte": [1, cost]},
+            {"$or": [{"$eq": [held, 0]}, {"$and": [{"$lt": ["$pos", held]}, {"$lt": [held, "$ticket"]}]}]},
+        ]
+    }
+    # the last waiter's number if every waiter is well formed, else MAX_US (never below ``number``)
+    last = {"$reduce": {"input": "$waiters", "initialValue": 0, "in": {"$cond": [waiter, mine, MAX_US]}}}
+    return [
+        {"$eq": ["$fair", True]},
+        *({"$in": [{"$type": f"${field}"}, _WHOLE]} for field in ("number", "begun")),
+        *_within(1, "$number", MAX_US),
+        *_within(0, "$begun", "$number"),
+        {"$in": [{"$type": "$waiters"}, ["missing", "array"]]},
+        {"$lt": [{"$ifNull": [last, 0]}, "$number"]},
+    ]
 
 
 def _within(low: Any, value: Any, high: Any) -> list[Any]:
@@ -693,8 +977,8 @@ def _within(low: Any, value: Any, high: Any) -> list[Any]:
 
 
 #: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before``, ``pace``,
-#: ``paced_at`` and ``settled`` where present
-_STORED = (*FIELDS, "not_before", "pace", "paced_at", "settled")
+#: ``paced_at`` and ``settled`` where present, and a fair queue's ``fair``, ``number``, ``begun``, ``waiters``
+_STORED = (*FIELDS, "not_before", "pace", "paced_at", "settled", "fair", "number", "begun", "waiters")
 
 
 def check_document(document: Document, where: str) -> Record:

@@ -9,10 +9,13 @@ another, in ``?schema=`` or the connection's search path)::
     held_us bigint, keep_until_us bigint,  -- NULL: kept forever
     not_before_us bigint,  -- the end of a hold; NULL: none
     pace_us bigint, paced_at_us bigint,  -- the last slow-down's interval (0: none) and when (NULL: never)
-    settled bigint  -- the ticket of the latest settlement that moved due_us (0: none)
+    settled bigint,  -- the ticket of the latest settlement that moved due_us (0: none)
+    fair boolean, number bigint, begun bigint,  -- a fair queue's (NULL: not fair)
+    waiters bigint[],  -- a fair queue's (number, weight, cost, ticket) of each waiter, flattened
+    tenants text[]  -- and each waiter's tenant
 
 Every operation is **one call** of one server-side PL/pgSQL function
-(``<table>_op_v3``, created beside the table): it locks the row (``SELECT
+(``<table>_op_v4``, created beside the table): it locks the row (``SELECT
 ... FOR UPDATE``; a missing row is inserted first, ``ON CONFLICT DO
 NOTHING``), reads ``clock_timestamp()`` once the row is locked, applies the
 protocol step for step as :mod:`ratequeue.core.protocol` does, writes the row
@@ -22,9 +25,13 @@ and no client reads then writes. The function and the table (``CREATE TABLE
 IF NOT EXISTS``) are created at a state's first call if missing, under a
 transaction-scoped advisory lock so that racing first users do not collide;
 a table made by an older version gains the columns it lacks then
-(``not_before_us``, ``pace_us``, ``paced_at_us``, ``settled``: its rows have
-no hold, were never slowed and never settled), and an older version's
-function (``_op_v2``...) is left in place for the clients still calling it.
+(``not_before_us``, ``pace_us``, ``paced_at_us``, ``settled``, ``fair``,
+``number``, ``begun``, ``waiters``, ``tenants``: its rows have no hold, were
+never slowed, never settled and are not fair), and an older version's
+function (``_op_v3``...) is left in place for the clients still calling it.
+A fair queue's ``take``, ``try_start`` and ``take_and_try`` are
+:func:`~ratequeue.core.protocol.enqueue`, ``try_turn`` and
+``enqueue_and_try``, in the same function (:attr:`PostgresBackend.fair_queues`).
 Their text is ``function.sql`` beside this module.
 
 A shard waiting for a place on a full queue hears of a place freed by another
@@ -88,8 +95,9 @@ __all__ = ["AsyncPostgresState", "PostgresBackend", "PostgresState", "split_url"
 #: the table used unless ``?table=`` names another
 DEFAULT_TABLE = "ratequeue"
 #: the version suffix of the function's name: a new one whenever the function changes (v2: the hold,
-#: the slow-down and the settlement; v3: the starter's doubt, p_doubt)
-FUNCTION_VERSION = "v3"
+#: the slow-down and the settlement; v3: the starter's doubt, p_doubt; v4: fair queues, p_fair,
+#: p_tenant and p_weight)
+FUNCTION_VERSION = "v4"
 #: queries retried after a connection failure (see :mod:`ratequeue.state._retries`)
 _log = logging.getLogger("ratequeue.state.postgresql")
 
@@ -190,6 +198,9 @@ class PostgresBackend(StateBase):
 
     _client_errors = (psycopg.Error,)
 
+    #: the function carries out fair queues (protocol.enqueue, try_turn, enqueue_and_try)
+    fair_queues = True
+
     def __init__(
         self,
         connection: Any = None,
@@ -269,7 +280,7 @@ class PostgresBackend(StateBase):
         )
         #: whether the table and the function are known to exist; when this state last swept
         self._ready = False
-        arguments = sql.SQL(", ".join(["%s"] * 14))
+        arguments = sql.SQL(", ".join(["%s"] * 17))
         self._op_query = sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
         self._names_query = sql.SQL("SELECT name FROM {} WHERE left(name, %s) = %s").format(self._table)
         self._reset_query = sql.SQL("DELETE FROM {} WHERE name = %s").format(self._table)
@@ -289,13 +300,22 @@ class PostgresBackend(StateBase):
         name, n, far = f"ratequeue warm-up {uuid.uuid4()}", 10**12, 10**13
 
         def select(
-            op: str, now: int, ticket: int, lead: int, interval: int = 1000, token: int = 1, burst: int = 1
+            op: str,
+            now: int,
+            ticket: int,
+            lead: int,
+            interval: int = 1000,
+            token: int = 1,
+            burst: int = 1,
+            fair: bool = False,
         ) -> Query:
             # the function's arguments: keep and max_running 1, a lease of 1000 us, a cost of 1, no
-            # doubt; a burst of 2 on a queue of its own
+            # doubt, the tenant "" of weight 1; a burst of 2, or a fair queue, on a queue of its own
             queue = name if burst == 1 else f"{name} burst"
+            queue = f"{name} fair" if fair else queue
             values = (
-                op, queue, interval, burst, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token, 0
+                op, queue, interval, burst, 1, 1, 1000, now, ticket, lead, 1, op == "set_paused", token, 0,
+                fair, "", 1,
             )  # fmt: skip
             arguments = sql.SQL(", ").join(map(sql.Literal, values))
             return sql.SQL("SELECT * FROM {}({})").format(self._function, arguments)
@@ -327,6 +347,17 @@ class PostgresBackend(StateBase):
             select("take", far, 0, 0),  # pos jumps
             select("take", far, 0, 0, interval=7),  # mismatch
             select("read", far, 0, 0),
+            # a fair queue: waiter 1 started (token 1), 2 holds a ticket, 3 none yet (the weight is 1)
+            select("take_and_try", n, 0, 0, fair=True),
+            select("take", n, 0, 0, fair=True, token=2),
+            select("take", n, 0, 0, fair=True, token=3),
+            select("try_start", n, 3, 0, fair=True, token=3),  # no ticket yet: wait
+            select("try_start", n, 2, 0, fair=True, token=2),  # its ticket: wait (full)
+            select("release", n, 1, 0, fair=True),
+            select("try_start", n, 2, 10**6, fair=True, token=2),  # started; 3 gets a ticket
+            select("try_start", n, 2, 0, fair=True, token=0),  # the waiter begun: the same start
+            select("try_start", n, 1, 0, fair=True, token=0),  # not in line: passed
+            select("take_and_try", n + 10**7, 0, 0, fair=True, token=4),  # 3 passed by the jump; waits
         ]
         return sql.SQL("; ").join([sql.SQL("BEGIN"), *selects, sql.SQL("ROLLBACK")])
 
@@ -481,14 +512,14 @@ class PostgresBackend(StateBase):
         """Create the table and the function unless both exist (once per state)."""
         types = (
             "(text, text, bigint, bigint, bigint, integer, "
-            "bigint, bigint, bigint, bigint, bigint, boolean, bigint, bigint)"
+            "bigint, bigint, bigint, bigint, bigint, boolean, bigint, bigint, boolean, text, bigint)"
         )
         # (a table that lacks the newest column, made by an older version, is set up again: it gains
-        # its columns; a database with only an older version's function, _op_v2, gains this version's
+        # its columns; a database with only an older version's function, _op_v3, gains this version's
         # beside it, which older clients go on calling)
         exists = sql.SQL(
             "SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL AND EXISTS ("
-            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'settled' "
+            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'tenants' "
             "AND NOT attisdropped)"
         )
         table_text, function_text = self._quoted(self._table_name), self._quoted(self._function_name)
@@ -509,6 +540,7 @@ class PostgresBackend(StateBase):
             None if self._clock is None else self._clock(),
             *((op.ticket, op.lead_us, op.cost, op.paused, op.token, op.doubt_us) if op
               else (0, 0, 1, False, 0, 0)),
+            terms.fair, *((op.tenant, op.weight) if op else ("", 1)),
         )  # fmt: skip
         rows, _ = yield from self._query_flow(self._op_query, params)
         row: Row = rows[0]
@@ -568,23 +600,42 @@ class PostgresBackend(StateBase):
 #: the fields a row holds in a column named ``<field>_us`` (times and intervals, in us)
 _TIMES = ("at", "interval", "due", "held", "not_before", "pace", "paced_at")
 
-#: the column of a row holding each field of its record (``not_before``, ``pace``, ``paced_at`` and
-#: ``settled``, which rows made before the hold, the slow-down or the settlement may lack, among them)
+#: the column of a row holding each field of its record (``not_before``, ``pace``, ``paced_at``,
+#: ``settled`` and a fair queue's fields, which rows made by older versions may lack, among them)
 _COLUMNS = {
     field: f"{field}_us" if field in _TIMES else field
-    for field in (*FIELDS, "not_before", "pace", "paced_at", "settled")
+    for field in (*FIELDS, "not_before", "pace", "paced_at", "settled", "fair", "number", "begun")
 }
 
 
 def stored_fields(stored: dict[str, Any]) -> dict[str, Any]:
     """A row as the function returned it (jsonb) as the fields :func:`check_record` reads.
 
-    ``leases``, a flat array in the row, is read as ``[ticket, expiry, token]`` triples.
+    ``leases``, a flat array in the row, is read as ``[ticket, expiry, token]`` triples; a fair
+    row's ``waiters`` and ``tenants`` as ``[number, tenant, weight, cost, ticket]`` lists (arrays
+    that do not pair up are passed on as they are, which the check refuses). A row that is not
+    fair has no fair fields: its fair columns are not read.
     """
     fields = {field: stored[column] for field, column in _COLUMNS.items() if column in stored}
     leases = fields.get("leases")
     if isinstance(leases, list) and all(not isinstance(item, list) for item in leases):
         fields["leases"] = [leases[i : i + 3] for i in range(0, len(leases), 3)]
+    if fields.get("fair") in (None, False):  # (check_record would keep a number and begun unchecked)
+        for field in ("fair", "number", "begun"):
+            fields.pop(field, None)
+    else:
+        waiters, tenants = stored.get("waiters"), stored.get("tenants")
+        if (
+            isinstance(waiters, list)
+            and isinstance(tenants, list)
+            and len(waiters) == 4 * len(tenants)
+            and all(not isinstance(item, list) for item in waiters)
+        ):
+            fields["waiters"] = [
+                [waiters[4 * i], tenant, *waiters[4 * i + 1 : 4 * i + 4]] for i, tenant in enumerate(tenants)
+            ]
+        else:
+            fields["waiters"] = {"waiters": waiters, "tenants": tenants}
     return fields
 
 

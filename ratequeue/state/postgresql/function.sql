@@ -2,12 +2,14 @@
 --
 -- @TABLE@ and @FUNCTION@ are replaced by the (quoted, checked) names of the table and of its
 -- function before this is run; statements are separated by lines holding only "-- ;;".
--- The function's name carries a version (_v3): a release that changes what it does or its
+-- The function's name carries a version (_v4): a release that changes what it does or its
 -- signature gives it a new name, so that older and newer clients never replace each other's
 -- (_v1 had no hold, no slow-down and no settlement: it leaves not_before_us, pace_us, paced_at_us
 -- and settled as it finds them, and ignores them; _v2 had no p_doubt, and refuses a due_us that a
--- doubt moved past at + (burst - 1) slowest paces). A table is shared by every version: setting
--- up this one leaves an older one's function in place.
+-- doubt moved past at + (burst - 1) slowest paces; _v3 had no fair queues, no p_fair, p_tenant and
+-- p_weight: it leaves fair, number, begun, waiters and tenants as it finds them, and runs a fair row
+-- as if it were not fair). A table is shared by every version: setting up this one leaves an older
+-- one's function in place.
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
 -- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
@@ -15,7 +17,12 @@
 -- (protocol.hold; NULL: none, as NEVER). pace_us is the interval the last slow-down set (protocol.slow;
 -- 0: none) and paced_at_us when it was made (NULL: never, as NEVER). settled is the ticket of the
 -- latest settlement that moved due_us (protocol.settle; 0: none). keep_until_us is the state-clock
--- time from which the row may be deleted (NULL: kept forever).
+-- time from which the row may be deleted (NULL: kept forever). A fair queue's row (fair true,
+-- protocol.enqueue) holds its next waiter number, the number of the waiter that started last (begun),
+-- and its waiters in the order they came: waiters holds their (number, weight, cost, ticket) flattened
+-- as leases are, {number1, weight1, cost1, ticket1, number2, ...}, and tenants their tenants, one
+-- each. A row that is not fair holds NULL in all five (fair false would say the same), as a row
+-- made before fair queues does: it is stored exactly as before, and nothing reads them.
 CREATE TABLE IF NOT EXISTS @TABLE@ (
     name text PRIMARY KEY,
     ticket bigint NOT NULL,
@@ -32,20 +39,32 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
     not_before_us bigint,
     pace_us bigint NOT NULL DEFAULT 0,
     paced_at_us bigint,
-    settled bigint NOT NULL DEFAULT 0
+    settled bigint NOT NULL DEFAULT 0,
+    fair boolean,
+    number bigint,
+    begun bigint,
+    waiters bigint[],
+    tenants text[]
 )
 -- ;;
--- a table made before the hold (by _v1), before the slow-down or before the settlement gains the
--- columns it lacks; its rows read NULL (no hold, never slowed) and 0 (no pace, never settled) there.
--- Only then is the table altered (which takes its lock, and needs its owner's rights)
+-- a table made before the hold (by _v1), before the slow-down, before the settlement or before fair
+-- queues (by _v3) gains the columns it lacks; its rows read NULL (no hold, never slowed, not fair)
+-- and 0 (no pace, never settled) there. Only then is the table altered (which takes its lock, and
+-- needs its owner's rights)
 DO $ratequeue$
 BEGIN
     IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '@TABLE@'::regclass
-        AND attname IN ('not_before_us', 'pace_us', 'paced_at_us', 'settled') AND NOT attisdropped) < 4 THEN
+        AND attname IN ('not_before_us', 'pace_us', 'paced_at_us', 'settled', 'fair', 'number', 'begun',
+                        'waiters', 'tenants') AND NOT attisdropped) < 9 THEN
         ALTER TABLE @TABLE@ ADD COLUMN IF NOT EXISTS not_before_us bigint,
                             ADD COLUMN IF NOT EXISTS pace_us bigint NOT NULL DEFAULT 0,
                             ADD COLUMN IF NOT EXISTS paced_at_us bigint,
-                            ADD COLUMN IF NOT EXISTS settled bigint NOT NULL DEFAULT 0;
+                            ADD COLUMN IF NOT EXISTS settled bigint NOT NULL DEFAULT 0,
+                            ADD COLUMN IF NOT EXISTS fair boolean,
+                            ADD COLUMN IF NOT EXISTS number bigint,
+                            ADD COLUMN IF NOT EXISTS begun bigint,
+                            ADD COLUMN IF NOT EXISTS waiters bigint[],
+                            ADD COLUMN IF NOT EXISTS tenants text[];
     END IF;
 END
 $ratequeue$
@@ -57,7 +76,7 @@ $ratequeue$
 --                  slow, settle (they lock the row, creating it if missing, and write it back), read (changes
 --                  nothing, creates nothing) or sweep (deletes the rows whose keep time has passed;
 --                  p_name ignored)
---   p_interval, p_burst, p_max_running
+--   p_interval, p_burst, p_max_running, p_fair
 --                  the terms the caller expects: a missing row is created with them, a stored row
 --                  with others is answered "mismatch", changing nothing
 --   p_keep         keep the row until p_keep us after the later of now and protocol.expires of
@@ -69,11 +88,18 @@ $ratequeue$
 --                  of slow, the interval to slow to at least, is p_lead; settle's estimate is p_cost
 --                  and its actual cost, not a time, p_lead; p_doubt is the doubt_us of try_start and
 --                  take_and_try, 0 to MAX_DOUBT_US)
+--   p_tenant, p_weight
+--                  take and take_and_try on a fair row: the new waiter's tenant and weight
+--
+-- On a fair row take, try_start and take_and_try are protocol.enqueue, try_turn and enqueue_and_try:
+-- they name waiters by their numbers (a started one's answer names its ticket); every other
+-- operation works on tickets, as on a row that is not fair.
 --
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
---   take                               ("taken", TICKET, POS, AT)
+--   take                               ("taken", TICKET, POS, AT); on a fair row ("taken", NUMBER, POS, AT)
 --   try_start, take_and_try, retime    ("started", TICKET, START), ("wait", TICKET, SLOT)
---                                      or ("passed", TICKET, POS)
+--                                      or ("passed", TICKET, POS); on a fair row, NUMBER for TICKET
+--                                      but in "started"
 --   set_paused                         ("set", 1 if the flag changed else 0)
 --   hold                               ("set", 1 if the hold moved else 0)
 --   lift                               ("set", 1 if a hold was on at now else 0)
@@ -84,13 +110,17 @@ $ratequeue$
 --   sweep                              ("swept", how many rows were deleted)
 -- and, changing nothing (the client words the error):
 --   a stored row the protocol could not have written          ("corrupt", stored = the row)
---   a stored row with another interval, burst or max_running  ("mismatch", stored = the row)
+--   a stored row with another interval, burst, max_running or fairness
+--                                                             ("mismatch", stored = the row)
 --   `at`, `held` or `paced_at` more than MAX_LEAD past now, `not_before` more than MAX_LEAD + MAX_HOLD,
 --   a lease's expiry more than MAX_LEAD + MAX_LEASE (protocol.check)
 --                                       ("unwritten_at", AT), ("unwritten_held", HELD),
 --                                       ("unwritten_not_before", NOT_BEFORE),
 --                                       ("unwritten_paced_at", PACED_AT), ("unwritten_leases", EXPIRY)
 --   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
+--   take, try_start and take_and_try on a fair row, when a waiter's ticket + its cost would reach
+--   LIMIT                                                     ("unwritten_ticket", TICKET)
+--   a fair take or take_and_try, when number + 1 reaches LIMIT ("unwritten_number", NUMBER)
 -- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
 -- can overflow them; every value stored stays below 2^54.
 --
@@ -102,7 +132,7 @@ $ratequeue$
 CREATE OR REPLACE FUNCTION @FUNCTION@(
     p_op text, p_name text, p_interval bigint, p_burst bigint, p_keep bigint, p_max_running integer,
     p_lease bigint, p_now bigint, p_ticket bigint, p_lead bigint, p_cost bigint, p_paused boolean,
-    p_token bigint, p_doubt bigint
+    p_token bigint, p_doubt bigint, p_fair boolean, p_tenant text, p_weight bigint
 ) RETURNS TABLE (
     o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean, o_stored jsonb
 )
@@ -166,6 +196,22 @@ DECLARE
     v_keep_until bigint;
     v_deleted bigint;
     v_freed boolean := false;
+    -- a fair row's: protocol.try_start to run on v_t (try_start, take_and_try), the fair steps taken,
+    -- the waiter number asked for and its index, the number, begun, waiters and tenants to write,
+    -- the waiters kept while seating them and the tenants holding tickets, with how many each
+    v_try boolean := false;
+    v_fair boolean := false;
+    v_asked bigint;
+    v_me integer;
+    v_number bigint;
+    v_begun bigint;
+    v_waiters bigint[];
+    v_tenants text[];
+    v_kw bigint[];
+    v_kt text[];
+    v_ht text[];
+    v_hc bigint[];
+    v_j integer;
 BEGIN
     IF p_op = 'read' OR p_op = 'sweep' THEN
         v_ts := clock_timestamp();
@@ -198,11 +244,19 @@ BEGIN
         IF v_tries > 3 THEN
             RAISE EXCEPTION 'ratequeue: queue % disappeared while being created', p_name;
         END IF;
-        INSERT INTO @TABLE@ (name, ticket, pos, at_us, interval_us, burst, due_us, paused, max_running,
-                             leases, held_us, keep_until_us)
-        VALUES (p_name, 1, 0, c_never, p_interval, p_burst, c_never, false, p_max_running, '{}', c_never,
-                NULL)
-        ON CONFLICT (name) DO NOTHING;
+        IF p_fair THEN
+            INSERT INTO @TABLE@ (name, ticket, pos, at_us, interval_us, burst, due_us, paused, max_running,
+                                 leases, held_us, keep_until_us, fair, number, begun, waiters, tenants)
+            VALUES (p_name, 1, 0, c_never, p_interval, p_burst, c_never, false, p_max_running, '{}',
+                    c_never, NULL, true, 1, 0, '{}', '{}')
+            ON CONFLICT (name) DO NOTHING;
+        ELSE
+            INSERT INTO @TABLE@ (name, ticket, pos, at_us, interval_us, burst, due_us, paused, max_running,
+                                 leases, held_us, keep_until_us)
+            VALUES (p_name, 1, 0, c_never, p_interval, p_burst, c_never, false, p_max_running, '{}',
+                    c_never, NULL)
+            ON CONFLICT (name) DO NOTHING;
+        END IF;
         v_created := v_created OR FOUND;
     END LOOP;
     -- the clock is read once the row is locked: calls on one queue read it in the order they apply
@@ -254,7 +308,39 @@ BEGIN
         END IF;
         v_last := r.leases[3 * v_i - 2];
     END LOOP;
-    IF r.interval_us <> p_interval OR r.burst <> p_burst OR r.max_running <> p_max_running THEN
+    -- a fair row's number, begun and waiters (records.check_record; a row that is not fair keeps
+    -- them unread): numbers rising below number, a tenant each, weights 1 to MAX_WEIGHT (1000), costs
+    -- from 1, tickets 0 (none yet) or above pos and below ticket
+    IF r.fair THEN
+        v_n := coalesce(cardinality(r.tenants), 0);
+        IF r.number IS NULL OR r.begun IS NULL OR r.waiters IS NULL OR r.tenants IS NULL
+           OR NOT (1 <= r.number AND r.number < c_limit AND 0 <= r.begun AND r.begun < r.number
+                AND coalesce(cardinality(r.waiters), 0) = 4 * v_n
+                AND (v_n = 0 OR (array_ndims(r.waiters) = 1 AND array_lower(r.waiters, 1) = 1
+                                 AND array_ndims(r.tenants) = 1 AND array_lower(r.tenants, 1) = 1))) THEN
+            o_kind := 'corrupt'; o_stored := to_jsonb(r);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        v_last := 0;
+        FOR v_i IN 1 .. v_n LOOP
+            IF r.tenants[v_i] IS NULL OR r.waiters[4 * v_i - 3] IS NULL OR r.waiters[4 * v_i - 2] IS NULL
+               OR r.waiters[4 * v_i - 1] IS NULL OR r.waiters[4 * v_i] IS NULL
+               OR NOT (v_last < r.waiters[4 * v_i - 3] AND r.waiters[4 * v_i - 3] < r.number
+                       AND 1 <= r.waiters[4 * v_i - 2] AND r.waiters[4 * v_i - 2] <= 1000
+                       AND 1 <= r.waiters[4 * v_i - 1]
+                       AND (r.waiters[4 * v_i] = 0
+                            OR (r.pos < r.waiters[4 * v_i] AND r.waiters[4 * v_i] < r.ticket))) THEN
+                o_kind := 'corrupt'; o_stored := to_jsonb(r);
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            v_last := r.waiters[4 * v_i - 3];
+        END LOOP;
+        v_n := coalesce(cardinality(r.leases), 0);
+    END IF;
+    IF r.interval_us <> p_interval OR r.burst <> p_burst OR r.max_running <> p_max_running
+       OR coalesce(r.fair, false) <> p_fair THEN
         o_kind := 'mismatch'; o_stored := to_jsonb(r);
         RETURN NEXT;
         RETURN;
@@ -326,7 +412,116 @@ BEGIN
 
     IF p_op = 'take_and_try' AND v_found THEN
         -- protocol.take_and_try, asked again with the token of a live lease: its start again
+        -- (protocol.enqueue_and_try as well)
         o_kind := 'started'; o_a := v_live[3 * v_own - 2]; o_b := v_live[3 * v_own - 1] - p_lease;
+    ELSIF r.fair AND (p_op = 'take' OR p_op = 'try_start' OR p_op = 'take_and_try') THEN
+        v_fair := true;
+        v_number := r.number; v_begun := r.begun; v_waiters := r.waiters; v_tenants := r.tenants;
+        IF p_op = 'try_start' THEN
+            v_asked := p_ticket;
+        ELSE
+            -- protocol.enqueue: G4's jump, as take's (of cost 0); then a new waiter, numbered, at the
+            -- back, without a ticket, and the waiters seated
+            IF v_ticket - 1 > v_pos
+               AND v_from + (v_ticket - 1 - v_pos)::numeric * v_step + v_step <= v_now
+               AND v_held + c_full_grace <= v_now THEN
+                v_pos := v_ticket - 1;
+            END IF;
+            IF v_number + 1 >= c_limit THEN
+                o_kind := 'unwritten_number'; o_a := v_number;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            v_asked := v_number; v_number := v_number + 1;
+            v_waiters := v_waiters || ARRAY[v_asked, p_weight, p_cost, 0];
+            v_tenants := v_tenants || p_tenant;
+            -- protocol._seated: the waiters whose tickets were passed (at or below pos) leave; then each
+            -- waiter without a ticket, in order, gets the next (taking its cost's numbers, as take) while its
+            -- tenant holds fewer tickets than its weight
+            v_kw := '{}'; v_kt := '{}'; v_ht := '{}'; v_hc := '{}';
+            FOR v_i IN 1 .. coalesce(cardinality(v_tenants), 0) LOOP
+                CONTINUE WHEN v_waiters[4 * v_i] > 0 AND v_waiters[4 * v_i] <= v_pos;
+                IF v_waiters[4 * v_i] > 0 THEN
+                    v_j := array_position(v_ht, v_tenants[v_i]);
+                    IF v_j IS NULL THEN
+                        v_ht := v_ht || v_tenants[v_i]; v_hc := v_hc || 1::bigint;
+                    ELSE
+                        v_hc[v_j] := v_hc[v_j] + 1;
+                    END IF;
+                END IF;
+                v_kw := v_kw || v_waiters[4 * v_i - 3 : 4 * v_i]; v_kt := v_kt || v_tenants[v_i];
+            END LOOP;
+            FOR v_i IN 1 .. coalesce(cardinality(v_kt), 0) LOOP
+                CONTINUE WHEN v_kw[4 * v_i] <> 0;
+                v_j := array_position(v_ht, v_kt[v_i]);
+                IF coalesce(v_hc[v_j], 0) < v_kw[4 * v_i - 2] THEN
+                    IF v_ticket::numeric + v_kw[4 * v_i - 1] >= c_limit THEN
+                        o_kind := 'unwritten_ticket'; o_a := v_ticket;
+                        RETURN NEXT;
+                        RETURN;
+                    END IF;
+                    v_kw[4 * v_i] := v_ticket; v_ticket := v_ticket + v_kw[4 * v_i - 1];
+                    IF v_j IS NULL THEN
+                        v_ht := v_ht || v_kt[v_i]; v_hc := v_hc || 1::bigint;
+                    ELSE
+                        v_hc[v_j] := v_hc[v_j] + 1;
+                    END IF;
+                END IF;
+            END LOOP;
+            v_waiters := v_kw; v_tenants := v_kt;
+            IF p_op = 'take' THEN
+                o_kind := 'taken'; o_a := v_asked; o_b := v_pos; o_c := v_at;
+            END IF;
+        END IF;
+        IF p_op <> 'take' THEN
+            -- protocol.try_turn of waiter v_asked: the waiter that started last, asked again while
+            -- its start's interval lasts, is answered that start again, as is a live lease's token
+            IF v_asked = v_begun AND v_pos < v_ticket AND v_now < v_at + r.interval_us THEN
+                o_kind := 'started'; o_a := v_pos; o_b := v_at;
+            ELSIF v_found THEN
+                o_kind := 'started'; o_a := v_live[3 * v_own - 2]; o_b := v_live[3 * v_own - 1] - p_lease;
+            ELSE
+                v_me := NULL;
+                FOR v_i IN 1 .. coalesce(cardinality(v_tenants), 0) LOOP
+                    IF v_waiters[4 * v_i - 3] = v_asked THEN
+                        v_me := v_i;
+                        EXIT;
+                    END IF;
+                END LOOP;
+                IF v_me IS NULL THEN -- not in line (started, passed or never numbered): take a new number
+                    o_kind := 'passed'; o_a := v_asked; o_b := v_pos;
+                ELSIF v_waiters[4 * v_me] = 0 THEN
+                    -- no ticket yet: wait until the tenant's first ticket may start (Record.earliest,
+                    -- its slot counted at the slowest pace) or a step from now, whichever is later
+                    v_t := 0;
+                    FOR v_i IN 1 .. cardinality(v_tenants) LOOP
+                        IF v_tenants[v_i] = v_tenants[v_me] AND v_waiters[4 * v_i] <> 0
+                           AND (v_t = 0 OR v_waiters[4 * v_i] < v_t) THEN
+                            v_t := v_waiters[4 * v_i];
+                        END IF;
+                    END LOOP;
+                    IF v_t > v_pos THEN
+                        v_slowest := greatest(r.interval_us, v_pace);
+                        v_earliest := greatest(greatest(v_due::numeric, v_not_before::numeric - v_slowest)
+                                                   + (v_t - v_pos)::numeric * v_slowest
+                                                   - (r.burst - p_cost)::numeric * r.interval_us,
+                                               v_at, v_not_before);
+                    ELSE
+                        v_earliest := v_now + v_step;
+                    END IF;
+                    IF r.burst = 1 THEN -- an interval more for each of its tenant's waiters without a ticket before it
+                        FOR v_i IN 1 .. v_me - 1 LOOP
+                            IF v_tenants[v_i] = v_tenants[v_me] AND v_waiters[4 * v_i] = 0 THEN
+                                v_earliest := v_earliest + r.interval_us;
+                            END IF;
+                        END LOOP;
+                    END IF;
+                    o_kind := 'wait'; o_a := v_asked; o_b := greatest(v_earliest, v_now + v_step);
+                ELSE
+                    v_t := v_waiters[4 * v_me]; v_try := true; -- its ticket, tried as try_start tries it
+                END IF;
+            END IF;
+        END IF;
     ELSIF p_op = 'take' OR p_op = 'take_and_try' THEN
         -- protocol.take: pos jumps to the last ticket handed out when every ticket since pos is at
         -- least one step past its slot (counted from v_from: a hold moves the slots to its end; a
@@ -348,10 +543,10 @@ BEGIN
         END IF;
     END IF;
 
-    IF p_op = 'take_and_try' AND v_found THEN
+    IF (p_op = 'take_and_try' AND v_found) OR (v_fair AND NOT v_try) THEN
         NULL; -- answered above
     ELSIF p_op = 'try_start' OR p_op = 'take_and_try' THEN
-        IF p_op = 'try_start' THEN
+        IF p_op = 'try_start' AND NOT v_fair THEN
             v_t := p_ticket;
         END IF;
         v_lead := p_lead; v_cost := p_cost;
@@ -396,6 +591,53 @@ BEGIN
                     v_pos := v_t; v_at := v_start; v_due := greatest(v_strict, v_start) + p_doubt;
                     o_kind := 'started'; o_a := v_t; o_b := v_start;
                 END IF;
+            END IF;
+        END IF;
+        IF v_fair THEN
+            -- protocol.try_turn, once its waiter's ticket was tried: started, the waiter leaves (and is
+            -- the one begun); a wait or a pass names the waiter; a start or a pass seats the waiters
+            IF o_kind = 'started' THEN
+                v_waiters := v_waiters[1 : 4 * v_me - 4] || v_waiters[4 * v_me + 1 : cardinality(v_waiters)];
+                v_tenants := v_tenants[1 : v_me - 1] || v_tenants[v_me + 1 : cardinality(v_tenants)];
+                v_begun := v_asked;
+            ELSE
+                o_a := v_asked;
+            END IF;
+            IF o_kind <> 'wait' THEN
+                -- protocol._seated: the waiters whose tickets were passed (at or below pos) leave; then each
+                -- waiter without a ticket, in order, gets the next (taking its cost's numbers, as take) while its
+                -- tenant holds fewer tickets than its weight
+                v_kw := '{}'; v_kt := '{}'; v_ht := '{}'; v_hc := '{}';
+                FOR v_i IN 1 .. coalesce(cardinality(v_tenants), 0) LOOP
+                    CONTINUE WHEN v_waiters[4 * v_i] > 0 AND v_waiters[4 * v_i] <= v_pos;
+                    IF v_waiters[4 * v_i] > 0 THEN
+                        v_j := array_position(v_ht, v_tenants[v_i]);
+                        IF v_j IS NULL THEN
+                            v_ht := v_ht || v_tenants[v_i]; v_hc := v_hc || 1::bigint;
+                        ELSE
+                            v_hc[v_j] := v_hc[v_j] + 1;
+                        END IF;
+                    END IF;
+                    v_kw := v_kw || v_waiters[4 * v_i - 3 : 4 * v_i]; v_kt := v_kt || v_tenants[v_i];
+                END LOOP;
+                FOR v_i IN 1 .. coalesce(cardinality(v_kt), 0) LOOP
+                    CONTINUE WHEN v_kw[4 * v_i] <> 0;
+                    v_j := array_position(v_ht, v_kt[v_i]);
+                    IF coalesce(v_hc[v_j], 0) < v_kw[4 * v_i - 2] THEN
+                        IF v_ticket::numeric + v_kw[4 * v_i - 1] >= c_limit THEN
+                            o_kind := 'unwritten_ticket'; o_a := v_ticket;
+                            RETURN NEXT;
+                            RETURN;
+                        END IF;
+                        v_kw[4 * v_i] := v_ticket; v_ticket := v_ticket + v_kw[4 * v_i - 1];
+                        IF v_j IS NULL THEN
+                            v_ht := v_ht || v_kt[v_i]; v_hc := v_hc || 1::bigint;
+                        ELSE
+                            v_hc[v_j] := v_hc[v_j] + 1;
+                        END IF;
+                    END IF;
+                END LOOP;
+                v_waiters := v_kw; v_tenants := v_kt;
             END IF;
         END IF;
     ELSIF p_op = 'retime' THEN
@@ -532,13 +774,25 @@ BEGIN
        OR v_not_before <> coalesce(r.not_before_us, c_never)
        OR v_pace <> coalesce(r.pace_us, 0) OR v_paced_at <> coalesce(r.paced_at_us, c_never)
        OR v_settled <> coalesce(r.settled, 0)
-       OR v_keep_until IS DISTINCT FROM r.keep_until_us THEN
-        UPDATE @TABLE@
-        SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
-            leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
-            pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), settled = v_settled,
-            keep_until_us = v_keep_until
-        WHERE name = p_name;
+       OR v_keep_until IS DISTINCT FROM r.keep_until_us
+       OR (v_fair AND (v_number <> r.number OR v_begun <> r.begun OR v_waiters <> r.waiters
+                       OR v_tenants <> r.tenants)) THEN
+        IF v_fair THEN
+            UPDATE @TABLE@
+            SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
+                leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
+                pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), settled = v_settled,
+                keep_until_us = v_keep_until, number = v_number, begun = v_begun, waiters = v_waiters,
+                tenants = v_tenants
+            WHERE name = p_name;
+        ELSE
+            UPDATE @TABLE@
+            SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
+                leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
+                pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), settled = v_settled,
+                keep_until_us = v_keep_until
+            WHERE name = p_name;
+        END IF;
     END IF;
     RETURN NEXT;
 END;

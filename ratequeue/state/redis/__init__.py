@@ -332,7 +332,7 @@ class RedisBackend(StateBase, Generic[C]):
         return self._script_flow("read", name, READ_TERMS, READ_ARGUMENTS, parse_snapshot)
 
     def _script_flow(
-        self, kind: str, name: str, terms: Terms, args: tuple[int, ...], parse: Parser[R]
+        self, kind: str, name: str, terms: Terms, args: tuple[int | bytes, ...], parse: Parser[R]
     ) -> Flow[R]:
         """Run the script's ``kind`` on queue ``name``; its reply read by ``parse``, a parser of the codec."""
         key = self._prefix + name
@@ -455,6 +455,9 @@ class RedisBackend(StateBase, Generic[C]):
 class RedisState(RedisBackend[redis.Redis], State):
     """Records kept in Redis hashes, changed only by a Lua script timed on the server's clock."""
 
+    #: fair queues' operations run in the script too (protocol.enqueue, try_turn, enqueue_and_try)
+    fair_queues = True
+
     _client_class = redis.Redis
     _cluster_class = redis.cluster.RedisCluster
     _retry_class = Retry
@@ -482,6 +485,9 @@ class AsyncRedisState(RedisBackend[redis.asyncio.Redis], AsyncState):
 
     Close it when done (``await state.close()``, or ``async with``).
     """
+
+    #: as :attr:`RedisState.fair_queues`
+    fair_queues = True
 
     _client_class = redis.asyncio.Redis
     _cluster_class = redis.asyncio.cluster.RedisCluster

@@ -7,12 +7,13 @@ module; its header states KEYS, ARGV and the reply of every operation.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from importlib import resources
 from typing import NoReturn, TypeVar, Union
 
 from ...core.operation import Operation, Terms
-from ...core.protocol import Answer, Outcome, Passed, Record, Started, Taken, Unwritten, Wait
+from ...core.protocol import Answer, Outcome, Passed, Record, Started, Taken, Unwritten, Wait, Waiter
 from ...errors import StateCorrupted
 from ..base import Snapshot
 from ..records import mismatch, unwritten
@@ -50,12 +51,25 @@ READ_TERMS = Terms(1)
 READ_ARGUMENTS = (0, 0, 1, 0, 0, 0)
 
 
-def arguments(op: Operation) -> tuple[int, int, int, int, int, int]:
-    """The script's ARGV[8..13]: the operation's own arguments, each at its place."""
+def arguments(op: Operation) -> tuple[int | bytes, ...]:
+    """The script's ARGV[8..13]: the operation's own arguments, each at its place.
+
+    On a fair queue, ARGV[14..16] follow: 1 (the caller expects a fair
+    record), the weight, and the tenant in UTF-8 (whatever the client's
+    encoding: the script stores it as it comes, and :func:`parse_snapshot`
+    reads it back as UTF-8). A queue that is not fair sends none of them.
+    """
+    if op.terms.fair:
+        return (
+            *(op.ticket, op.lead_us, op.cost, int(op.paused), op.token, op.doubt_us),
+            *(1, op.weight, op.tenant.encode()),
+        )
     return op.ticket, op.lead_us, op.cost, int(op.paused), op.token, op.doubt_us
 
 
-def script_args(kind: str, terms: Terms, now_us: int | None, args: tuple[int, ...]) -> list[str | int]:
+def script_args(
+    kind: str, terms: Terms, now_us: int | None, args: tuple[int | bytes, ...]
+) -> list[str | int | bytes]:
     """The script's ARGV (``now_us``: ``None`` to read the server's clock); see its header."""
     return [kind, *_numbers(terms), "" if now_us is None else now_us, *args]
 
@@ -93,20 +107,23 @@ class Commands:
         self._heads: dict[tuple[str, str, Terms], bytes] = {}
 
     def packed(
-        self, kind: str, key: str, terms: Terms, now_us: int | None, args: tuple[int, ...]
+        self, kind: str, key: str, terms: Terms, now_us: int | None, args: tuple[int | bytes, ...]
     ) -> list[bytes]:
-        """The command running ``kind`` on ``key``, for ``send_packed_command`` (``args``: ARGV[8..13])."""
+        """The command running ``kind`` on ``key``, for ``send_packed_command`` (``args``: ARGV[8..])."""
         head = self._heads.get((kind, key, terms))
         if head is None:
             head = self._head(kind, key, terms)
         head += _SERVER_CLOCK if now_us is None else _bulk(b"%d" % now_us)
-        for value in args:
-            head += _bulk(b"%d" % value)
+        if terms.fair:  # (ARGV[16], the tenant, is text: :func:`arguments`)
+            return [head + b"".join(_bulk(v if isinstance(v, bytes) else b"%d" % v) for v in args)]
+        for value in args:  # (whole numbers only, on a queue that is not fair)
+            head += _bulk(b"%d" % value)  # type: ignore[str-format]
         return [head]
 
     def _head(self, kind: str, key: str, terms: Terms) -> bytes:
         parts = (b"EVALSHA", SHA.encode(), b"1", key.encode(self._encoding, self._errors), kind.encode())
-        head = b"*17\r\n%b%b" % (
+        head = b"*%d\r\n%b%b" % (
+            20 if terms.fair else 17,  # (a fair queue's 3 more arguments: :func:`arguments`)
             b"".join(map(_bulk, parts)),
             b"".join(_bulk(b"%d" % number) for number in _numbers(terms)),
         )
@@ -208,10 +225,47 @@ parse_changed: Parser[bool] = _parser(set=_flag)
 #: the answer of ``release`` and ``renew``: ``live LIVE NOW``; whether the ticket's lease was live
 parse_live: Parser[bool] = _parser(live=_flag)
 
-#: the answer of ``read``: ``record NOW TICKET POS AT INTERVAL BURST DUE PAUSED MAX_RUNNING HELD
-#: NOT_BEFORE PACE PACED_AT SETTLED`` followed by ``TICKET EXPIRY TOKEN`` for each lease, or ``none NOW``
-#: (a read checks no terms)
-parse_snapshot: Parser[Snapshot] = _parser(record=_snapshot, none=lambda now: Snapshot(record=None, now=now))
+#: the answer of ``read`` on a record that is not fair: ``record NOW TICKET POS AT INTERVAL BURST DUE
+#: PAUSED MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED`` followed by ``TICKET EXPIRY TOKEN`` for
+#: each lease, or ``none NOW`` (a read checks no terms)
+_parse_plain_snapshot: Parser[Snapshot] = _parser(
+    record=_snapshot, none=lambda now: Snapshot(record=None, now=now)
+)
+
+
+def parse_snapshot(reply: Reply, name: str, key: str, terms: Terms) -> Snapshot:
+    """The answer of ``read``: as :data:`_parse_plain_snapshot`, and for a fair record a newline and
+    ``NUMBER BEGUN WAITERS``, the waiters a JSON array of ``[number, tenant, weight, cost, ticket]``."""
+    parts: tuple[Reply, Reply, Reply]
+    if isinstance(reply, bytes):
+        parts = reply.partition(b"\n")
+    elif isinstance(reply, str):
+        parts = reply.partition("\n")
+    else:
+        parts = (reply, "", "")
+    head, newline, tail = parts
+    if not newline:
+        return _parse_plain_snapshot(reply, name, key, terms)
+    snapshot = _parse_plain_snapshot(head, name, key, terms)
+    try:
+        number, begun, text = tail.split(None, 2)
+        listed = json.loads(text)
+        if not isinstance(listed, list):
+            raise ValueError(text)
+        waiters = tuple(_waiter(*waiter) for waiter in listed)
+        record = snapshot.record._replace(  # type: ignore[union-attr]
+            fair=True, number=int(number), begun=int(begun), waiters=waiters
+        )
+    except (AttributeError, TypeError, ValueError):
+        _refuse(reply, name, key, terms)
+    return Snapshot(record=record, now=snapshot.now)
+
+
+def _waiter(number: int, tenant: str, weight: int, cost: int, ticket: int) -> Waiter:
+    """A waiter as the script stores it (whole numbers, a tenant), or :class:`ValueError`."""
+    if not (isinstance(tenant, str) and all(type(value) is int for value in (number, weight, cost, ticket))):
+        raise ValueError(tenant)
+    return number, tenant, weight, cost, ticket
 
 
 def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
@@ -220,7 +274,11 @@ def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
     words = text.split(" ") if isinstance(text, str) else [""]
     if words[0] == "mismatch" and len(words) == 3 and words[1] in _TERMS and words[2].isdigit():
         field, stored = words[1], int(words[2])
-        stored_term = stored or None if field == "max_running" else stored  # (no cap: 0 in the hash)
+        stored_term: int | None = stored  # (no cap: 0 in the hash; fair: 1 or 0)
+        if field == "max_running":
+            stored_term = stored or None
+        elif field == "fair":
+            stored_term = bool(stored)
         wanted = getattr(terms, _TERMS[field])
         if stored_term != wanted:  # (else: nonsense, below)
             raise mismatch(name, field, stored_term, wanted)
@@ -237,7 +295,7 @@ def _refuse(reply: object, name: str, key: str, terms: Terms) -> NoReturn:
 
 
 #: the field of :class:`Terms` holding each term a mismatch names, as the caller asked for it
-_TERMS = {"interval": "interval_us", "burst": "burst", "max_running": "max_running"}
+_TERMS = {"interval": "interval_us", "burst": "burst", "max_running": "max_running", "fair": "fair"}
 
 
 #: how each operation's reply is read

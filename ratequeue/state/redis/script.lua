@@ -11,7 +11,9 @@ KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole nu
           held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY:TOKEN"
           joined by commas ("" for none); and not_before, pace, paced_at and settled, each present
           only while it is not its default (NEVER, 0, NEVER, 0; records written before they were
-          added lack them: missing is the default)
+          added lack them: missing is the default); and in a fair queue's record only
+          (protocol.enqueue), fair ("1"), number, begun and waiters, a JSON array of [number,
+          tenant, weight, cost, ticket] (a record without fair is not fair, and stores none of them)
 ARGV[1]   the operation (core/operation.py's Kind), or read
 ARGV[2]   the interval (us) the caller expects; a record created now gets it (read: ignored)
 ARGV[3]   the burst the caller expects; likewise
@@ -29,6 +31,12 @@ ARGV[10]  the cost (take, try_start, take_and_try); settle: the cost the ticket 
 ARGV[11]  set_paused: 1 to pause, 0 to resume
 ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
 ARGV[13]  the doubt (us) a new start adds to due (try_start, take_and_try, retime; 0 to MAX_DOUBT)
+ARGV[14]  "1" when the caller expects a fair queue (a record created now is fair); absent: not fair
+ARGV[15]  with ARGV[14]: the waiter's weight (take, take_and_try; 1 to MAX_WEIGHT)
+ARGV[16]  with ARGV[14]: the waiter's tenant (take, take_and_try), as UTF-8 text
+
+On a fair record take, try_start and take_and_try are protocol.enqueue, try_turn and
+enqueue_and_try: their TICKET is a waiter's number, but in a started answer (the ticket started).
 
 The reply is one string of words separated by single spaces (a client parses one bulk string in
 a fraction of the CPU an array costs it); numbers are whole, in decimal:
@@ -44,15 +52,20 @@ a fraction of the CPU an array costs it); numbers are whole, in decimal:
   release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
   read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
                                      MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED" then each
-                                     lease as "TICKET EXPIRY TOKEN", or "none NOW"
+                                     lease as "TICKET EXPIRY TOKEN", and for a fair record a
+                                     newline, then "NUMBER BEGUN WAITERS" (WAITERS the stored JSON
+                                     array); or "none NOW"
 and, changing nothing:
   any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
-                                                                     (interval, burst, max_running)
+                                                                     (interval, burst, max_running,
+                                                                     fair: 1 or 0)
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
   any operation, when `at`, `held` or `paced_at` lies more than MAX_LEAD past now, `not_before`
   more than MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE (no start,
   now, hold or lease the protocol makes does; see protocol.check):   "unwritten FIELD VALUE NOW"
   take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
+  (on a fair record, any of them that hands a waiter a ticket; and take and take_and_try, when
+  number + 1 reaches LIMIT:                                          "unwritten number NUMBER NOW")
 
 While a record was found full within FULL_GRACE (held + FULL_GRACE > now), a release that frees
 a live lease, and a start that leaves a place free (the next ticket, held back by the grace, may
@@ -77,6 +90,7 @@ local MAX_RUNNING = 1000          -- MAX_RUNNING: the largest max_running
 local MAX_LEASE = 86400000000     -- MAX_LEASE_US: no lease expires further past the now it was taken at
 local MAX_HOLD = 86400000000      -- MAX_HOLD_US: no hold ends further past the now it was set at
 local MAX_DOUBT = 100000          -- MAX_DOUBT_US: a start moves due at most this far for its doubt
+local MAX_WEIGHT = 1000           -- operation.MAX_WEIGHT: the largest weight of a fair queue's tenant
 local MAX_SLOW = 64               -- MAX_SLOW: a slow-down's pace is at most this many intervals
 local RECOVER = 5000000           -- RECOVER_US: a slow-down's excess halves this often
 
@@ -96,8 +110,9 @@ local function decimal(value)
 end
 
 local FIELDS = {"ticket", "pos", "at", "interval", "due", "burst", "max_running", "held", "paused",
-  "leases", "not_before", "pace", "paced_at", "settled"}
-local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS))
+  "leases", "not_before", "pace", "paced_at", "settled", "fair", "number", "begun", "waiters"}
+-- (a fair record's own number, begun and waiters are read below, only when fair is stored)
+local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS, 1, 15))
 local ticket, pos, at, interval, due, burst, max_running, held
 -- no ticket starts before this time (protocol.hold); NEVER: no hold (also when the hash lacks it)
 local not_before = NEVER
@@ -111,6 +126,21 @@ local settled = 0
 local paused = false
 -- the leases of running jobs as {ticket, expiry, token} in start order
 local leases = {}
+-- a fair queue's fields (protocol.enqueue): whether the record is fair, the next waiter number, the
+-- number of the waiter that started last (0: none), and the waiters as {number, tenant, weight,
+-- cost, ticket} in the order they came (ticket 0: none yet)
+local fair, number, begun, waiters = false, 1, 0, {}
+
+-- the waiters as stored: a JSON array of [number, tenant, weight, cost, ticket], the numbers in
+-- decimal (cjson would write large ones as 1e+15), each tenant as cjson writes a string
+local function waiters_text()
+  local items = {}
+  for i, w in ipairs(waiters) do
+    items[i] = "[" .. decimal(w[1]) .. "," .. cjson.encode(w[2]) .. "," .. decimal(w[3]) .. ","
+      .. decimal(w[4]) .. "," .. decimal(w[5]) .. "]"
+  end
+  return "[" .. table.concat(items, ",") .. "]"
+end
 -- the slowest pace a slow-down may set (protocol.slow): MAX_SLOW intervals, and burst of them
 -- below LIMIT; (LIMIT - 1) // burst, corrected should the quotient round up
 local function slowest_pace()
@@ -123,12 +153,13 @@ end
 
 if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
         or stored[8] or stored[9] or stored[10] or stored[11] or stored[12] or stored[13]
-        or stored[14]) then
+        or stored[14] or stored[15]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
   ticket, pos, at, interval, due, burst = 1, 0, NEVER, tonumber(ARGV[2]), NEVER, tonumber(ARGV[3])
   max_running, held = tonumber(ARGV[5]), NEVER
+  fair = ARGV[14] == "1"
 else
   local values = {}
   for i = 1, 8 do
@@ -208,6 +239,61 @@ else
       last = t
     end
   end
+  if stored[15] then -- a fair queue's record (one that is not fair lacks it)
+    if stored[15] ~= "1" then
+      return "corrupt fair " .. stored[15]
+    end
+    fair = true
+    local more = redis.call("HMGET", KEYS[1], FIELDS[16], FIELDS[17], FIELDS[18])
+    stored[16], stored[17], stored[18] = more[1], more[2], more[3]
+    if stored[16] then
+      number = string.find(stored[16], "^%d+$") and tonumber(stored[16])
+      if not (number and 1 <= number and number < LIMIT) then
+        return "corrupt number " .. stored[16]
+      end
+    end
+    if stored[17] then
+      begun = string.find(stored[17], "^%d+$") and tonumber(stored[17])
+      if not (begun and begun < number) then
+        return "corrupt begun " .. stored[17]
+      end
+    end
+    if stored[18] then
+      -- [number, tenant, weight, cost, ticket] each, numbers rising below number, tickets 0 or
+      -- above pos and below ticket
+      local function whole(value, low, high) -- a whole number from low to below high
+        return type(value) == "number" and value == math.floor(value) and low <= value and value < high
+      end
+      local function size(t) -- the number of keys of table t (an array of n items has n)
+        local n = 0
+        for _ in pairs(t) do
+          n = n + 1
+        end
+        return n
+      end
+      local ok, decoded = pcall(cjson.decode, stored[18])
+      local good = ok and type(decoded) == "table" and string.sub(stored[18], 1, 1) == "["
+        and size(decoded) == #decoded
+      if good then
+        local after = 0
+        for i = 1, #decoded do
+          local w = decoded[i]
+          if not (type(w) == "table" and size(w) == 5 and whole(w[1], after + 1, number)
+                  and type(w[2]) == "string" and whole(w[3], 1, MAX_WEIGHT + 1)
+                  and whole(w[4], 1, LIMIT) and whole(w[5], 0, ticket)
+                  and (w[5] == 0 or w[5] > pos)) then
+            good = false
+            break
+          end
+          waiters[i] = {w[1], w[2], w[3], w[4], w[5]}
+          after = w[1]
+        end
+      end
+      if not good then
+        return "corrupt waiters " .. stored[18]
+      end
+    end
+  end
   if op ~= "read" then
     if interval ~= tonumber(ARGV[2]) then
       return "mismatch interval " .. stored[4]
@@ -217,6 +303,9 @@ else
     end
     if max_running ~= tonumber(ARGV[5]) then
       return "mismatch max_running " .. decimal(max_running)
+    end
+    if fair ~= (ARGV[14] == "1") then
+      return "mismatch fair " .. (fair and "1" or "0")
     end
   end
   if at > now + MAX_LEAD then
@@ -244,6 +333,10 @@ else
       words[#words + 1] = decimal(lease[1])
       words[#words + 1] = decimal(lease[2])
       words[#words + 1] = decimal(lease[3])
+    end
+    if fair then
+      return table.concat(words, " ") .. "\n" .. decimal(number) .. " " .. decimal(begun) .. " "
+        .. waiters_text()
     end
     return table.concat(words, " ")
   end
@@ -364,6 +457,120 @@ local function try_start(t, lead, cost)
   end
   pos, at, due = t, start, math.max(strict, start) + doubt
   return "started", t, start
+end
+
+-- a fair queue's steps, made for a fair record only (a record that is not fair runs as before)
+local seated, enqueue, try_turn
+if fair then
+  -- protocol._seated: drop the waiters whose tickets were passed (at or below pos), then give each
+  -- waiter without a ticket, in order, the next one (taking its cost in numbers) while its tenant
+  -- holds fewer than its weight; nil, or the reply refusing a ticket that would reach LIMIT
+  function seated()
+    local holding, kept = {}, {}
+    for _, w in ipairs(waiters) do
+      if w[5] == 0 or w[5] > pos then
+        if w[5] ~= 0 then
+          holding[w[2]] = (holding[w[2]] or 0) + 1
+        end
+        kept[#kept + 1] = w
+      end
+    end
+    for _, w in ipairs(kept) do
+      if w[5] == 0 and (holding[w[2]] or 0) < w[3] then
+        if ticket + w[4] >= LIMIT then
+          return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+        end
+        w[5] = ticket
+        holding[w[2]] = (holding[w[2]] or 0) + 1
+        ticket = ticket + w[4]
+      end
+    end
+    waiters = kept
+    return nil
+  end
+
+  -- protocol.enqueue: G4's jump (take, without a ticket), then a new waiter of the op's tenant and
+  -- weight, of `cost`, at the back, and the tickets its turn gives (seated); its number, or nil and
+  -- the reply refusing it
+  function enqueue(cost)
+    take(0)
+    if number + 1 >= LIMIT then
+      return nil, "unwritten number " .. decimal(number) .. " " .. decimal(now)
+    end
+    local mine = number
+    waiters[#waiters + 1] = {mine, ARGV[16], tonumber(ARGV[15]), cost, 0}
+    number = number + 1
+    local refused = seated()
+    if refused then
+      return nil, refused
+    end
+    return mine
+  end
+
+  -- protocol.try_turn: start waiter n's ticket, of `cost`, as try_start would; a waiter without a
+  -- ticket waits for its tenant's first; a number not in the line is passed. Answers as try_start
+  -- (the kind nil, and the reply refusing it, when a ticket handed out would reach LIMIT)
+  function try_turn(n, lead, cost)
+    if n == begun and pos < ticket and now < at + interval then
+      return "started", pos, at -- the latest start asked for again (a lost reply): the same start
+    end
+    local own, start = repeated() -- a start asked for again with its lease's token: the same start
+    if own then
+      return "started", own, start
+    end
+    local index
+    for i, w in ipairs(waiters) do
+      if w[1] == n then
+        index = i
+        break
+      end
+    end
+    if not index then
+      return "passed", n, pos
+    end
+    local mine = waiters[index]
+    local step = effective()
+    if mine[5] == 0 then
+      -- no sooner than its tenant's first ticket may start (protocol.Record.earliest), nor than a
+      -- step from now
+      local first = 0
+      for _, w in ipairs(waiters) do
+        if w[2] == mine[2] and w[5] ~= 0 and (first == 0 or w[5] < first) then
+          first = w[5]
+        end
+      end
+      local after = now + step
+      if first > pos then
+        local slowest = math.max(interval, pace)
+        after = math.max(slot(first, slowest) - (burst - cost) * interval, at, not_before)
+      end
+      if burst == 1 then
+        -- an interval more for each waiter of its tenant without a ticket before it
+        for _, w in ipairs(waiters) do
+          if w[2] == mine[2] and w[5] == 0 and w[1] < mine[1] then
+            after = after + interval
+          end
+        end
+      end
+      return "wait", n, math.max(after, now + step)
+    end
+    local kind, t, value = try_start(mine[5], lead, cost)
+    if kind == "wait" then
+      return kind, n, value
+    end
+    if kind == "started" then -- it leaves the line
+      table.remove(waiters, index)
+      begun = n
+    else
+      t = n
+    end
+    local refused = seated()
+    if refused then
+      return nil, refused
+    end
+    return kind, t, value
+  end
+
 end
 
 -- protocol.retime: move the latest start to now + lead at the earliest, and due by as much (to the
@@ -493,24 +700,47 @@ elseif op == "release" or op == "renew" then
   end
   reply = {"live", live and "1" or "0", decimal(now)}
 elseif op == "take" then
-  local t = take(tonumber(ARGV[10]))
-  if not t then
-    return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+  local t, refused
+  if fair then
+    t, refused = enqueue(tonumber(ARGV[10]))
+    if not t then
+      return refused
+    end
+  else
+    t = take(tonumber(ARGV[10]))
+    if not t then
+      return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+    end
   end
   reply = {"taken", decimal(t), decimal(pos), decimal(at), decimal(now)}
 else
   local kind, t, value
   if op == "try_start" then
-    kind, t, value = try_start(tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]))
+    kind, t, value = (fair and try_turn or try_start)(tonumber(ARGV[8]), tonumber(ARGV[9]),
+      tonumber(ARGV[10]))
+    if not kind then
+      return t
+    end
   elseif op == "take_and_try" then
     local cost = tonumber(ARGV[10])
     kind, t, value = "started", repeated() -- the call retried after its reply was lost: its start
     if not t then
-      t = take(cost)
-      if not t then
-        return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+      if fair then -- protocol.enqueue_and_try
+        t, value = enqueue(cost)
+        if not t then
+          return value
+        end
+        kind, t, value = try_turn(t, tonumber(ARGV[9]), cost)
+        if not kind then
+          return t
+        end
+      else
+        t = take(cost)
+        if not t then
+          return "unwritten ticket " .. decimal(ticket) .. " " .. decimal(now)
+        end
+        kind, t, value = try_start(t, tonumber(ARGV[9]), cost)
       end
-      kind, t, value = try_start(t, tonumber(ARGV[9]), cost)
     end
   elseif op == "retime" then
     kind, t, value = retime(tonumber(ARGV[8]), tonumber(ARGV[9]))
@@ -549,6 +779,16 @@ store_field(11, not_before, NEVER)
 store_field(12, pace, 0)
 store_field(13, paced_at, NEVER)
 store_field(14, settled, 0)
+if fair then -- (a record that is not fair stores none of them)
+  extra_fields[#extra_fields + 1] = "fair"
+  extra_fields[#extra_fields + 1] = "1"
+  extra_fields[#extra_fields + 1] = "number"
+  extra_fields[#extra_fields + 1] = decimal(number)
+  extra_fields[#extra_fields + 1] = "begun"
+  extra_fields[#extra_fields + 1] = decimal(begun)
+  extra_fields[#extra_fields + 1] = "waiters"
+  extra_fields[#extra_fields + 1] = waiters_text()
+end
 if #defaults > 0 then
   redis.call("HDEL", KEYS[1], unpack(defaults))
 end
