@@ -408,11 +408,11 @@ def test_an_interrupted_begin_gives_its_place_back() -> None:
     report_begin = reporter.begin
     interrupted: list[int] = []
 
-    def interrupt_once(turn: ratequeue.Turn, now: float, since: float) -> None:
+    def interrupt_once(turn: ratequeue.Turn, now: float, since: float, tenant: str | None = None) -> None:
         if not interrupted:
             interrupted.append(turn.ticket)
             raise KeyboardInterrupt
-        report_begin(turn, now, since)
+        report_begin(turn, now, since, tenant)
 
     reporter.begin = interrupt_once  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
