@@ -189,7 +189,7 @@ def _line_up(
     for i in indexes:
         runner = runners[i]
         with runner.driver.lock:
-            turn, expected = yield from runner.attempt_flow(cost)
+            turn, expected = yield from runner.attempt_flow(cost, keep=True)
         if turn is None:
             if expected is not None and deadline is not None and expected > deadline:
                 raise expired(runner)  # the turns taken are given up, never moved past the deadline

@@ -100,8 +100,10 @@ class Limiter(LimiterBase):
     def try_acquire(self, *, cost: int = 1, tenant: str | None = None) -> Turn | None:
         """This caller's turn if one is free now, else ``None``; never waits for a turn.
 
-        At most two calls to the state (the held ticket tried, then a new one
-        taken). A ticket taken stays with this shard for its next caller.
+        At most two calls to the state: the ticket this shard holds (from a
+        caller that waited and left) tried, then a new one taken only if it
+        starts now. A try that gets no turn leaves no ticket behind: the
+        callers that wait lose nothing to it (docs/design.md, "Trying").
 
         :raises StateUnavailable: if the state cannot be reached.
         """

@@ -87,7 +87,7 @@ class Reporter:
 
     def call_answered(self, op: Operation, answer: object, duration: float) -> None:
         """A state call was answered (a ``"call"`` event, a DEBUG line)."""
-        ticket = getattr(answer, "ticket", None) if op.kind == "take_and_try" else op.ticket
+        ticket = getattr(answer, "ticket", None) if op.kind in ("take_and_try", "try_take") else op.ticket
         outcome = _outcome_name(answer)
         if self.on:
             self.emit(Event("call", self.name, ticket, duration=duration, operation=op.kind, outcome=outcome))
@@ -95,7 +95,7 @@ class Reporter:
 
     def call_failed(self, op: Operation, exc: Exception, duration: float) -> None:
         """A state call raised (a ``"state_error"`` event, a DEBUG line); the error goes on to the caller."""
-        ticket, error = (None if op.kind == "take_and_try" else op.ticket), type(exc).__name__
+        ticket, error = (None if op.kind in ("take_and_try", "try_take") else op.ticket), type(exc).__name__
         if self.on:
             self.emit(
                 Event("state_error", self.name, ticket, duration=duration, operation=op.kind, error=error)

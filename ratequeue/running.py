@@ -437,9 +437,17 @@ class ShardRunner:
             )
         return "" if not reasons else " (" + "; ".join(reasons) + ")"
 
-    def attempt_flow(self, cost: int, tenant: str | None = None) -> Flow[tuple[Turn | None, float | None]]:
-        """A turn if one is free now, else ``(None, when)``: when the state said it comes, if it said."""
+    def attempt_flow(
+        self, cost: int, tenant: str | None = None, *, keep: bool = False
+    ) -> Flow[tuple[Turn | None, float | None]]:
+        """A turn if one is free now, else ``(None, when)``: when the state said it comes, if it said.
+
+        Without ``keep``, a ticket is taken only if it starts at once (``try_take``): a try that
+        gets no turn leaves nothing behind for others to wait for. With ``keep`` (``all_of``,
+        which waits for the turn next), the ticket taken stays with the shard for its next caller.
+        """
         place = self.place(0, cost, tenant)
+        place.attempt = not keep
         try:
             return (yield from self.acquire_flow(place, attempt=True)), None
         except AcquireTimeout:

@@ -23,6 +23,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "take": (),
     "try_start": ("ticket", "lead_us", "doubt_us"),
     "take_and_try": ("lead_us", "doubt_us"),
+    "try_take": ("lead_us", "doubt_us"),
     "retime": ("ticket", "lead_us", "doubt_us"),
     "set_paused": ("paused",),
     "release": ("ticket",),

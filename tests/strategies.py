@@ -42,7 +42,8 @@ def operations(
     """Sequences of protocol operations and clock moves.
 
     Each is ``("take",)``, ``("try", n, lead, doubt)`` (``n`` picks a ticket among those
-    handed out, or one more), ``("take_and_try", lead, doubt)``, ``("clock", step)``,
+    handed out, or one more), ``("take_and_try", lead, doubt)``, ``("try_take", lead, doubt)``,
+    ``("clock", step)``,
     with ``reads`` ``("read",)``, and with ``pauses`` ``("pause",)``, ``("resume",)``,
     ``("hold", lead)`` and ``("lift",)`` (:data:`FLAGS`).
     """
@@ -50,6 +51,7 @@ def operations(
         st.tuples(st.just("take")),
         st.tuples(st.just("try"), st.integers(0, 40), leads_us, doubts_us),
         st.tuples(st.just("take_and_try"), leads_us, doubts_us),
+        st.tuples(st.just("try_take"), leads_us, doubts_us),
         st.tuples(st.just("retime"), st.integers(0, 40), leads_us, doubts_us),
         st.tuples(st.just("clock"), clock_steps_us),
     ]
@@ -74,7 +76,7 @@ def burst_operations(
 ) -> st.SearchStrategy[list[tuple[object, ...]]]:
     """Like :func:`operations`, with a cost seed on the operations that take a ticket.
 
-    ``("take", c)`` and ``("take_and_try", lead, c)``: ``c`` picks the cost
+    ``("take", c)``, ``("take_and_try", lead, c)`` and ``("try_take", lead, c)``: ``c`` picks the cost
     (``1 + c % burst``); ``("try", n, lead)`` picks a ticket handed out (with
     the cost it was taken for), or one never handed out. ``("settle", n, a)``:
     the ticket ``n`` picks (as for ``try``) settled at cost ``a % (burst + 1)``.
@@ -84,6 +86,7 @@ def burst_operations(
         st.tuples(st.just("take"), st.integers(0, 200)),
         st.tuples(st.just("try"), st.integers(0, 40), leads_us),
         st.tuples(st.just("take_and_try"), leads_us, st.integers(0, 200)),
+        st.tuples(st.just("try_take"), leads_us, st.integers(0, 200)),
         st.tuples(st.just("settle"), st.integers(0, 40), st.integers(0, 200)),
         st.tuples(st.just("retime"), st.integers(0, 40), leads_us, doubts_us),
         st.tuples(st.just("clock"), clock_steps_us),
@@ -114,8 +117,9 @@ leases_us = st.one_of(st.sampled_from([1, 50_000, 150_000, 10**9]), st.integers(
 def lease_operations(*, max_size: int) -> st.SearchStrategy[list[tuple[object, ...]]]:
     """Like :func:`operations` with reads and pauses, plus leases given back and renewed.
 
-    ``("take_and_try", lead, again)``: with ``again``, the call names the
-    previous take's token, as a shard's retry after a lost reply does.
+    ``("take_and_try", lead, again)`` and ``("try_take", lead, again)``: with
+    ``again``, the call names the previous take's token, as a shard's retry
+    after a lost reply does.
     ``("release", n, own)`` and ``("renew", n, own)``: ``n`` picks a ticket
     (mostly one that holds a lease, see :func:`lease_ticket`), named by its
     lease's own token, or (not ``own``) by another one, as a turn of
@@ -125,6 +129,7 @@ def lease_operations(*, max_size: int) -> st.SearchStrategy[list[tuple[object, .
         st.tuples(st.just("take")),
         st.tuples(st.just("try"), st.integers(0, 40), leads_us),
         st.tuples(st.just("take_and_try"), leads_us, st.booleans()),
+        st.tuples(st.just("try_take"), leads_us, st.booleans()),
         st.tuples(st.just("retime"), st.integers(0, 40), leads_us),
         st.tuples(st.just("clock"), clock_steps_us),
         st.tuples(st.just("release"), st.integers(0, 40), st.booleans()),

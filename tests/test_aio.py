@@ -56,10 +56,11 @@ def test_async_backend_answers_as_the_reference(
                 lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
                 reference, outcome = protocol.try_start(reference, ticket, lead, now, doubt=doubt)
                 assert await ado(state, "try_start", name, interval, ticket, lead, doubt) == outcome
-            elif kind == "take_and_try":
+            elif kind in ("take_and_try", "try_take"):
                 lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
-                reference, outcome = protocol.take_and_try(reference, lead, now, doubt=doubt)
-                assert await ado(state, "take_and_try", name, interval, lead, doubt) == outcome
+                step = protocol.try_take if kind == "try_take" else protocol.take_and_try
+                reference, outcome = step(reference, lead, now, doubt=doubt)
+                assert await ado(state, kind, name, interval, lead, doubt) == outcome
             else:
                 lead = int(op[1])  # type: ignore[call-overload]
                 reference, outcome = protocol.take_and_try(reference, lead, now)

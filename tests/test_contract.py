@@ -81,6 +81,10 @@ def test_backend_answers_as_the_reference(
             lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.retime(reference, ticket, lead, now, doubt)
             assert do(state, "retime", name, interval, ticket, lead, doubt) == expected_outcome
+        elif kind == "try_take":
+            lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
+            reference, expected_outcome = protocol.try_take(reference, lead, now, doubt=doubt)
+            assert do(state, "try_take", name, interval, lead, doubt) == expected_outcome
         else:
             lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
             reference, expected_outcome = protocol.take_and_try(reference, lead, now, doubt=doubt)
@@ -150,10 +154,12 @@ def test_backend_answers_as_the_reference_with_bursts_and_costs(
             )
         else:
             lead, cost = int(op[1]), 1 + int(op[2]) % burst  # type: ignore[call-overload]
-            costs[reference.ticket] = cost
-            reference, expected_outcome = protocol.take_and_try(reference, lead, now, cost)
+            step = protocol.try_take if kind == "try_take" else protocol.take_and_try
+            reference, expected_outcome = step(reference, lead, now, cost)
+            if kind == "take_and_try" or isinstance(expected_outcome, Started):
+                costs[expected_outcome.ticket] = cost
             assert (
-                do(state, "take_and_try", name, interval, lead, burst=burst, cost=cost, keep_us=keep)
+                do(state, kind, name, interval, lead, burst=burst, cost=cost, keep_us=keep)  # type: ignore[arg-type]
                 == expected_outcome
             )
         created = True
@@ -219,8 +225,9 @@ def test_backend_answers_as_the_reference_with_leases(
             assert do(state, "renew", name, interval, ticket, token=token, **terms) is renewed
         else:
             lead, token = int(op[1]), tokens.take(op[2])  # type: ignore[call-overload]
-            reference, expected_outcome = protocol.take_and_try(reference, lead, now, 1, lease, token)
-            assert do(state, "take_and_try", name, interval, lead, token=token, **terms) == expected_outcome
+            step = protocol.try_take if kind == "try_take" else protocol.take_and_try
+            reference, expected_outcome = step(reference, lead, now, 1, lease, token)
+            assert do(state, kind, name, interval, lead, token=token, **terms) == expected_outcome  # type: ignore[arg-type]
         created = True
     assert state.read(name).record == (reference if created else None)
     state.reset(name)  # keep the store small: secantusdb slows down as its documents add up

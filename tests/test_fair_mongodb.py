@@ -240,3 +240,181 @@ def test_a_fair_start_asked_again_is_answered_again(mongo: Any) -> None:
         assert answers.count("Started") >= 4, answers
     finally:
         state.reset("again")
+
+
+_try_steps = st.one_of(
+    st.tuples(st.just("try"), st.integers(0, 2), st.integers(0, 200_000)),
+    st.tuples(st.just("take_and_try"), st.integers(0, 2), st.integers(0, 200_000)),
+    st.tuples(st.just("again"), st.just(0)),
+    st.tuples(st.just("release"), st.just(0)),
+    st.tuples(st.just("clock"), st.integers(0, 150_000)),
+    st.tuples(st.just("pause"), st.booleans()),
+    st.tuples(st.just("hold"), st.integers(0, 100_000)),
+)
+
+
+@given(
+    fair=st.booleans(),
+    interval=st.integers(1_000, 100_000),
+    burst=st.integers(1, 3),
+    max_running=st.sampled_from([None, 1, 2]),
+    keep=st.sampled_from([0, 5_000_000]),
+    epoch=epochs_us,
+    steps=st.lists(_try_steps, min_size=1, max_size=20),
+)
+def test_try_take_answers_as_the_reference_and_writes_only_a_start(
+    mongo: Any,
+    fair: bool,
+    interval: int,
+    burst: int,
+    max_running: int | None,
+    keep: int,
+    epoch: int,
+    steps: list[tuple[Any, ...]],
+) -> None:
+    """try_take beside take_and_try, fair or not: each answer and the record as the reference's.
+
+    One that does not start leaves the stored document as it was, ``expires`` included (answer aside).
+    """
+    state, clock = mongo
+    name = f"try-{next(_names)}"
+    clock[0] = epoch - epoch % 1000
+    lease = 300_000 if max_running else 0
+    terms = Terms.checked(interval, burst, keep_us=keep, max_running=max_running, lease_us=lease, fair=fair)
+    reference = protocol.new_record(interval, burst, max_running, fair=fair)
+    tokens = iter(range(1, 10**6))
+    started: list[tuple[int, int]] = []  # (ticket, token)
+    last: tuple[Any, dict[str, Any]] | None = None
+    created = False
+
+    def stored() -> dict[str, Any] | None:
+        document = state.collection.find_one({"_id": name})
+        return None if document is None else {k: v for k, v in document.items() if k != "answer"}
+
+    def run(kind: Any, **args: Any) -> Any:
+        nonlocal reference, created
+        op = operation(kind, name, terms, **args)
+        reference, expected = apply(reference, op, clock[0])
+        before = stored()
+        got = state.execute(op)
+        assert got == expected, (kind, args)
+        if kind == "try_take" and not isinstance(got, Started) and before is not None:
+            assert stored() == before, "a try_take that did not start changed the document"
+        created = True
+        return got
+
+    try:
+        for step in steps:
+            kind = step[0]
+            if kind == "clock":
+                clock[0] += step[1]
+            elif kind in ("try", "take_and_try"):
+                cost, token = min(step[1] + 1, burst), next(tokens)
+                args = {"lead_us": step[2], "cost": cost, "token": token}
+                if fair:
+                    args.update(tenant=f"t{step[1]}", weight=step[1] + 1)
+                op_kind = "try_take" if kind == "try" else "take_and_try"
+                got = run(op_kind, **args)
+                last = (op_kind, args)
+                if isinstance(got, Started):
+                    started.append((got.ticket, token))
+            elif kind == "again" and last is not None:
+                run(last[0], **last[1])  # a call re-sent after a lost reply (a lease's token: answered again)
+            elif kind == "release" and started and max_running:
+                ticket, token = started.pop(0)
+                run("release", ticket=ticket, token=token)
+            elif kind == "pause":
+                run("set_paused", paused=step[1])
+            elif kind == "hold":
+                run("hold", lead_us=step[1])
+        assert state.read(name).record == (reference if created else None)
+    finally:
+        state.reset(name)
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+def test_a_try_take_that_waits_leaves_the_document_unchanged(mongo: Any, fair: bool) -> None:
+    """Busy, full (max_running: ``held`` not noted) or paused: a try_take's Wait writes nothing.
+
+    Not the ticket, the waiters, G4's jump, ``held``, the expired leases nor ``expires``; it names
+    the ticket (a fair queue: the waiter's number) take_and_try would have taken. A start is written.
+    """
+    state, clock = mongo
+    clock[0] = 10**12
+    name = f"try-wait-{fair}"
+    terms = Terms.checked(100_000, max_running=1, lease_us=150_000, keep_us=5_000_000, fair=fair)
+    reference = protocol.new_record(100_000, 1, 1, fair=fair)
+    tenant = {"tenant": "a"} if fair else {}
+
+    def run(kind: Any, **args: Any) -> Any:
+        nonlocal reference
+        op = operation(kind, name, terms, **args)
+        reference, expected = apply(reference, op, clock[0])
+        got = state.execute(op)
+        assert got == expected, (kind, args, got, expected)
+        return got
+
+    def document() -> dict[str, Any]:
+        found = state.collection.find_one({"_id": name})
+        assert found is not None
+        return {key: value for key, value in found.items() if key != "answer"}
+
+    try:
+        first = run("try_take", lead_us=0, token=1, **tenant)
+        assert isinstance(first, Started)  # a missing record is created, and started: written
+        assert document()["expires"] > clock[0]
+        assert document()["pos"] == first.ticket
+        clock[0] += 50_000
+        before = document()
+        busy = run("try_take", lead_us=0, token=2, **tenant)  # the interval runs: wait
+        assert isinstance(busy, Wait)
+        assert busy.ticket == 2
+        assert document() == before
+        clock[0] += 60_000  # the interval is over, the lease (till 150 ms) still runs: full
+        taken = run("take_and_try", lead_us=0, token=3, **tenant)  # noted: held, ticket 2 taken
+        assert isinstance(taken, Wait)
+        before = document()
+        full = run("try_take", lead_us=0, token=4, **tenant)
+        assert isinstance(full, Wait)
+        assert full.ticket == 3
+        assert document() == before
+        clock[0] += 10**6  # every lease expired: G4 would jump the late ticket 2, and the leases go
+        run("set_paused", paused=True)
+        before = document()
+        assert isinstance(run("try_take", lead_us=0, token=5, **tenant), Wait)  # paused
+        assert document() == before
+        run("set_paused", paused=False)
+        assert isinstance(run("try_take", lead_us=0, token=6, **tenant), Started)  # written
+        assert document() != before
+        assert state.read(name).record == reference
+    finally:
+        state.reset(name)
+
+
+def test_a_try_take_asked_again_with_its_token_is_answered_again(mongo: Any) -> None:
+    """A lost reply: the re-sent try_take (its lease's token) gets the same start and changes nothing."""
+    state, clock = mongo
+    clock[0] = 10**12
+    for fair in (False, True):
+        name = f"try-again-{fair}"
+        terms = Terms.checked(10_000, max_running=2, lease_us=1_000_000, keep_us=5_000_000, fair=fair)
+        tenant = {"tenant": "a"} if fair else {}
+        reference = protocol.new_record(10_000, 1, 2, fair=fair)
+        try:
+            op = operation("try_take", name, terms, lead_us=0, token=7, **tenant)
+            reference, expected = apply(reference, op, clock[0])
+            first = state.execute(op)
+            assert isinstance(first, Started)
+            assert first == expected
+            before = state.collection.find_one({"_id": name})
+            clock[0] += 4_000
+            reference, expected = apply(reference, op, clock[0])
+            again = state.execute(op)
+            assert again == expected == Started(first.ticket, first.start, clock[0])
+            after = state.collection.find_one({"_id": name})
+            assert {k: v for k, v in after.items() if k != "answer"} == {
+                k: v for k, v in before.items() if k != "answer"
+            }
+            assert state.read(name).record == reference
+        finally:
+            state.reset(name)

@@ -58,6 +58,7 @@ STATE_CLASSES: dict[str, type[State]] = {
 _steps = st.one_of(
     st.tuples(st.just("arrive"), st.integers(0, SHARDS - 1), st.integers(0, 3), leads_us),
     st.tuples(st.just("ask"), st.integers(0, SHARDS - 1), leads_us),
+    st.tuples(st.just("try"), st.integers(0, 3), leads_us),  # a try_acquire: a turn now or nothing
     st.tuples(st.just("die"), st.integers(0, SHARDS - 1)),
     st.tuples(st.just("clock"), st.integers(0, 300_000)),
     st.tuples(st.just("pause")),
@@ -121,6 +122,12 @@ def test_fair_queue_keeps_its_guarantees_after_every_step(
             record, _ = protocol.lift(record, now)
         elif kind == "slow":
             record, _ = protocol.slow(record, int(step[1]), now)  # type: ignore[call-overload]
+        elif kind == "try":
+            which = int(step[1])  # type: ignore[call-overload]
+            tenant, lead = f"t{which}", int(step[2])  # type: ignore[call-overload]
+            record, outcome = protocol.try_take(record, lead, now, tenant=tenant, weight=weights[which])
+            if not isinstance(outcome, Started):
+                assert record is before, "a try that gets no turn changes nothing"
         elif kind == "arrive":
             if shard in numbers:
                 continue
@@ -396,6 +403,13 @@ def test_the_states_carry_out_fair_queues_as_the_reference(
                 assert got == expected
                 if isinstance(got, Wait):
                     numbers[shard] = got.ticket
+            elif kind_ == "try":
+                which, lead = int(step[1]), int(step[2])  # type: ignore[call-overload]
+                tenant, weight = f"t{which}", weights[which]
+                reference, expected = protocol.try_take(reference, lead, now, tenant=tenant, weight=weight)
+                tried = operation("try_take", name, terms, lead_us=lead, tenant=tenant, weight=weight)
+                got = state.execute(tried)
+                assert got == expected
             elif kind_ == "ask" and shard in numbers:
                 lead = int(step[2])  # type: ignore[call-overload]
                 reference, expected = protocol.try_turn(reference, numbers[shard], lead, now)

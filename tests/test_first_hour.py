@@ -140,3 +140,51 @@ def test_a_terms_mismatch_arrives_at_the_public_call(backend: Backend) -> None:
     finally:
         first.close()
         other.close()
+
+
+def test_a_try_without_a_turn_costs_the_waiting_callers_nothing(backend: Backend) -> None:
+    """Item 3: 40 short-lived callers' tries without a turn leave no ticket for the next caller to wait on.
+
+    Before, each failed try kept a ticket that nobody would start: the next
+    acquire's ticket was the 42nd, its slot 41 intervals on, and it timed out.
+    (A try may win a turn that came free while they ran, on a slow state: it starts.)
+    """
+    name = backend.fresh_name()
+    interval = 0.2
+    state = backend.open()  # (a state passed in stays open when its limiter closes)
+    try:
+        worker = Limiter(state, name=name, interval=interval)
+        worker.acquire()
+        won = sum(Limiter(state, name=name, interval=interval).try_acquire() is not None for _ in range(40))
+        record, now = state.read(name)
+        assert record is not None
+        assert record.ticket == record.pos + 1, "no ticket was left behind"
+        assert record.pos == 1 + won, "each try that won a turn started its ticket"
+        second = worker.acquire(timeout=5 * interval)
+        assert second.ticket == record.ticket
+        slot = max(record.at + round(interval * 1e6), now)
+        assert second.start_us - slot < interval * 1e6, "it waited behind no ticket (each costs an interval)"
+        worker.close()
+    finally:
+        state.close()
+
+
+def test_a_try_gets_the_turn_that_is_free_and_an_asyncio_try_leaves_nothing_either(backend: Backend) -> None:
+    name = backend.fresh_name()
+
+    async def main() -> None:
+        state = backend.open_async()
+        try:
+            limiter = aio.Limiter(state, name=name, interval=10.0)
+            turn = await limiter.try_acquire()
+            assert turn is not None, "a free turn is taken at once"
+            assert turn.ticket == 1
+            assert await limiter.try_acquire() is None
+            record = (await state.read(name)).record
+            assert record is not None
+            assert (record.ticket, record.pos) == (2, 1)
+            await limiter.close()
+        finally:
+            await state.close()
+
+    asyncio.run(main())

@@ -67,7 +67,7 @@ def test_never_more_running_than_the_cap(
             record = flag_step(record, op, now)[0]
         elif kind == "take":
             record, _ = protocol.take(record, now)
-        elif kind in ("try", "take_and_try"):
+        elif kind in ("try", "take_and_try", "try_take"):
             before = record
             if kind == "try":
                 ticket = 1 + int(op[1]) % (record.ticket + 1)  # type: ignore[call-overload]
@@ -75,9 +75,12 @@ def test_never_more_running_than_the_cap(
                 record, outcome = protocol.try_start(record, ticket, int(op[2]), now, 1, lease, token)  # type: ignore[call-overload]
             else:
                 token = tokens.take(op[2])
-                record, outcome = protocol.take_and_try(record, int(op[1]), now, 1, lease, token)  # type: ignore[call-overload]
+                step = protocol.try_take if kind == "try_take" else protocol.take_and_try
+                record, outcome = step(record, int(op[1]), now, 1, lease, token)  # type: ignore[call-overload]
+                if kind == "try_take" and not isinstance(outcome, Started):
+                    assert record is before, "a try without a turn takes no place and notes nothing"
             held = [(t, expiry) for t, (expiry, named) in running.items() if named == token and expiry > now]
-            if held and (kind == "take_and_try" or held[0][0] == outcome.ticket):
+            if held and (kind != "try" or held[0][0] == outcome.ticket):
                 # asked again with a live lease's token: that start again, and no new place
                 assert outcome == Started(held[0][0], held[0][1] - lease, now)
                 assert record == before

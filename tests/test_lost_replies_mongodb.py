@@ -23,7 +23,7 @@ from pymongo import AsyncMongoClient, MongoClient
 import ratequeue
 from ratequeue import aio
 from ratequeue.core.flow import Flow
-from ratequeue.core.operation import Operation
+from ratequeue.core.operation import Operation, Terms, operation
 from ratequeue.core.protocol import NEVER, Answer, Outcome, Record, Started, Taken
 from ratequeue.core.shard import Turn
 from ratequeue.errors import StateCorrupted, StateUnavailable
@@ -115,6 +115,24 @@ def test_a_settle_whose_reply_is_lost_counts_once(proxy: ReplyDropper) -> None:
         after = state.read(name).record
         assert after is not None
         assert (after.due, after.settled) == (before.due + 2 * INTERVAL_US, started.ticket)
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+def test_a_try_take_whose_reply_is_lost_still_starts(proxy: ReplyDropper, fair: bool) -> None:
+    """A try_take with its lease's token, its reply lost and the call re-sent: its start answered again.
+
+    The second call finds the live lease its token names and changes nothing: one ticket taken.
+    """
+    client: MongoClient[Any] = MongoClient(proxied(proxy))
+    with MongoState(client, database="lost_replies") as state:
+        name = fresh_name()
+        terms = Terms.checked(INTERVAL_US, max_running=2, lease_us=10 * INTERVAL_US, fair=fair)
+        tenant = {"tenant": "a"} if fair else {}
+        assert state.execute(operation("lift", name, terms)) is False  # the record, so the update is applied
+        proxy.drop_reply_to(UPDATE)
+        outcome = state.execute(operation("try_take", name, terms, lead_us=0, token=5, **tenant))
+        assert proxy.dropped.is_set(), "the reply was not dropped: the test proves nothing"
+        assert_started_once(outcome, 1, state.read(name).record)
 
 
 def assert_started_once(outcome: Outcome, ticket: int, record: Record | None) -> None:

@@ -7,6 +7,7 @@ in conftest includes ``postgresql``); this covers what only this backend has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sys
 import time
@@ -598,13 +599,15 @@ def test_a_fair_queue_refuses_a_number_or_ticket_past_the_limit(postgresql_serve
         terms = fair_terms()
         fair = {"fair": True, "begun": 0, "waiters": [], "tenants": []}
         store(connection, "fair_limits", "q", Record(5, 3, NOW, 1000, NOW), **fair, number=MAX_US - 1)
-        with pytest.raises(StateCorrupted, match=f"number={MAX_US - 1}"):
-            state.execute(operation("take", "q", terms, tenant="a"))
+        for kind in ("take", "try_take"):
+            with pytest.raises(StateCorrupted, match=f"number={MAX_US - 1}"):
+                state.execute(operation(kind, "q", terms, tenant="a"))
         store(
             connection, "fair_limits", "q", Record(MAX_US - 1, MAX_US - 2, NOW, 1000, NOW), **fair, number=3
         )
-        with pytest.raises(StateCorrupted, match=f"ticket={MAX_US - 1}"):
-            state.execute(operation("take_and_try", "q", terms, tenant="a"))
+        for kind in ("take_and_try", "try_take"):
+            with pytest.raises(StateCorrupted, match=f"ticket={MAX_US - 1}"):
+                state.execute(operation(kind, "q", terms, tenant="a"))
         assert connection.execute("SELECT number, waiters FROM fair_limits").fetchone() == (3, [])
         state.close()
 
@@ -802,3 +805,61 @@ def test_a_busy_fair_queue_answers_and_stores_as_the_reference(postgresql_server
         assert most >= 4, "several waiters were in line at once"
     finally:
         state.close()
+
+
+# -- try_take: take_and_try that writes nothing unless it starts (issue 31) ------------------------
+
+
+@pytest.mark.parametrize("max_running", [None, 1], ids=["busy", "full"])
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+def test_a_try_take_that_gets_no_turn_leaves_the_row_as_it_was(
+    postgresql_server: Server, fair: bool, max_running: int | None
+) -> None:
+    """Its wait names the ticket (on a fair row the waiter) not taken; the row, keep and held times, stays.
+
+    The same call as take_and_try would have taken a ticket (or added a
+    waiter) and, on a full row, noted when it was found full.
+    """
+    table, name, clock = "try_take", f"q {fair} {max_running}", [NOW]
+    lead = 10**6 if max_running else 0  # within reach of its slot: only the full row holds it back
+    state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: clock[0])
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection, contextlib.closing(state):
+        state.reset(name)
+        terms = Terms.checked(
+            1000, keep_us=10**6, max_running=max_running, lease_us=5000 if max_running else 0, fair=fair
+        )
+        tenant: dict[str, Any] = {"tenant": "a", "weight": 2} if fair else {}
+        reference = protocol.new_record(1000, 1, max_running, fair=fair)
+
+        def row() -> Any:
+            return connection.execute(f"SELECT * FROM {table} WHERE name = %s", (name,)).fetchone()
+
+        def run(kind: Any, token: int, lead: int = 0) -> Any:
+            nonlocal reference
+            op = operation(kind, name, terms, lead_us=lead, token=token, **tenant)
+            reference, expected = apply(reference, op, clock[0])
+            assert state.execute(op) == expected, op
+            assert state.read(name).record == reference, op
+            return expected
+
+        assert run("try_take", 1) == Started(1, NOW, NOW)  # a missing row: created, started
+        stored = row()
+        assert stored[11] is not None, "a keep time"
+        for token in (2, 3):  # asked twice: the same ticket (waiter) named, not taken
+            clock[0] += 100
+            assert run("try_take", token, lead) == Wait(2, NOW + (5000 if max_running else 1000), clock[0])
+            assert row() == stored
+            instead = operation("take_and_try", name, terms, lead_us=lead, **tenant)
+            taken, _ = apply(reference, instead, clock[0])
+            assert taken != reference, "take_and_try would have written"
+            if max_running:
+                assert taken.held == clock[0], "take_and_try would have noted the row full"
+        if max_running:
+            assert run("try_take", 1) == Started(1, NOW, clock[0]), "its lease's token: the same start"
+            assert row() == stored
+            clock[0] = NOW + 5000  # the lease expired
+        else:
+            clock[0] = NOW + 1000
+        assert run("try_take", 2) == Started(2, clock[0], clock[0])
+        assert row() != stored
+        state.reset(name)

@@ -70,6 +70,13 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
             lead, doubt = int(op[2]), int(op[3])  # type: ignore[call-overload]
             record, outcome = protocol.retime(record, ticket, lead, now, doubt)
             check_retime(before, record, outcome, ticket, lead, now, history, doubt)
+        elif kind == "try_take":
+            lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
+            record, outcome = protocol.try_take(record, lead, now, doubt=doubt)
+            assert (record, outcome) == protocol.take_and_try(before, lead, now, doubt=doubt) or (
+                record is before and not isinstance(outcome, Started)
+            ), "a try is take_and_try when it starts, and changes nothing when it does not"
+            check_outcome(before, record, outcome, outcome.ticket, lead, now, history, doubt)
         else:
             lead, doubt = int(op[1]), int(op[2])  # type: ignore[call-overload]
             record, outcome = protocol.take_and_try(record, lead, now, doubt=doubt)

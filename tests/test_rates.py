@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import ratequeue
-from ratequeue import ConfigurationError, Limiter, Queue, Rate, aio, parse_rate
+from ratequeue import AcquireTimeout, ConfigurationError, Limiter, Queue, Rate, aio, parse_rate
 from ratequeue.state.memory import MemoryState
 
 from . import _workers
@@ -153,21 +153,24 @@ def test_a_cost_moves_the_next_start_on_by_that_many_intervals() -> None:
         limiter.acquire(cost=4)
 
 
-def test_try_acquire_never_waits_and_keeps_its_ticket_for_the_next_caller() -> None:
+def test_try_acquire_never_waits_and_leaves_no_ticket_behind() -> None:
     state = MemoryState(private=True)
     limiter = Limiter(state, name="q", interval=3600, burst=2)
     assert limiter.try_acquire() is not None
     assert limiter.try_acquire() is not None  # the burst's second start
     before = state.read("q").record
     assert limiter.try_acquire() is None  # the next start is an hour away: no wait, no error
-    held = limiter.status().held_ticket
-    assert held is not None  # the ticket stays with the shard
+    assert limiter.status().held_ticket is None, "the try took no ticket"
     assert limiter.try_acquire() is None
+    assert state.read("q").record == before, "a try without a turn changes nothing"
+    with pytest.raises(AcquireTimeout):
+        limiter.acquire(timeout=0)  # a caller that would wait (none left to wait here) takes one
+    assert limiter.status().held_ticket == before.ticket  # type: ignore[union-attr]
+    assert limiter.try_acquire() is None  # the held ticket tried: still an hour away
     after = state.read("q").record
     assert after is not None
     assert before is not None
-    assert (after.pos, after.at) == (before.pos, before.at), "no start was taken"
-    assert after.ticket == before.ticket + 1, "the second try used the held ticket: no new one"
+    assert (after.pos, after.at, after.ticket) == (before.pos, before.at, before.ticket + 1)
 
 
 def test_the_decorator_and_the_queue_take_a_cost() -> None:

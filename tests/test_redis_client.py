@@ -31,9 +31,10 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis.cluster
 
 from ratequeue.core import protocol
-from ratequeue.core.operation import KINDS, Kind, Terms, apply
+from ratequeue.core.operation import KINDS, Kind, Operation, Terms, apply, operation
 from ratequeue.core.protocol import Passed, Record, Started, Taken, Wait
 from ratequeue.errors import ConfigurationError, StateCorrupted, StateUnavailable
 from ratequeue.state.base import Snapshot
@@ -815,6 +816,120 @@ def test_reads_and_refusals_leave_the_ttl_alone(redis_server: Server) -> None:
         state.close()
 
 
+def _tries_without_a_trace(
+    execute: Any, stored: Any, pexpire: Any, name: str, fair: bool, t0: int, now: list[int]
+) -> None:
+    """try_take on a record, against the reference: each wait leaves the hash and its TTL as they were.
+
+    ``execute`` carries out an operation, ``stored`` is the hash and its
+    PTTL (ms), ``pexpire`` sets the TTL (ms). A queue of one place, taken:
+    tries too early and tries that find the record full (take_and_try would
+    note held), of the tenant that holds the place and of another (on a fair
+    record, take_and_try would add a waiter); then a retry with the live
+    lease's token (its start again: written, the TTL set), and a try that
+    starts once the place is free (written).
+    """
+    terms = Terms.checked(1000, 1, 600 * 10**6, 1, 10**9, fair=fair)
+    reference = protocol.new_record(1000, 1, 1, fair)
+
+    def step(kind: Kind, tenant: str = "a", **arguments: Any) -> Any:
+        nonlocal reference
+        made: Operation = operation(kind, name, terms, tenant=tenant if fair else "", **arguments)
+        reference, expected = apply(protocol.check(reference, now[0]), made, now[0])
+        answer = execute(made)
+        assert answer == expected, (kind, arguments)
+        return answer
+
+    assert step("take_and_try", token=5) == Started(1, t0, t0)
+    pexpire(123_456_789)  # a TTL no write sets (the keep time makes some 600_000 ms)
+    before = stored()
+    for lead, tenant in ((0, "a"), (10**9, "a"), (10**9, "b"), (0, "b")):
+        now[0] += 1
+        answer = step("try_take", tenant, lead_us=lead, token=6)
+        assert isinstance(answer, Wait), answer
+        after = stored()
+        assert after[0] == before[0], (lead, tenant)  # byte for byte
+        assert before[1] - 10_000 < after[1] <= before[1] <= 123_456_789
+    record = protocol.check(reference, now[0])
+    assert (record.ticket, record.held, record.waiters) == (2, protocol.NEVER, ())
+    assert step("try_take", token=5) == Started(1, t0, now[0])  # the lease's start again: written
+    assert stored()[0] == before[0]  # (the same record)
+    assert 1_600_000 - 10_000 < stored()[1] <= 1_600_000  # to the lease's expiry (1000 s), plus the keep
+    assert step("release", ticket=1, token=5) is True
+    now[0] = t0 + 1000
+    assert step("try_take", "b", lead_us=0, token=7) == Started(2, t0 + 1000, t0 + 1000)
+    assert stored()[0] != before[0]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+@pytest.mark.parametrize("path", ["lean", "redis-py", "wait", "async", "cluster"])
+def test_a_try_take_that_waits_writes_nothing(
+    redis_server: Server, request: pytest.FixtureRequest, path: str, fair: bool
+) -> None:
+    """try_take writes only when it starts, on every call path: the lean EVALSHA, redis-py's Script
+    calls, the script + WAIT pipeline, the asyncio state and a Redis Cluster."""
+    t0 = 10**15
+    now = [t0]
+    prefix, name = fresh_prefix(), fresh_name()
+    key = prefix + name
+    if path == "async":
+        _tries_async(redis_server, prefix, name, fair, t0, now)
+        return
+    client: Any
+    if path == "cluster":
+        seed = request.getfixturevalue("redis_cluster").ports[0]
+        client = redis.cluster.RedisCluster(host="127.0.0.1", port=seed)
+    else:
+        client = redis.Redis(port=redis_server.port, single_connection_client=path == "redis-py")
+    # (wait: no replica answers; each write waits 1 ms and stands)
+    state = RedisState(
+        client, prefix=prefix, clock=lambda: now[0], wait=int(path == "wait"), wait_timeout_ms=1
+    )
+    try:
+        assert (state._lean is not None) == (path == "lean")
+        _tries_without_a_trace(
+            state.execute,
+            lambda: (client.hgetall(key), client.pttl(key)),
+            lambda ms: client.pexpire(key, ms),
+            name, fair, t0, now,
+        )  # fmt: skip
+        assert state.read(name).record is not None
+    finally:
+        state.reset(name)
+        state.close()
+
+
+def _tries_async(redis_server: Server, prefix: str, name: str, fair: bool, t0: int, now: list[int]) -> None:
+    """:func:`_tries_without_a_trace` on the asyncio state (the scenario in a thread, calls on the loop)."""
+
+    async def main() -> None:
+        state = AsyncRedisState(
+            redis.asyncio.Redis(port=redis_server.port), prefix=prefix, clock=lambda: now[0]
+        )
+        loop = asyncio.get_running_loop()
+        key = prefix + name
+
+        def run(made: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(made, loop).result()
+
+        async def stored() -> tuple[Any, int]:
+            return await state.client.hgetall(key), await state.client.pttl(key)
+
+        try:
+            await asyncio.to_thread(
+                _tries_without_a_trace,
+                lambda op: run(state.execute(op)),
+                lambda: run(stored()),
+                lambda ms: run(state.client.pexpire(key, ms)),
+                name, fair, t0, now,
+            )  # fmt: skip
+        finally:
+            await state.reset(name)
+            await state.close()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("now_us", [0, 10**15])
 @pytest.mark.parametrize(
     ("keep_us", "ms"),
@@ -1004,6 +1119,7 @@ def test_the_script_serves_every_operation() -> None:
         ("take", (0, 0, 1, 0, 0, 0)),
         ("try_start", (7, 0, 3, 0, 2**52 - 1, 100_000)),
         ("take_and_try", (0, 250, 2, 0, 99, 0)),
+        ("try_take", (0, 250, 2, 0, 99, 0)),
         ("retime", (7, 9, 1, 0, 0, 0)),
         ("set_paused", (0, 0, 1, 1, 0, 0)),
         ("release", (7, 0, 1, 0, 12, 0)),
@@ -1022,6 +1138,38 @@ def test_the_packing_is_redis_pys(op: str, args: tuple[int, ...], terms: Terms, 
     )
     for _ in range(2):  # packed afresh, then from the kept head
         assert b"".join(commands.packed(op, key, terms, now_us, args)) == b"".join(expected)
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+def test_try_take_is_packed_as_take_and_try(fair: bool) -> None:
+    """try_take sends take_and_try's ARGV (the fair ARGV[14..16] too) under its own name, on every
+    path: the hand-packed EVALSHA (the lean calls) and redis-py's (Script, the WAIT pipeline, a
+    cluster) alike."""
+    terms = Terms.checked(10_000, 3, 5, 2, 7, fair=fair)
+    fields = {"tenant": "t\u00e9 \U0001d11e", "weight": 4} if fair else {}
+    made = {
+        kind: operation(kind, "q", terms, lead_us=250, cost=2, token=99, doubt_us=7, **fields)  # type: ignore[arg-type]
+        for kind in ("take_and_try", "try_take")
+    }
+    args = codec.arguments(made["try_take"])
+    assert args == codec.arguments(made["take_and_try"])
+    assert args == (
+        (0, 250, 2, 0, 99, 7, 1, 4, "t\u00e9 \U0001d11e".encode()) if fair else (0, 250, 2, 0, 99, 7)
+    )
+    connection = redis.Connection()  # type: ignore[no-untyped-call]
+    key = "ratequeue:q\u00e9"
+    for now_us in (None, 0, 1_700_000_000_000_000):
+        argv = codec.script_args("try_take", terms, now_us, args)
+        assert argv == ["try_take", *codec.script_args("take_and_try", terms, now_us, args)[1:]]
+        expected = b"".join(connection.pack_command("EVALSHA", codec.SHA, 1, key, *argv))  # type: ignore[no-untyped-call]
+        commands = codec.Commands()
+        for _ in range(2):  # packed afresh, then from the kept head
+            packed = b"".join(commands.packed("try_take", key, terms, now_us, args))
+            assert packed == expected
+            assert packed == b"".join(commands.packed("take_and_try", key, terms, now_us, args)).replace(
+                b"$12\r\ntake_and_try\r\n", b"$8\r\ntry_take\r\n"
+            )
+    assert codec.PARSERS["try_take"] is codec.PARSERS["take_and_try"]
 
 
 def test_kept_heads_tell_terms_apart() -> None:

@@ -62,6 +62,10 @@ _steps = st.one_of(
         st.just("take_and_try"), st.integers(0, 3), st.integers(1, 3), st.integers(1, 3), _leads, _tokens,
         _doubts,
     ),
+    st.tuples(
+        st.just("try_take"), st.integers(0, 3), st.integers(1, 3), st.integers(1, 3), _leads, _tokens,
+        _doubts,
+    ),
     st.tuples(st.just("try_start"), st.integers(0, 12), _leads, _tokens, _doubts, st.integers(1, 3)),
     st.tuples(st.just("release"), st.integers(0, 12), _tokens),
     st.tuples(st.just("renew"), st.integers(0, 12), _tokens),
@@ -87,10 +91,10 @@ def _operations(name: str, terms: Terms, steps: list[tuple[Any, ...]]) -> Iterat
         made: Operation
         if kind == "take":
             made = operation("take", name, terms, tenant=TENANTS[args[0]], weight=args[1], cost=cost(args[2]))
-        elif kind == "take_and_try":
+        elif kind in ("take_and_try", "try_take"):
             which, weight, wanted, lead, token, doubt = args
             made = operation(
-                "take_and_try", name, terms, tenant=TENANTS[which], weight=weight, cost=cost(wanted),
+                kind, name, terms, tenant=TENANTS[which], weight=weight, cost=cost(wanted),
                 lead_us=lead, token=token if terms.max_running else 0, doubt_us=doubt,
             )  # fmt: skip
         elif kind == "try_start":
@@ -214,12 +218,12 @@ def test_only_a_fair_record_stores_the_fair_fields(redis_server: Server, admin: 
             b"ticket", b"pos", b"at", b"interval", b"due", b"burst", b"max_running", b"held", b"paused",
             b"leases",
         }  # fmt: skip
-        terms = Terms.checked(1000, fair=True)
+        terms = Terms.checked(10**6, fair=True)  # a second: the next call cannot come after the interval
         first = state.execute(operation("take_and_try", fair, terms, lead_us=10**9, tenant="a"))
         second = state.execute(operation("take_and_try", fair, terms, tenant="a"))
         third = state.execute(operation("take", fair, terms, tenant="b", weight=2))
         assert isinstance(first, Started)
-        assert second == Wait(2, first.start + 1000, second.now)  # type: ignore[union-attr]
+        assert second == Wait(2, first.start + 10**6, second.now)  # type: ignore[union-attr]
         assert third == Taken(3, 1, first.start, third.now)  # type: ignore[union-attr]
         stored = admin.hgetall(state.key(fair))
         assert stored[b"fair"] == b"1"

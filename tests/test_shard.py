@@ -435,6 +435,25 @@ def test_idle_shard_asks_for_nothing() -> None:
     assert shard.waiting == 0
 
 
+def test_a_try_takes_a_ticket_only_if_it_starts() -> None:
+    """A try (``try_acquire``) with no ticket held asks with try_take; a wait ends it, holding no ticket."""
+    shard = make_shard(0.01)
+    tried = shard.add(deadline=0.0, timeout=0.0)
+    tried.attempt = True
+    assert shard.step(tried, 0.0) == Step("try_take", lead_us=0)
+    shard.receive(tried, protocol.Wait(ticket=5, slot=5_010_000, now=5_000_000), 0.0, 0.001)
+    assert shard.ticket is None, "the ticket named was not taken"
+    assert tried.expected == pytest.approx(0.010, abs=0.002), "when a turn could have come"
+    assert isinstance(shard.step(tried, 0.001), Expired)
+    shard.abandon(tried)
+    again = shard.add(deadline=0.001, timeout=0.0)
+    again.attempt = True
+    assert shard.step(again, 0.002) == Step("try_take", lead_us=0)
+    shard.receive(again, protocol.Started(ticket=5, start=5_010_000, now=5_010_000), 0.002, 0.002)
+    assert again.turn is not None
+    assert again.turn.ticket == 5
+
+
 def test_turn_of_a_job_that_left_goes_to_the_next() -> None:
     """A STARTED answer for a job cancelled meanwhile is given to the next waiting job."""
     shard = make_shard(0.01)

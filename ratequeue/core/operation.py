@@ -39,6 +39,7 @@ from .protocol import (
     take,
     take_and_try,
     try_start,
+    try_take,
     try_turn,
 )
 
@@ -63,6 +64,7 @@ Kind = Literal[
     "take",
     "try_start",
     "take_and_try",
+    "try_take",
     "retime",
     "set_paused",
     "release",
@@ -81,6 +83,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "take": ("cost", "tenant"),
     "try_start": ("ticket", "lead_us", "cost", "token", "doubt_us"),
     "take_and_try": ("lead_us", "cost", "token", "doubt_us", "tenant"),
+    "try_take": ("lead_us", "cost", "token", "doubt_us", "tenant"),
     "retime": ("ticket", "lead_us", "doubt_us"),
     "set_paused": ("paused",),
     "release": ("ticket", "token"),
@@ -162,7 +165,7 @@ class Operation(NamedTuple):
     terms: Terms
     #: the ticket tried, re-timed, released or renewed
     ticket: int = 0
-    #: how far ahead (us) a start may lie (try_start, take_and_try), be moved (retime) or be held
+    #: how far ahead (us) a start may lie (try_start, take_and_try, try_take), be moved (retime) or be held
     #: (hold); for slow, the interval to slow to at least (0: twice the effective one); for settle,
     #: not a time but the job's actual cost (0 to the burst)
     lead_us: int = 0
@@ -173,10 +176,10 @@ class Operation(NamedTuple):
     #: the shard's number for the ticket (1 to ``MAX_US - 1``; 0: none), which names its lease on a
     #: queue with ``max_running`` (:data:`~ratequeue.core.protocol.Lease`)
     token: int = 0
-    #: try_start, take_and_try, retime: how much (us) a start moves the next, for its starter's
+    #: try_start, take_and_try, try_take, retime: how much (us) a start moves the next, for its starter's
     #: doubt of the state's clock (0 to :data:`~ratequeue.core.protocol.MAX_DOUBT_US`)
     doubt_us: int = 0
-    #: take, take_and_try on a fair queue: the waiter's tenant, and its weight (1 to
+    #: take, take_and_try, try_take on a fair queue: the waiter's tenant, and its weight (1 to
     #: :data:`MAX_WEIGHT`): how many of the tenant's waiters may hold tickets at once
     tenant: str = ""
     weight: int = 1
@@ -311,6 +314,9 @@ STEPS: dict[str, Callable[[Record, Operation, Micros], tuple[Record, Answer]]] =
         )
         if rec.fair
         else take_and_try(rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us)
+    ),
+    "try_take": lambda rec, op, now: try_take(
+        rec, op.lead_us, now, op.cost, op.terms.lease_us, op.token, op.doubt_us, op.tenant, op.weight
     ),
     "retime": lambda rec, op, now: retime(rec, op.ticket, op.lead_us, now, op.doubt_us),
     "set_paused": lambda rec, op, now: set_paused(rec, op.paused, now),

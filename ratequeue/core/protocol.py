@@ -553,6 +553,34 @@ def take_and_try(
     return try_start(_taken(record, now, cost), record.ticket, lead, now, cost, lease, token, doubt)
 
 
+def try_take(
+    record: Record,
+    lead: Micros,
+    now: Micros,
+    cost: int = 1,
+    lease: Micros = 0,
+    token: int = 0,
+    doubt: Micros = 0,
+    tenant: str = "",
+    weight: int = 1,
+) -> tuple[Record, Outcome]:
+    """:func:`take_and_try` (:func:`enqueue_and_try` on a fair record) that changes nothing unless it starts.
+
+    For a caller that will not wait (``try_acquire``). Started, the record
+    is as :func:`take_and_try` leaves it. Otherwise the record is returned
+    unchanged: no ticket handed out, no waiter added, no jump made (G4), no
+    full record noted; the answer is :func:`take_and_try`'s :class:`Wait`,
+    naming the ticket (on a fair record, the waiter's number) that was *not*
+    taken and when it could have started. So a try that gets no turn leaves
+    nothing behind that another caller waits for.
+    """
+    if record.fair:
+        tried, outcome = enqueue_and_try(record, tenant, weight, lead, now, cost, lease, token, doubt)
+    else:
+        tried, outcome = take_and_try(record, lead, now, cost, lease, token, doubt)
+    return (tried, outcome) if isinstance(outcome, Started) else (record, outcome)
+
+
 def enqueue(record: Record, now: Micros, tenant: str, weight: int = 1, cost: int = 1) -> tuple[Record, Taken]:
     """A fair queue's :func:`take`: a new waiter of ``tenant``, of ``cost``, at the back of its tenant's line.
 

@@ -115,6 +115,9 @@ class Place:
     turn: Turn | None = None
     #: whether the place is in its shard's line
     queued = True
+    #: a caller that will not wait (``try_acquire``): a new ticket is taken for it only if it
+    #: starts at once (``try_take``), so that a try without a turn leaves no ticket behind
+    attempt = False
     #: calls made at or after the deadline; moves of the started turn's start
     late_calls = 0
     retimes = 0
@@ -250,6 +253,8 @@ class Shard:
         self._token = 0
         self._next_token = self._new_token()
         self._taking = False
+        #: the call in flight is a try_take (:attr:`Place.attempt`): unless it starts, no ticket comes of it
+        self._trying = False
         #: tickets started that no caller began (dropped, given up, nobody left), with their
         #: tokens: on a record with ``max_running`` their leases are released. The driver empties it.
         self.unused: list[Held] = []
@@ -439,11 +444,12 @@ class Shard:
             self._call_cost = place.cost
             self._call_tenant = place.tenant
             self._taking = True
+            self._trying = place.attempt
             # (tuple.__new__: every field, without the NamedTuple's __new__, a Python function)
             return tuple.__new__(
                 Operation,
                 (
-                    "take_and_try",
+                    "try_take" if place.attempt else "take_and_try",
                     self.name,
                     self.terms,
                     0,
@@ -582,6 +588,7 @@ class Shard:
         if self._in_flight is not place:
             raise ValueError("no call is in flight for this place")
         self._in_flight = None
+        trying, self._trying = self._trying, False
         if self._taking:  # a take was answered: its token is the ticket's, and the next take gets a new one
             self._taking = False
             self._token, self._next_token = self._next_token, self._new_token()
@@ -624,6 +631,10 @@ class Shard:
             head.turn = self._turn(answer, offset, sent, self._token, self._call_cost)
             head.doubt = doubt
             self._holder = head
+        elif trying:  # a try_take that did not start took no ticket: the try is over
+            if isinstance(answer, Wait):
+                place.expected = _to_local(answer.slot, answer.now, offset, sent)
+            place.late_calls = _LATE_CALLS
         elif isinstance(answer, Wait):
             new_ticket = answer.ticket != self._ticket
             if new_ticket:  # from take_and_try
@@ -703,6 +714,7 @@ class Shard:
         dropped instead. A failed re-time leaves the turn as it was.
         """
         self._finish_call(place)
+        self._trying = False
         if answered_elsewhere and not self._retiming:
             if self._taking:
                 self._next_token = self._new_token()

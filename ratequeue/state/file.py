@@ -315,7 +315,7 @@ class FileState(LocalState):
                 _remember(self._known, op.name, (seen, record, kept))
         now = self._now()
         updated, answer = self._applied(op, record, now)
-        until = keep_until(updated, op.terms, now)
+        until = kept if updated is record and op.kind == "try_take" else keep_until(updated, op.terms, now)
         if updated == record and until == kept:
             return record, now, answer, None, (updated, until)
         return record, now, answer, _record_content(op.name, updated, until), (updated, until)

@@ -69,6 +69,8 @@ class MemoryState(LocalState):
             now = self._clock() if self._clock else time.monotonic_ns() // 1000
             record = self._records.get(name)
             updated, answer = self._applied(op, record, now)
+            if updated is record and op.kind == "try_take":
+                return answer  # a try that did not start changes nothing, its keep time neither
             self._records[name] = updated
             until = keep_until(updated, terms, now) if terms.keep_us else None
             if until is not None:

@@ -36,6 +36,11 @@ A fair queue's ``take``, ``try_start`` and ``take_and_try`` are
 and :func:`~ratequeue.core.protocol.enqueue_and_try`, in the same single
 pipeline (the waiters seated by a ``$reduce``): still one round trip.
 
+``try_take`` (:func:`~ratequeue.core.protocol.try_take`) runs
+``take_and_try``'s stages (a fair queue's too) in its one pipeline, whose
+last stage puts the document back as it was read, answer aside, unless the
+ticket started: a try that waits leaves no ticket, waiter or keep time behind.
+
 ``$$NOW`` has millisecond resolution: on this backend every ``now`` is a
 whole millisecond (in microseconds), and intervals keep their microseconds.
 """

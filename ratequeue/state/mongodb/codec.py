@@ -164,7 +164,8 @@ def _check_stages(op: Operation) -> Pipeline:
         ({"$gt": ["$paced_at", horizon]}, "paced_at", "$paced_at"),
         ({"$gt": [latest_expiry, {"$add": [horizon, {"$literal": MAX_LEASE_US}]}]}, "leases", latest_expiry),
     ]
-    if op.kind in ("take", "take_and_try") and not op.terms.fair:  # (a fair take seats, and checks, later)
+    taking = op.kind in ("take", "take_and_try", "try_take")
+    if taking and not op.terms.fair:  # (a fair take seats, and checks, later)
         cases.append(({"$gte": [{"$add": ["$ticket", {"$literal": op.cost}]}, MAX_US]}, "ticket", "$ticket"))
     branches = [
         {"case": case, "then": {"kind": "unwritten", "field": field, "value": value, "now": "$_now"}}
@@ -724,7 +725,18 @@ def _turn_stages(op: Operation, number: Any, adopted_first: bool) -> Pipeline:
     ]
 
 
-#: the stages of a fair queue's take, try_start and take_and_try (the other kinds run as on any queue)
+def _fair_take_and_try(op: Operation) -> Pipeline:
+    """A fair queue's ``take_and_try`` and ``try_take``: :func:`~ratequeue.core.protocol.enqueue_and_try`."""
+    return [
+        *_EFFECTIVE,
+        *_lease_stages(op),
+        *_enqueue_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
+        *_turn_stages(op, "$_n", adopted_first=True),
+    ]
+
+
+#: the stages of a fair queue's take, try_start, take_and_try and try_take (the other kinds run as on
+#: any queue)
 _FAIR_STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "take": lambda op: [
         *_EFFECTIVE,
@@ -736,19 +748,26 @@ _FAIR_STAGES: dict[str, Callable[[Operation], Pipeline]] = {
         *_lease_stages(op),
         *_turn_stages(op, {"$literal": op.ticket}, adopted_first=False),
     ],
-    "take_and_try": lambda op: [
-        *_EFFECTIVE,
-        *_lease_stages(op),
-        *_enqueue_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
-        *_turn_stages(op, "$_n", adopted_first=True),
-    ],
+    "take_and_try": _fair_take_and_try,
+    "try_take": _fair_take_and_try,
 }
 
 #: the fields a fair queue's pipeline works in besides :data:`_SCRATCH`
 _FAIR_SCRATCH = ["_seat", "_w", "_f"]
 
 
-#: the stages of each kind of operation, between the checks and the keep time
+def _take_and_try(op: Operation) -> Pipeline:
+    """``take_and_try`` (and ``try_take``): ``take``, then ``try_start`` of the ticket taken."""
+    return [
+        *_EFFECTIVE,
+        *_lease_stages(op),
+        *_take_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
+        *_try_stages(op),
+    ]
+
+
+#: the stages of each kind of operation, between the checks and the keep time (``try_take`` runs
+#: ``take_and_try``'s; :func:`pipeline` puts the document back unless it started)
 _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
     "take": lambda op: [*_EFFECTIVE, *_take_stages(op), {"$set": {"answer": _told("taken", "$pos")}}],
     "try_start": lambda op: [
@@ -757,12 +776,8 @@ _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
         *_lease_stages(op),
         *_try_stages(op),
     ],
-    "take_and_try": lambda op: [
-        *_EFFECTIVE,
-        *_lease_stages(op),
-        *_take_stages(op, _ADOPTED if op.terms.max_running and op.token else False),
-        *_try_stages(op),
-    ],
+    "take_and_try": _take_and_try,
+    "try_take": _take_and_try,
     "retime": _retime_stages,
     "set_paused": _set_paused_stages,
     "release": _release_stages,
@@ -777,9 +792,18 @@ _STAGES: dict[str, Callable[[Operation], Pipeline]] = {
 def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     """The update pipeline of ``op``; it leaves its answer in the document's ``answer``.
 
+    ``try_take`` runs the stages of ``take_and_try`` (on a fair queue too);
+    unless it starts, the document is put back as it was read (its
+    ``expires`` too), answering ``take_and_try``'s answer
+    (:func:`ratequeue.core.protocol.try_take`).
+
     :param now_us: a fixed ``now`` (tests only), or ``None`` for the server's ``$$NOW``.
     """
     refused = {"$mergeObjects": ["$_was", {"answer": "$_bad"}]}
+    written: Any = "$$ROOT"
+    if op.kind == "try_take":  # no start: nothing written but the answer
+        untaken = {"$mergeObjects": ["$_was", {"answer": "$answer"}]}
+        written = {"$cond": [{"$eq": ["$answer.kind", "started"]}, "$$ROOT", untaken]}
     fair = op.terms.fair and op.kind in _FAIR_STAGES
     # a document written before holds existed has no ``not_before``: no hold (``NEVER``); one
     # written before slow-downs has no ``pace`` and ``paced_at``: none (0, ``NEVER``); one written
@@ -799,8 +823,9 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
         *_check_stages(op),
         *(_FAIR_STAGES if fair else _STAGES)[op.kind](op),
         *_keep_stages(op.terms.keep_us, now_us is not None),
-        # a refusal named in ``_bad`` puts the document back as it was read, answering ``_bad``
-        {"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, "$$ROOT"]}},
+        # a refusal named in ``_bad`` puts the document back as it was read, answering ``_bad`` (as
+        # does a try_take that did not start, answering its wait: ``written``)
+        {"$replaceWith": {"$cond": [{"$ne": ["$_bad", ""]}, refused, written]}},
         {"$unset": _SCRATCH + _FAIR_SCRATCH if fair else _SCRATCH},
     ]
 
@@ -1043,7 +1068,7 @@ def parse_changed(document: Document, where: str) -> bool:
     return value == 1
 
 
-#: the outcomes of try_start, take_and_try and retime, by their answer's kind
+#: the outcomes of try_start, take_and_try, try_take and retime, by their answer's kind
 _OUTCOMES: dict[str, Callable[[int, int, int], Outcome]] = {
     "started": Started,
     "wait": Wait,
@@ -1123,6 +1148,7 @@ PARSERS: dict[str, Callable[[Document, str], Answer]] = {
     "take": parse_taken,
     "try_start": parse_outcome,
     "take_and_try": parse_outcome,
+    "try_take": parse_outcome,
     "retime": parse_outcome,
     "set_paused": parse_changed,
     "release": parse_changed,

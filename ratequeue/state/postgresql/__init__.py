@@ -32,6 +32,8 @@ function (``_op_v3``...) is left in place for the clients still calling it.
 A fair queue's ``take``, ``try_start`` and ``take_and_try`` are
 :func:`~ratequeue.core.protocol.enqueue`, ``try_turn`` and
 ``enqueue_and_try``, in the same function (:attr:`PostgresBackend.fair_queues`).
+``try_take`` (:func:`~ratequeue.core.protocol.try_take`) runs ``take_and_try``'s
+path (a fair row's too) and writes the row only if it starts.
 Their text is ``function.sql`` beside this module.
 
 A shard waiting for a place on a full queue hears of a place freed by another
@@ -324,6 +326,7 @@ class PostgresBackend(StateBase):
             select("take_and_try", n, 0, 0),  # started, with a lease (token 1) and a keep time
             select("take_and_try", n, 0, 0),  # asked again with the lease's token: the same start
             select("take_and_try", n, 0, 10**6, token=2),  # full
+            select("try_take", n, 0, 10**6, token=3),  # full: a wait, nothing written
             select("try_start", n, 2, 0, token=2),  # wait
             select("try_start", n, 1, 0),  # the same start again
             select("try_start", n, 9, 0, token=2),  # passed
@@ -358,6 +361,8 @@ class PostgresBackend(StateBase):
             select("try_start", n, 2, 0, fair=True, token=0),  # the waiter begun: the same start
             select("try_start", n, 1, 0, fair=True, token=0),  # not in line: passed
             select("take_and_try", n + 10**7, 0, 0, fair=True, token=4),  # 3 passed by the jump; waits
+            select("try_take", n + 10**7, 0, 0, fair=True, token=5),  # a wait: no waiter added
+            select("try_take", far, 0, 0, burst=2),  # the leases expired: started, written
         ]
         return sql.SQL("; ").join([sql.SQL("BEGIN"), *selects, sql.SQL("ROLLBACK")])
 
@@ -662,7 +667,7 @@ def in_transaction(connection: Any) -> bool:
     return bool(connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
 
 
-#: what try_start, take_and_try and retime answer, by the function's first column
+#: what try_start, take_and_try, try_take and retime answer, by the function's first column
 _OUTCOMES: dict[str, type[Started] | type[Wait] | type[Passed]] = {
     "started": Started,
     "wait": Wait,

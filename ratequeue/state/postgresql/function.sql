@@ -72,10 +72,10 @@ $ratequeue$
 -- @FUNCTION@(op, name, ...): one operation of ratequeue.core.protocol on queue `name`, atomically, on the
 -- server's clock; called autocommit, each call is its own transaction.
 --
---   p_op           take, try_start, take_and_try, retime, set_paused, release, renew, hold, lift,
---                  slow, settle (they lock the row, creating it if missing, and write it back), read (changes
---                  nothing, creates nothing) or sweep (deletes the rows whose keep time has passed;
---                  p_name ignored)
+--   p_op           take, try_start, take_and_try, try_take, retime, set_paused, release, renew, hold,
+--                  lift, slow, settle (they lock the row, creating it if missing, and write it back;
+--                  try_take only if it starts), read (changes nothing, creates nothing) or sweep (deletes
+--                  the rows whose keep time has passed; p_name ignored)
 --   p_interval, p_burst, p_max_running, p_fair
 --                  the terms the caller expects: a missing row is created with them, a stored row
 --                  with others is answered "mismatch", changing nothing
@@ -86,18 +86,23 @@ $ratequeue$
 --   p_ticket, p_lead, p_cost, p_paused, p_token, p_doubt
 --                  the operation's own arguments (unused ones are ignored; the lead_us of hold and
 --                  of slow, the interval to slow to at least, is p_lead; settle's estimate is p_cost
---                  and its actual cost, not a time, p_lead; p_doubt is the doubt_us of try_start and
---                  take_and_try, 0 to MAX_DOUBT_US)
+--                  and its actual cost, not a time, p_lead; p_doubt is the doubt_us of try_start,
+--                  take_and_try and try_take, 0 to MAX_DOUBT_US)
 --   p_tenant, p_weight
---                  take and take_and_try on a fair row: the new waiter's tenant and weight
+--                  take, take_and_try and try_take on a fair row: the new waiter's tenant and weight
 --
 -- On a fair row take, try_start and take_and_try are protocol.enqueue, try_turn and enqueue_and_try:
 -- they name waiters by their numbers (a started one's answer names its ticket); every other
 -- operation works on tickets, as on a row that is not fair.
 --
+-- try_take (protocol.try_take) is take_and_try (on a fair row enqueue_and_try) that writes nothing
+-- unless it starts: its wait names the ticket (the waiter's number) not taken, and leaves the row
+-- as it was (no ticket, no waiter, no jump, no full row noted, the keep time not moved).
+--
 -- The answer is one row (kind, a, b, c, now, created, stored), now in us on the clock used:
 --   take                               ("taken", TICKET, POS, AT); on a fair row ("taken", NUMBER, POS, AT)
---   try_start, take_and_try, retime    ("started", TICKET, START), ("wait", TICKET, SLOT)
+--   try_start, take_and_try, try_take, retime
+--                                      ("started", TICKET, START), ("wait", TICKET, SLOT)
 --                                      or ("passed", TICKET, POS); on a fair row, NUMBER for TICKET
 --                                      but in "started"
 --   set_paused                         ("set", 1 if the flag changed else 0)
@@ -117,10 +122,12 @@ $ratequeue$
 --                                       ("unwritten_at", AT), ("unwritten_held", HELD),
 --                                       ("unwritten_not_before", NOT_BEFORE),
 --                                       ("unwritten_paced_at", PACED_AT), ("unwritten_leases", EXPIRY)
---   take and take_and_try, when ticket + cost reaches LIMIT   ("unwritten_ticket", TICKET)
---   take, try_start and take_and_try on a fair row, when a waiter's ticket + its cost would reach
---   LIMIT                                                     ("unwritten_ticket", TICKET)
---   a fair take or take_and_try, when number + 1 reaches LIMIT ("unwritten_number", NUMBER)
+--   take, take_and_try and try_take, when ticket + cost reaches LIMIT
+--                                                             ("unwritten_ticket", TICKET)
+--   take, try_start, take_and_try and try_take on a fair row, when a waiter's ticket + its cost would
+--   reach LIMIT                                               ("unwritten_ticket", TICKET)
+--   a fair take, take_and_try or try_take, when number + 1 reaches LIMIT
+--                                                             ("unwritten_number", NUMBER)
 -- `created` is true when this call inserted the row. Slots are computed in numeric, so no record
 -- can overflow them; every value stored stays below 2^54.
 --
@@ -196,8 +203,8 @@ DECLARE
     v_keep_until bigint;
     v_deleted bigint;
     v_freed boolean := false;
-    -- a fair row's: protocol.try_start to run on v_t (try_start, take_and_try), the fair steps taken,
-    -- the waiter number asked for and its index, the number, begun, waiters and tenants to write,
+    -- a fair row's: protocol.try_start to run on v_t (try_start, take_and_try, try_take), the fair steps
+    -- taken, the waiter number asked for and its index, the number, begun, waiters and tenants to write,
     -- the waiters kept while seating them and the tenants holding tickets, with how many each
     v_try boolean := false;
     v_fair boolean := false;
@@ -410,11 +417,11 @@ BEGIN
         END LOOP;
     END IF;
 
-    IF p_op = 'take_and_try' AND v_found THEN
+    IF (p_op = 'take_and_try' OR p_op = 'try_take') AND v_found THEN
         -- protocol.take_and_try, asked again with the token of a live lease: its start again
-        -- (protocol.enqueue_and_try as well)
+        -- (protocol.enqueue_and_try and try_take as well)
         o_kind := 'started'; o_a := v_live[3 * v_own - 2]; o_b := v_live[3 * v_own - 1] - p_lease;
-    ELSIF r.fair AND (p_op = 'take' OR p_op = 'try_start' OR p_op = 'take_and_try') THEN
+    ELSIF r.fair AND (p_op = 'take' OR p_op = 'try_start' OR p_op = 'take_and_try' OR p_op = 'try_take') THEN
         v_fair := true;
         v_number := r.number; v_begun := r.begun; v_waiters := r.waiters; v_tenants := r.tenants;
         IF p_op = 'try_start' THEN
@@ -522,7 +529,7 @@ BEGIN
                 END IF;
             END IF;
         END IF;
-    ELSIF p_op = 'take' OR p_op = 'take_and_try' THEN
+    ELSIF p_op = 'take' OR p_op = 'take_and_try' OR p_op = 'try_take' THEN
         -- protocol.take: pos jumps to the last ticket handed out when every ticket since pos is at
         -- least one step past its slot (counted from v_from: a hold moves the slots to its end; a
         -- slow-down counts them at the effective interval, v_step), and no earlier one waits for a place
@@ -543,9 +550,9 @@ BEGIN
         END IF;
     END IF;
 
-    IF (p_op = 'take_and_try' AND v_found) OR (v_fair AND NOT v_try) THEN
+    IF ((p_op = 'take_and_try' OR p_op = 'try_take') AND v_found) OR (v_fair AND NOT v_try) THEN
         NULL; -- answered above
-    ELSIF p_op = 'try_start' OR p_op = 'take_and_try' THEN
+    ELSIF p_op = 'try_start' OR p_op = 'take_and_try' OR p_op = 'try_take' THEN
         IF p_op = 'try_start' AND NOT v_fair THEN
             v_t := p_ticket;
         END IF;
@@ -741,10 +748,17 @@ BEGIN
         END LOOP;
         v_leases := v_live;
         o_kind := 'live'; o_a := CASE WHEN v_found THEN 1 ELSE 0 END;
-    ELSIF p_op <> 'take' AND p_op <> 'take_and_try' THEN
+    ELSIF p_op <> 'take' AND p_op <> 'take_and_try' AND p_op <> 'try_take' THEN
         RAISE EXCEPTION 'ratequeue: unknown operation %', p_op;
     END IF;
-    IF (p_op = 'try_start' OR p_op = 'take_and_try') AND o_kind = 'started' AND r.max_running > 0
+    IF p_op = 'try_take' AND o_kind <> 'started' THEN
+        -- protocol.try_take: take_and_try's answer, but nothing written (no ticket handed out, no
+        -- waiter added, no jump, no full row noted, the keep time as it was)
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF (p_op = 'try_start' OR p_op = 'take_and_try' OR p_op = 'try_take') AND o_kind = 'started'
+       AND r.max_running > 0
        AND coalesce(cardinality(v_leases), 0) / 3 < r.max_running AND v_held + c_full_grace > v_now THEN
         v_freed := true; -- a place is left, and the next ticket, which the grace held back, may take it
     END IF;

@@ -215,7 +215,7 @@ def _snapshot(now: int, *fields: int) -> Snapshot:
 #: the answer of ``take``: ``taken TICKET POS AT NOW``
 parse_taken: Parser[Taken] = _parser(taken=Taken)
 
-#: the answer of ``try_start``, ``take_and_try`` or ``retime``: ``KIND TICKET VALUE NOW``
+#: the answer of ``try_start``, ``take_and_try``, ``try_take`` or ``retime``: ``KIND TICKET VALUE NOW``
 parse_outcome: Parser[Outcome] = _parser(started=Started, wait=Wait, passed=Passed)
 
 #: the answer of ``set_paused``, ``hold``, ``lift``, ``slow`` and ``settle``: ``set CHANGED NOW``; whether
@@ -303,6 +303,7 @@ PARSERS: dict[str, Parser[Answer]] = {
     "take": parse_taken,
     "try_start": parse_outcome,
     "take_and_try": parse_outcome,
+    "try_take": parse_outcome,
     "retime": parse_outcome,
     "set_paused": parse_changed,
     "release": parse_live,

@@ -24,25 +24,30 @@ ARGV[5]   the max_running the caller expects (0: no cap); a record created now g
 ARGV[6]   the lease (us) a start or a renewal takes, used with max_running only
 ARGV[7]   "" to read the server's TIME, or a fixed now (us) set by a test
 ARGV[8]   the ticket (try_start, retime, release, renew, settle)
-ARGV[9]   the lead (us) (try_start, take_and_try, retime, hold); slow: the interval (us) to slow
-          to at least (0: twice the effective one); settle: not a time, the job's actual cost
-          (0 to the burst)
-ARGV[10]  the cost (take, try_start, take_and_try); settle: the cost the ticket was taken for
+ARGV[9]   the lead (us) (try_start, take_and_try, try_take, retime, hold); slow: the interval (us)
+          to slow to at least (0: twice the effective one); settle: not a time, the job's actual
+          cost (0 to the burst)
+ARGV[10]  the cost (take, try_start, take_and_try, try_take); settle: the cost the ticket was
+          taken for
 ARGV[11]  set_paused: 1 to pause, 0 to resume
-ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, release, renew; 0: none)
-ARGV[13]  the doubt (us) a new start adds to due (try_start, take_and_try, retime; 0 to MAX_DOUBT)
+ARGV[12]  the token naming the ticket's lease (try_start, take_and_try, try_take, release, renew;
+          0: none)
+ARGV[13]  the doubt (us) a new start adds to due (try_start, take_and_try, try_take, retime; 0 to
+          MAX_DOUBT)
 ARGV[14]  "1" when the caller expects a fair queue (a record created now is fair); absent: not fair
-ARGV[15]  with ARGV[14]: the waiter's weight (take, take_and_try; 1 to MAX_WEIGHT)
-ARGV[16]  with ARGV[14]: the waiter's tenant (take, take_and_try), as UTF-8 text
+ARGV[15]  with ARGV[14]: the waiter's weight (take, take_and_try, try_take; 1 to MAX_WEIGHT)
+ARGV[16]  with ARGV[14]: the waiter's tenant (take, take_and_try, try_take), as UTF-8 text
 
 On a fair record take, try_start and take_and_try are protocol.enqueue, try_turn and
 enqueue_and_try: their TICKET is a waiter's number, but in a started answer (the ticket started).
+try_take (protocol.try_take) is take_and_try (on a fair record enqueue_and_try) that writes
+nothing unless it starts: its wait answer names the ticket (or waiter number) not taken.
 
 The reply is one string of words separated by single spaces (a client parses one bulk string in
 a fraction of the CPU an array costs it); numbers are whole, in decimal:
   take                               "taken TICKET POS AT NOW"
-  try_start, take_and_try, retime    "started TICKET START NOW", "wait TICKET SLOT NOW"
-                                     or "passed TICKET POS NOW"
+  try_start, take_and_try,           "started TICKET START NOW", "wait TICKET SLOT NOW"
+  try_take, retime                   or "passed TICKET POS NOW"
   set_paused                         "set CHANGED NOW", CHANGED 1 if the flag changed, else 0
   hold                               "set CHANGED NOW", CHANGED 1 if the hold moved, else 0
   lift                               "set CHANGED NOW", CHANGED 1 if a hold was on at NOW, else 0
@@ -63,9 +68,9 @@ and, changing nothing:
   any operation, when `at`, `held` or `paced_at` lies more than MAX_LEAD past now, `not_before`
   more than MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE (no start,
   now, hold or lease the protocol makes does; see protocol.check):   "unwritten FIELD VALUE NOW"
-  take and take_and_try, when ticket + cost reaches LIMIT:           "unwritten ticket TICKET NOW"
-  (on a fair record, any of them that hands a waiter a ticket; and take and take_and_try, when
-  number + 1 reaches LIMIT:                                          "unwritten number NUMBER NOW")
+  take, take_and_try and try_take, when ticket + cost reaches LIMIT: "unwritten ticket TICKET NOW"
+  (on a fair record, any of them that hands a waiter a ticket; and take, take_and_try and
+  try_take, when number + 1 reaches LIMIT:                           "unwritten number NUMBER NOW")
 
 While a record was found full within FULL_GRACE (held + FULL_GRACE > now), a release that frees
 a live lease, and a start that leaves a place free (the next ticket, held back by the grace, may
@@ -74,8 +79,9 @@ other processes waiting for a place listen on (freed.py); nothing else publishes
 
 Every operation but read creates a missing record (protocol.new_record) and writes the whole
 record back (not_before, pace, paced_at and settled removed from the hash when they are their
-default);
-read never writes. Numbers stay below 2^53, so every one is exact in a double.
+default), its keep time set (ARGV[4]); try_take only when it answers started (otherwise the hash
+and its TTL are left as they were); read never writes. Numbers stay below 2^53, so every one is
+exact in a double.
 ]]
 
 -- the constants of core/protocol.py (tests/test_constants.py holds them equal)
@@ -721,7 +727,7 @@ else
     if not kind then
       return t
     end
-  elseif op == "take_and_try" then
+  elseif op == "take_and_try" or op == "try_take" then -- (try_take: written only if started, below)
     local cost = tonumber(ARGV[10])
     kind, t, value = "started", repeated() -- the call retried after its reply was lost: its start
     if not t then
@@ -752,6 +758,10 @@ else
     tell_freed() -- a place is left, and the next ticket, which the grace held back, may take it
   end
   reply = {kind, decimal(t), decimal(value), decimal(now)}
+  if op == "try_take" and kind ~= "started" then
+    -- protocol.try_take: no start, nothing written (no ticket, waiter, jump, held, keep time)
+    return table.concat(reply, " ")
+  end
 end
 
 -- the latest of protocol.expires: the slot of the next ticket (moved by a hold) plus a step, the
