@@ -48,7 +48,21 @@ name                                            labels       what it counts or t
 ``ratequeue_begin_lateness_seconds``            queue        histogram: begin after the turn's start
 ``ratequeue_state_call_duration_seconds``       queue,       histogram: state calls answered, by
                                                 operation    operation (its ``_count`` counts them)
+``ratequeue_tenant_begins_total``               queue,       a fair queue's turns begun, by tenant
+                                                tenant       (only with ``tenant_label``)
+``ratequeue_tenant_timeouts_total``             queue,       a fair queue's callers that gave up,
+                                                tenant       by tenant (only with ``tenant_label``)
+``ratequeue_tenant_acquire_wait_seconds``       queue,       histogram: a fair queue's waits from
+                                                tenant       ``acquire()`` to the begin, by tenant
+                                                             (only with ``tenant_label``)
 ==============================================  ===========  ======================================
+
+A fair queue's tenants (docs/fairness.md) are counted only if you say how
+to label them, as each tenant is a time series: ``tenant_label=str`` for a
+few tenants; for many, a function that names the ones worth a series and
+folds the rest (``lambda t: t if t in BIG else "other"``). Each tenant's
+share of the turns is ``rate(ratequeue_tenant_begins_total[5m])`` over
+their sum.
 
 The hook runs in ratequeue's reporter thread (asyncio: on the event loop),
 never on a caller's acquire path: see :mod:`ratequeue.events`.
@@ -91,6 +105,7 @@ class PrometheusMetrics:
         wait_buckets: Sequence[float] = WAIT_BUCKETS,
         lateness_buckets: Sequence[float] = BEGIN_LATENESS_BUCKETS,
         call_buckets: Sequence[float] = STATE_CALL_BUCKETS,
+        tenant_label: Callable[[str], str] | None = None,
     ) -> None:
         """
         :param registry: where the metrics are registered; ``None``: ``prometheus_client.REGISTRY``,
@@ -101,6 +116,9 @@ class PrometheusMetrics:
             keys, ``lambda name: name.split(":")[0]`` labels them by group, keeping the number
             of time series small.
         :param wait_buckets: ``lateness_buckets``, ``call_buckets``: the histograms' buckets (s).
+        :param tenant_label: the ``tenant`` label of a fair queue's tenant; given, begins, timeouts
+            and waits are also counted by tenant (``ratequeue_tenant_*``). ``None`` (the default):
+            not by tenant, as each tenant would be a time series of its own.
         :raises ConfigurationError: if ``prometheus_client`` is not installed, or if ``registry``
             has these metrics already (another ``PrometheusMetrics`` with this namespace on it).
         """
@@ -111,6 +129,9 @@ class PrometheusMetrics:
             raise ConfigurationError(f"ratequeue.prometheus needs prometheus_client: {install}") from exc
         if queue_label is not None and not callable(queue_label):
             raise ConfigurationError(f"queue_label must be None or a callable, got {queue_label!r}")
+        if tenant_label is not None and not callable(tenant_label):
+            raise ConfigurationError(f"tenant_label must be None or a callable, got {tenant_label!r}")
+        self._tenant_label = tenant_label
         self._label: Callable[[str], str] = queue_label or str
         #: the labelled children made so far, by (metric, label values): as many as the series
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -180,6 +201,21 @@ class PrometheusMetrics:
         self.slowdowns = counter(
             "slowdowns", "Slow-downs this process put on the whole queue, by what asked.", "cause"
         )
+        #: a fair queue's begins, timeouts and waits by tenant (with ``tenant_label`` only)
+        self.tenant_begins: Counter | None = None
+        self.tenant_timeouts: Counter | None = None
+        self.tenant_acquire_wait: Histogram | None = None
+        if tenant_label is not None:
+            self.tenant_begins = counter("tenant_begins", "A fair queue's turns begun, by tenant.", "tenant")
+            self.tenant_timeouts = counter(
+                "tenant_timeouts", "A fair queue's callers that gave up waiting, by tenant.", "tenant"
+            )
+            self.tenant_acquire_wait = histogram(
+                "tenant_acquire_wait_seconds",
+                "Seconds from acquire() to the begin on a fair queue, by tenant.",
+                wait_buckets,
+                "tenant",
+            )
         #: events this process dropped (read at each scrape: a dropped event never reaches this hook)
         self.events_dropped = _Dropped(namespace)
         metrics = [
@@ -198,8 +234,15 @@ class PrometheusMetrics:
                 self._child(self.acquire_wait, queue).observe(event.wait)
             if event.lateness is not None:
                 self._child(self.begin_lateness, queue).observe(event.lateness)
+            if event.tenant is not None and self._tenant_label is not None:
+                tenant = self._tenant_label(event.tenant)
+                self._child(self.tenant_begins, queue, tenant).inc()
+                if event.wait is not None:
+                    self._child(self.tenant_acquire_wait, queue, tenant).observe(event.wait)
         elif kind == "timeout":
             self._child(self.timeouts, queue).inc()
+            if event.tenant is not None and self._tenant_label is not None:
+                self._child(self.tenant_timeouts, queue, self._tenant_label(event.tenant)).inc()
         elif kind == "passed":
             self._child(self.passed_tickets, queue).inc()
         elif kind == "late":

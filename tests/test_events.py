@@ -681,6 +681,34 @@ def test_the_prometheus_exporter_can_label_a_group_by_its_name() -> None:
     assert samples(registry)["app_begins_total", (("queue", "customers"),)] == 3
 
 
+def test_the_prometheus_exporter_counts_a_fair_queues_tenants_only_when_told_how_to_label_them() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    by_tenant = PrometheusMetrics(registry, tenant_label=lambda name: name if name == "acme" else "other")
+    plain_registry = prometheus_client.CollectorRegistry()
+    plain = PrometheusMetrics(plain_registry)
+    url = f"memory://{fresh()}"
+    for hook in (by_tenant, plain):
+        limiter = ratequeue.Limiter(url, name=f"fair-{id(hook)}", interval=10.0, fair=True, on_event=hook)
+        try:
+            limiter.acquire(tenant="acme")
+            with pytest.raises(ratequeue.AcquireTimeout):
+                limiter.acquire(timeout=0.01, tenant="globex")  # the next turn is 10 s away
+            with pytest.raises(ratequeue.AcquireTimeout):
+                limiter.acquire(timeout=0.01, tenant="initech")
+        finally:
+            limiter.close()
+    assert flush(LONG)
+    found = samples(registry)
+    queue = ("queue", f"fair-{id(by_tenant)}")
+    assert found["ratequeue_tenant_begins_total", (queue, ("tenant", "acme"))] == 1
+    assert found["ratequeue_tenant_timeouts_total", (queue, ("tenant", "other"))] == 2, "folded as told"
+    assert found["ratequeue_tenant_acquire_wait_seconds_count", (queue, ("tenant", "acme"))] == 1
+    assert found["ratequeue_begins_total", (queue,)] == 1
+    assert not [key for key in samples(plain_registry) if "tenant" in key[0]], "no series per tenant unasked"
+    with pytest.raises(ConfigurationError, match="tenant_label must be None or a callable"):
+        PrometheusMetrics(prometheus_client.CollectorRegistry(), tenant_label="tenant")  # type: ignore[arg-type]
+
+
 def test_the_prometheus_exporter_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if it were not installed
     with pytest.raises(ConfigurationError, match=r"pip install 'ratequeue\[prometheus\]'"):
