@@ -202,6 +202,7 @@ class ShardRunner:
             # only where lateness is checked (not on MongoDB: there, against secantusdb, the doubt
             # halved the rate and left the late begins) and the offset is not read directly (exactly)
             doubting=self.max_late is not None and state.local_now() is None,
+            margin=settings.margin,
         )
         self.reporter = Reporter(
             settings.name,

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict, Union
 from .core.clock import to_float
 from .core.jobs import Backoff, DeadLetter
 from .core.operation import MAX_NAME_LENGTH, MAX_WEIGHT, Terms, check_name, check_tenant
-from .core.protocol import MAX_HOLD_US, MAX_LEAD_US, MAX_US, US
+from .core.protocol import MAX_DOUBT_US, MAX_HOLD_US, MAX_LEAD_US, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
 from .events import EventHook, check_hook
@@ -75,6 +75,11 @@ class Options(TypedDict, total=False):
     :param max_late: seconds a caller may begin after its start (0.3 ms by default); a later
         wake-up moves the start, or gives the turn up, so that begins stay
         ``interval - max_late`` apart where the service feels them (G7). ``None`` turns it off.
+    :param margin: seconds each start moves the next one later, beyond the interval, so that
+        begins up to ``max_late`` late still come an interval apart where the service feels
+        them: a rate as a service publishes it is kept against a strict or sliding-window
+        service. By default ``max_late`` (0.3 ms: 0.3 % of the rate at 10/s, 3 % at 100/s);
+        0 takes the rate exactly as written (docs/rates.md, "The margin").
     :param max_running: how many jobs may run at once across every shard (``None``: no cap);
         each holds a lease, renewed while it runs.
     :param lease: seconds a running job's lease lasts unless renewed (10): the longest a dead
@@ -104,6 +109,7 @@ class Options(TypedDict, total=False):
     keep: Seconds | None
     lead: Seconds | None
     max_late: Seconds | None
+    margin: Seconds | None
     max_running: int | None
     lease: Seconds
     when_down: WhenDown
@@ -179,6 +185,8 @@ class Settings:
     fair: bool = False
     #: a fair queue's tenants' weights, as ``(tenant, weight)`` pairs; a tenant not named has weight 1
     weights: tuple[tuple[str, int], ...] = ()
+    #: how much later (s) than the interval each start moves the next; ``None``: ``max_late``
+    margin: float | None = None
     #: the queue's terms as every operation carries them
     terms: Terms = field(init=False, repr=False, compare=False)
 
@@ -213,6 +221,7 @@ class Settings:
         adaptive: object = False,
         fair: object = False,
         weights: object = None,
+        margin: object = None,
     ) -> Settings:
         """Settings from what a user passed: ``interval=`` or ``rate=`` (one of them), and the rest."""
         if rate is None:
@@ -232,6 +241,7 @@ class Settings:
         keep = _optional("keep", keep, MAX_US / US, "a number of seconds >= 0 (under 142 years)")
         lead = _optional("lead", lead, MAX_LEAD_US / US, _LEADS, upper=True)
         max_late = _optional("max_late", max_late, math.inf, "a finite number of seconds >= 0")
+        margin = _optional("margin", margin, MAX_DOUBT_US / US, _MARGINS, upper=True)
         lease = seconds("lease", lease)
         if not 0.01 <= lease <= 86_400:
             raise ConfigurationError(
@@ -264,6 +274,7 @@ class Settings:
             adaptive,
             fair,
             checked_weights,
+            margin,
         )
 
     @classmethod
@@ -322,6 +333,7 @@ def check_tenant_for(settings: Settings, tenant: object) -> str:
 
 
 _LEADS = f"a number of seconds from 0 to {MAX_LEAD_US / US:g} (an hour)"
+_MARGINS = f"a number of seconds from 0 to {MAX_DOUBT_US / US:g}"
 
 
 def _optional(what: str, value: object, high: float, want: str, *, upper: bool = False) -> float | None:

@@ -216,3 +216,37 @@ def run_grouped_jobs(url: str, name: str, interval: float, jobs: int, seed: int,
         queue.close()
         os.close(fd)
     return jobs
+
+
+def call_at_published_rate(
+    url: str,
+    name: str,
+    rate: str,
+    referee: str,
+    calls: int,
+    who: str,
+    go: Any,
+    out: Any,
+    margin: float | None,
+) -> None:
+    """Call the referee ``calls`` times, each as soon as ``acquire()`` returns, at ``rate``; put the 429s."""
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from referee import RefereeClient
+
+    client = RefereeClient(referee)
+    client.connect()
+    limiter = Limiter(url, name=name, rate=rate, margin=margin)
+    try:
+        go.wait(60)
+        refused = 0
+        for _ in range(calls):
+            limiter.acquire()
+            refused += client.call(who) != 200
+        out.put(refused)
+    finally:
+        limiter.close()

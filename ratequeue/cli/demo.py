@@ -175,6 +175,12 @@ def _insert(values: list[Any], value: Any) -> tuple[bool, Any]:
     return place < len(values) - 1, None if place == 0 else value - values[place - 1]
 
 
+def begin_margin(interval_us: int) -> int:
+    """The margin (us) the demo's limiters add to each start: ``max_late`` where the lateness is checked."""
+    max_late_us = round(DEFAULT_MAX_LATE * US)
+    return max_late_us if interval_us >= 4 * max_late_us else 0
+
+
 def begin_bound(interval_us: int) -> float:
     """The smallest begin gap G7 promises (us): the interval less ``max_late``, where that is checked.
 
@@ -218,7 +224,12 @@ def _summary(seen: Seen, total: int, interval_us: int, out: TextIO, fresh: bool 
         span = (starts[-1] - starts[0]) / US
         rate = len(state_gaps) / span if span > 0 else float("inf")
         target = US / interval_us
-        versus = f"rate {rate:.2f}/s of {target:.2f}/s target ({100 * rate / target:.1f} %)"
+        versus = f"rate {rate:.2f}/s of {target:.2f}/s target ({100 * rate / target:.1f} %"
+        margin_us = begin_margin(interval_us)
+        if margin_us:  # (each start moves the next by the margin: the rate it leaves, at most)
+            kept = 100 * interval_us / (interval_us + margin_us)
+            versus += f"; the {margin_us / 1000:g} ms margin a start keeps {kept:.1f} %"
+        versus += ")"
         say(out, f"summary: {len(starts)}/{total} starts in {span:.3f} s (state clock), {versus}")
         say(out, f"  state-clock gaps: {_spread(state_gaps, interval_us)}")
         say(out, f"  begin gaps:       {_begin_spread(begin_gaps, interval_us, bound, past_bound)}")

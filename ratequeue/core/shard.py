@@ -195,6 +195,7 @@ class Shard:
         max_late: float | None = DEFAULT_MAX_LATE,
         estimator: OffsetEstimator | None = None,
         doubting: bool = True,
+        margin: float | None = None,
     ) -> None:
         """
         :param name: the queue's name, and ``terms`` its terms: the operations carry them.
@@ -208,6 +209,10 @@ class Shard:
         :param estimator: converts the state's clock to this host's (a new one by default).
         :param doubting: whether a start moves the next by this shard's doubt of the state's
             clock (:meth:`_doubt_us`); off where begins need not be spaced (``max_late=None``).
+        :param margin: how much (s) each start moves the next beyond the interval, so that
+            begins up to ``max_late`` late still come an interval apart (docs/design.md, "The
+            margin"). ``None``: the lateness checked (``max_late``, once the rules below
+            have applied), none with a burst, whose begins are not spaced.
         """
         self.name, self.terms = name, terms
         self.interval = interval = terms.interval_us / US
@@ -217,6 +222,10 @@ class Shard:
         self.estimator = estimator or OffsetEstimator()
         #: whether starts carry a doubt (never with a burst, whose begins are not spaced)
         self.doubting = doubting and terms.burst == 1
+        if margin is None:
+            margin = (self.max_late or 0.0) if terms.burst == 1 else 0.0
+        #: how much (us) each start moves the next beyond the interval
+        self.margin_us = min(round(margin * US), MAX_DOUBT_US)
         self._line: deque[Place] = deque()
         #: the place holding a started turn not yet begun
         self._holder: Place | None = None
@@ -457,7 +466,7 @@ class Shard:
                     place.cost,
                     False,
                     self._next_token,
-                    self._doubt_us(now) if self.doubting else 0,
+                    self._doubt_us(now),
                     place.tenant,
                     place.weight,
                 ),
@@ -487,7 +496,7 @@ class Shard:
                 self._ticket_cost,
                 False,
                 self._token,
-                self._doubt_us(now) if self.doubting else 0,
+                self._doubt_us(now),
                 "",
                 1,
             ),
@@ -500,13 +509,15 @@ class Shard:
         bounds are apart (:meth:`OffsetEstimator.width`); past
         :data:`DOUBT_FREE`, the next start waits that much longer, so that
         the next begin, in any process, comes an interval after this one
-        (G7, docs/design.md "Doubt"). None with a burst, whose begins are
+        (G7, docs/design.md "Doubt"); plus the :attr:`margin_us` every start
+        adds. No doubt with a burst, whose begins are
         not spaced, nor when not :attr:`doubting`.
         """
+        margin = self.margin_us
         if not self.doubting:
-            return 0
+            return margin
         excess = self.estimator.width(now) - DOUBT_FREE
-        return 0 if excess <= 0 else min(round(excess * US), MAX_DOUBT_US)
+        return margin if excess <= 0 else min(round(excess * US) + margin, MAX_DOUBT_US)
 
     def _started_step(self, place: Place, turn: Turn, now: float) -> Step | None:
         """The step of a place holding a started turn; ``None`` once it has given the turn up."""
