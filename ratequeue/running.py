@@ -105,6 +105,9 @@ class Status:
     burst: int = 1
     #: whether the queue is paused for every shard (its record's flag; ``paused`` is this shard's)
     paused_everywhere: bool = False
+    #: state-clock time (s) since which the queue is paused everywhere; ``None`` when it is not
+    #: (or when a version that did not note it paused it)
+    paused_since: float | None = None
     #: how many jobs may run at once across every shard; ``None``: no cap
     max_running: int | None = None
     #: how many jobs hold a live lease across every shard (0 without a cap)
@@ -137,6 +140,7 @@ class Status:
             held_ticket=shard.ticket,
             burst=record.burst,
             paused_everywhere=record.paused,
+            paused_since=record.paused_at / US if record.paused and record.paused_at != NEVER else None,
             max_running=record.max_running,
             running=len(live_leases(record, snapshot.now)),
             held_until=record.not_before / US if record.not_before > snapshot.now else None,
@@ -428,8 +432,11 @@ class ShardRunner:
             snapshot = None  # type: ignore[assignment]
         record = None if snapshot is None else snapshot.record
         if record is not None and record.paused:
+            since = record.paused_at
+            for_ = max(0, snapshot.now - since) / US
+            said = "" if since == NEVER else f" (for {for_:.3g} s, until resumed)"
             reasons.append(
-                "the queue is paused everywhere: resume_everywhere(), or `ratequeue resume URL NAME`"
+                f"the queue is paused everywhere{said}: resume_everywhere(), or `ratequeue resume URL NAME`"
             )
         if record is not None and record.not_before > snapshot.now:
             reasons.append(

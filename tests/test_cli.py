@@ -477,7 +477,8 @@ def test_pause_and_resume_a_queue_everywhere(cli: Cli, state_url: str) -> None:
     status = cli("status", state_url, "q").stdout
     assert re.search(r"^interval:\s+0\.05 s$", status, re.MULTILINE), status
     assert re.search(r"^burst:\s+2$", status, re.MULTILINE), status
-    assert re.search(r"^paused everywhere: yes$", status, re.MULTILINE), status
+    paused = r"^paused everywhere: yes, for [\d.]+ s \(until resumed\)$"  # and since when
+    assert re.search(paused, status, re.MULTILINE), status
 
     limiter = ratequeue.Limiter(state_url, name="q", interval=0.05, burst=2)
     assert limiter.try_acquire() is None, "paused everywhere: no turn"

@@ -56,6 +56,7 @@ QUEUE_FIELDS = [
     "unstarted",
     "last_start_age",
     "paused",
+    "paused_for",
     "held_for",
     "running",
     "max_running",
@@ -110,7 +111,8 @@ def test_list_shows_every_queue_with_its_fields(cli: Cli, queues: str) -> None:
     assert re.fullmatch(r"\d+\.\d{3}", rows["api"][6]), lines
     assert rows["api"][-3:] == ["no", "-", "1/3"], lines
     assert rows["reports"][:6] == ["2", "s", "1", "1", "1", "0"], lines
-    assert rows["reports"][-3:] == ["yes", "-", "-"], lines
+    assert rows["reports"][-2:] == ["-", "-"], lines
+    assert re.fullmatch(r"yes\(\d+\.\ds\)", rows["reports"][-3]), lines  # paused, and for how long
     assert rows["tenants:acme"][:6] == ["0.01", "s", "3", "1", "1", "0"], lines
     assert "4 queue(s)" in result.stderr
 

@@ -257,8 +257,9 @@ def test_pause_and_resume_create_a_missing_record_with_their_terms(backend: Back
     paused, resumed = backend.fresh_name(), backend.fresh_name()
     assert do(state, "set_paused", paused, 20_000, True, burst=3) is True
     assert state.read(paused).record == protocol.Record(
-        ticket=1, pos=0, at=protocol.NEVER, interval=20_000, burst=3, due=protocol.NEVER, paused=True
-    )
+        ticket=1, pos=0, at=protocol.NEVER, interval=20_000, burst=3, due=protocol.NEVER, paused=True,
+        paused_at=10**15,
+    )  # fmt: skip
     assert do(state, "set_paused", resumed, 20_000, False) is False, (
         "created, not paused: the flag did not change"
     )

@@ -381,9 +381,12 @@ def test_a_try_take_that_waits_leaves_the_document_unchanged(mongo: Any, fair: b
         clock[0] += 10**6  # every lease expired: G4 would jump the late ticket 2, and the leases go
         run("set_paused", paused=True)
         before = document()
+        assert before["paused_at"] == clock[0]  # when the pause began
+        clock[0] += 1000
         assert isinstance(run("try_take", lead_us=0, token=5, **tenant), Wait)  # paused
         assert document() == before
         run("set_paused", paused=False)
+        assert "paused_at" not in document()  # resumed: as if never paused
         assert isinstance(run("try_take", lead_us=0, token=6, **tenant), Started)  # written
         assert document() != before
         assert state.read(name).record == reference

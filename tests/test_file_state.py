@@ -134,7 +134,7 @@ def test_a_paused_record_says_so_and_a_resumed_one_is_as_if_never_paused(path: P
         file = state.record_files("q")[0]
         before = file.read_bytes()
         assert do(state, "set_paused", "q", INTERVAL, True) is True
-        fields = stored_fields(ticket=2, pos=1, at=T0_US, interval=INTERVAL, paused=True)
+        fields = stored_fields(ticket=2, pos=1, at=T0_US, interval=INTERVAL, paused=True, paused_at=T0_US)
         assert json.loads(file.read_text()) == {"name": "q", "record": fields}
         assert do(state, "set_paused", "q", INTERVAL, True) is False
         assert do(state, "take_and_try", "q", INTERVAL, 0) == Wait(
@@ -142,6 +142,7 @@ def test_a_paused_record_says_so_and_a_resumed_one_is_as_if_never_paused(path: P
         )
         assert do(state, "set_paused", "q", INTERVAL, False) is True
         fields["paused"] = False
+        del fields["paused_at"]  # (stored only while paused)
         fields["ticket"] = 3
         assert json.loads(file.read_text()) == {"name": "q", "record": fields}
         state.reset("q")
@@ -1071,3 +1072,19 @@ def test_a_record_deleted_or_replaced_by_another_process_is_opened_again(path: P
     assert do(state, "take", "q", INTERVAL).ticket == 3
     state.record_files("q")[0].unlink()  # as by hand
     assert do(state, "take", "q", INTERVAL).ticket == 1
+
+
+@pytest.mark.parametrize("stored", [T0_US, None, "x", 2**60, -(2**60)])
+def test_a_paused_at_counts_only_while_paused(stored: object) -> None:
+    """Paused, a bad ``paused_at`` is refused; not paused, any is ignored (an older version's resume)."""
+    from ratequeue.errors import StateCorrupted
+    from ratequeue.state.records import check_record
+
+    fields = stored_fields(ticket=2, pos=1, at=T0_US, interval=INTERVAL, paused_at=stored)
+    assert check_record(fields, where="test").paused_at == protocol.NEVER
+    fields["paused"] = True
+    if stored is None or stored == T0_US:
+        assert check_record(fields, where="test").paused_at == (protocol.NEVER if stored is None else T0_US)
+    else:
+        with pytest.raises(StateCorrupted, match="paused_at"):
+            check_record(fields, where="test")

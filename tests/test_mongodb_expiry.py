@@ -645,3 +645,182 @@ def test_a_doubt_moves_due_and_a_retime_keeps_it(clocked: MongoState) -> None:
         assert do(clocked, kind, "q", 1000, *args, burst=2) == want, (kind, args)
         assert clocked.read("q").record == reference, (kind, args)
     assert (reference.at, reference.due) == (NOW + 35_000, NOW + 36_000 + MAX_DOUBT_US)
+
+
+# -- paused_at ----------------------------------------------------------------------
+
+
+def test_a_paused_record_stores_paused_at_and_a_resumed_one_is_as_if_never_paused(
+    state: MongoState, client: MongoClient[Any]
+) -> None:
+    """``paused_at`` is the pause's ``now``, kept by every operation and a pause asked again; gone on resume.
+
+    ``p`` is paused and resumed; its twin ``q`` sees the same writes unpaused:
+    once resumed, the two documents are the same (``paused_at`` stored no more).
+    """
+    clock = [NOW]
+    ticking = MongoState(client, database=DATABASE, collection=state.collection.name, clock=lambda: clock[0])
+    reference = protocol.new_record(1000)
+
+    def on_p(kind: Kind, *args: int | bool) -> Any:
+        nonlocal reference
+        reference, want = apply(reference, op(kind, "p", 1000, *args, keep_us=US), clock[0])
+        got = do(ticking, kind, "p", 1000, *args, keep_us=US)
+        assert got == want, (kind, args)
+        assert ticking.read("p").record == reference, (kind, args)
+        return got
+
+    for name in ("p", "q"):
+        do(ticking, "take_and_try", name, 1000, 0, keep_us=US)
+    reference = check_document(stored(ticking, "p") or {}, "p")
+    clock[0] += 1000
+    assert on_p("set_paused", True) is True
+    paused = stored(ticking, "p") or {}
+    assert (paused["paused"], paused["paused_at"], EXPIRES in paused) == (True, NOW + 1000, False)
+    assert reference.paused_at == NOW + 1000
+    clock[0] += 1000
+    assert on_p("set_paused", True) is False  # the first pause's time stays
+    clock[0] += 1000
+    writes: list[tuple[Kind, tuple[int, ...]]] = [("take", ()), ("hold", (5000,))]
+    for kind, args in writes:
+        on_p(kind, *args)
+        do(ticking, kind, "q", 1000, *args, keep_us=US)
+    before = stored(ticking, "p")
+    waits: list[tuple[Kind, tuple[int, ...]]] = [("try_start", (2, 0)), ("try_take", (0,))]
+    for kind, args in waits:
+        assert isinstance(on_p(kind, *args), protocol.Wait)  # paused: nothing written
+        assert stored(ticking, "p") == before
+    assert (stored(ticking, "p") or {})["paused_at"] == NOW + 1000
+    clock[0] += 1000
+    assert on_p("set_paused", False) is True
+    assert on_p("set_paused", False) is False
+    assert "paused_at" not in (stored(ticking, "p") or {})
+    assert reference.paused_at == NEVER
+    clock[0] += 1000
+    for name in ("p", "q"):
+        do(ticking, "take_and_try", name, 1000, 0, keep_us=US)
+    resumed, twin = stored(ticking, "p") or {}, stored(ticking, "q") or {}
+    assert set(resumed) == {"_id", *FIELDS, *NEWER_FIELDS, EXPIRES}
+    assert {**resumed, "_id": "q"} == twin
+
+
+def test_a_document_paused_by_an_older_version_reads_never(clocked: MongoState) -> None:
+    """A paused document without ``paused_at`` reads ``NEVER``; a pause asked again and a write keep it so."""
+    clocked.collection.insert_one(document_of("old", paused=True))
+    record = clocked.read("old").record
+    assert record is not None
+    assert (record.paused, record.paused_at) == (True, NEVER)
+    assert do(clocked, "set_paused", "old", 1000, True) is False
+    do(clocked, "take", "old", 1000, keep_us=US)
+    document = stored(clocked, "old") or {}
+    assert (document["paused"], document["ticket"], "paused_at" in document) == (True, 4, False)
+    assert do(clocked, "set_paused", "old", 1000, False) is True
+    assert "paused_at" not in (stored(clocked, "old") or {})
+    assert do(clocked, "set_paused", "old", 1000, True) is True
+    assert (stored(clocked, "old") or {})["paused_at"] == NOW
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"paused": True, "paused_at": None},
+        {"paused": True, "paused_at": 5.0},
+        {"paused": True, "paused_at": "5"},
+        {"paused": True, "paused_at": True},
+        {"paused": True, "paused_at": MAX_US},
+        {"paused": True, "paused_at": NEVER - 1},
+    ],
+    ids=["null", "double", "text", "true", "at MAX_US", "before NEVER"],
+)
+def test_malformed_paused_at_is_corrupted_and_unchanged(state: MongoState, fields: dict[str, Any]) -> None:
+    """``paused_at`` on a paused record, where present, is whole microseconds in range."""
+    document = document_of("bad", **fields)
+    state.collection.insert_one(document)
+    calls: list[tuple[Kind, tuple[int | bool, ...]]] = [
+        ("take", ()),
+        ("take_and_try", (0,)),
+        ("set_paused", (True,)),
+        ("set_paused", (False,)),
+    ]
+    for kind, args in calls:
+        with pytest.raises(StateCorrupted, match="paused_at"):
+            do(state, kind, "bad", 1000, *args, keep_us=US)
+        assert stored(state, "bad") == document
+    if fields["paused_at"] is not None:  # (a null reads as none, as a null paced_at does)
+        with pytest.raises(StateCorrupted, match="paused_at"):
+            state.read("bad")
+
+
+def test_a_paused_at_too_far_ahead_is_refused(clocked: MongoState) -> None:
+    """``paused_at`` more than MAX_LEAD_US past ``now`` was not written by the protocol, as ``held``."""
+    for paused_at, refused in ((NOW + MAX_LEAD_US, False), (NOW + MAX_LEAD_US + 1, True)):
+        document = document_of("q", paused=True, paused_at=paused_at)
+        calls: list[tuple[Kind, tuple[int | bool, ...]]] = [
+            ("take", ()),
+            ("try_start", (3, 0)),
+            ("set_paused", (True,)),
+            ("set_paused", (False,)),
+        ]
+        for kind, args in calls:
+            clocked.collection.replace_one({"_id": "q"}, document, upsert=True)
+            if refused:
+                with pytest.raises(StateCorrupted, match=f"paused_at={paused_at}"):
+                    do(clocked, kind, "q", 1000, *args)
+                assert stored(clocked, "q") == document
+            else:
+                do(clocked, kind, "q", 1000, *args)
+        clocked.collection.replace_one({"_id": "q"}, document, upsert=True)
+        if refused:
+            with pytest.raises(StateCorrupted, match=f"paused_at={paused_at}"):
+                clocked.read("q")
+        else:
+            record = clocked.read("q").record
+            assert record is not None
+            assert record.paused_at == paused_at
+
+
+#: what an older version's resume may leave in ``paused_at`` (or anything else there): ignored
+_STALE_PAUSED_AT = [5, NOW, NOW + MAX_LEAD_US + 1, MAX_US, NEVER - 1, None, 5.0, "5", True, [1]]
+
+
+@pytest.mark.parametrize("paused_at", _STALE_PAUSED_AT, ids=repr)
+def test_a_paused_at_on_a_record_not_paused_is_ignored_and_dropped_by_a_write(
+    clocked: MongoState, paused_at: Any
+) -> None:
+    """An older version's resume leaves ``paused_at`` behind: whatever it holds, it reads ``NEVER``.
+
+    Every operation runs on the record as if it were not there (as the
+    reference runs on the record without it) and its write drops it; a
+    ``try_take`` that waits writes nothing, and leaves it.
+    """
+    fresh = document_of("q", not_before=NOW + US)  # held: a try_take waits
+    stale = {**fresh, "paused_at": paused_at}
+    want = check_document(fresh, "q")
+    assert check_document(stale, "q") == want
+    calls: list[tuple[Kind, tuple[int | bool, ...]]] = [
+        ("take", ()),
+        ("try_start", (3, 0)),
+        ("take_and_try", (0,)),
+        ("retime", (2, 0)),
+        ("hold", (2 * US,)),
+        ("lift", ()),
+        ("slow", (0,)),
+        ("settle", (2, 1, 0)),
+        ("set_paused", (False,)),
+        ("set_paused", (True,)),
+    ]
+    for kind, args in calls:
+        clocked.collection.replace_one({"_id": "q"}, stale, upsert=True)
+        snapshot = clocked.read("q")
+        assert (snapshot.record, snapshot.now) == (want, NOW), kind
+        reference, answer = apply(want, op(kind, "q", 1000, *args), NOW)
+        assert do(clocked, kind, "q", 1000, *args) == answer, kind
+        assert clocked.read("q").record == reference, kind
+        document = stored(clocked, "q") or {}
+        if kind == "set_paused" and args == (True,):
+            assert (document["paused"], document["paused_at"], reference.paused_at) == (True, NOW, NOW)
+        else:
+            assert "paused_at" not in document, kind
+    clocked.collection.replace_one({"_id": "q"}, stale, upsert=True)
+    assert isinstance(do(clocked, "try_take", "q", 1000, 0), protocol.Wait)
+    assert stored(clocked, "q") == stale  # nothing written

@@ -250,7 +250,8 @@ def store(connection: psycopg.Connection[Any], table: str, name: str, record: Re
         "max_running": record.max_running or 0, "leases": [n for lease in record.leases for n in lease],
         "held_us": record.held, "not_before_us": None if record.not_before == NEVER else record.not_before,
         "pace_us": record.pace, "paced_at_us": None if record.paced_at == NEVER else record.paced_at,
-        "settled": record.settled, **columns,
+        "settled": record.settled,
+        **({} if record.paused_at == NEVER else {"paused_at_us": record.paused_at}), **columns,
     }  # fmt: skip
     connection.execute(f"DELETE FROM {table} WHERE name = %s", (name,))
     connection.execute(
@@ -863,3 +864,293 @@ def test_a_try_take_that_gets_no_turn_leaves_the_row_as_it_was(
         assert run("try_take", 2) == Started(2, clock[0], clock[0])
         assert row() != stored
         state.reset(name)
+
+
+# -- paused_at: since when a queue is paused everywhere (issue 31) ---------------------------------
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+def test_a_paused_row_stores_when_the_pause_began_and_a_resumed_one_null(
+    postgresql_server: Server, fair: bool
+) -> None:
+    """A pause notes now in paused_at_us; asked again, or another operation, keeps it; a resume clears it."""
+    table, name, clock = "paused_at", f"q {fair}", [NOW]
+    state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: clock[0])
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection, contextlib.closing(state):
+        state.reset(name)
+        terms = Terms.checked(1000, keep_us=10**6, fair=fair)
+        tenant: dict[str, Any] = {"tenant": "a"} if fair else {}
+        reference = protocol.new_record(1000, fair=fair)
+
+        def stored() -> Any:
+            return connection.execute(
+                f"SELECT paused, paused_at_us FROM {table} WHERE name = %s", (name,)
+            ).fetchone()
+
+        def run(kind: Any, **arguments: Any) -> Any:
+            nonlocal reference
+            op = operation(kind, name, terms, **arguments)
+            reference, expected = apply(reference, op, clock[0])
+            assert state.execute(op) == expected, op
+            assert state.read(name).record == reference, op
+            return expected
+
+        run("take_and_try", lead_us=10, **tenant)
+        assert stored() == (False, None), "a row never paused stores no paused_at"
+        clock[0] += 100
+        assert run("set_paused", paused=True) is True
+        assert stored() == (True, NOW + 100)
+        assert reference.paused_at == NOW + 100
+        for kind, arguments in (
+            ("set_paused", {"paused": True}),  # asked again: the first pause's start kept
+            ("take", tenant),
+            ("try_start", {"ticket": 2}),  # a wait: paused
+            ("hold", {"lead_us": 10**6}),
+            ("slow", {}),
+            ("lift", {}),
+        ):
+            clock[0] += 100
+            run(kind, **arguments)
+            assert stored() == (True, NOW + 100), kind
+        clock[0] += 100
+        assert run("set_paused", paused=False) is True
+        assert stored() == (False, None)
+        assert run("set_paused", paused=False) is False
+        clock[0] += 100
+        assert run("set_paused", paused=True) is True, "paused again: since now"
+        assert stored() == (True, clock[0])
+        state.reset(name)
+        reference = protocol.new_record(1000, fair=fair)
+        assert run("set_paused", paused=True) is True, "a missing row: created paused"
+        assert stored() == (True, clock[0])
+
+
+#: the table as this version made it before paused_at_us (every other column)
+BEFORE_PAUSED_AT = """
+    CREATE TABLE {} (
+        name text PRIMARY KEY, ticket bigint NOT NULL, pos bigint NOT NULL, at_us bigint NOT NULL,
+        interval_us bigint NOT NULL, burst bigint NOT NULL DEFAULT 1, due_us bigint NOT NULL,
+        paused boolean NOT NULL DEFAULT false, max_running integer NOT NULL DEFAULT 0,
+        leases bigint[] NOT NULL DEFAULT '{{}}', held_us bigint NOT NULL DEFAULT -4503599627370496,
+        keep_until_us bigint, not_before_us bigint, pace_us bigint NOT NULL DEFAULT 0, paced_at_us bigint,
+        settled bigint NOT NULL DEFAULT 0, fair boolean, number bigint, begun bigint, waiters bigint[],
+        tenants text[]
+    )"""
+
+#: a function of this version's name and signature (made before paused_at_us) that answers "old"
+V4_BEFORE_PAUSED_AT = """
+    CREATE FUNCTION {}(text, text, bigint, bigint, bigint, integer, bigint, bigint, bigint, bigint, bigint,
+                       boolean, bigint, bigint, boolean, text, bigint)
+    RETURNS TABLE (o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean,
+                   o_stored jsonb)
+    LANGUAGE sql
+    AS $$ SELECT 'old'::text, 0::numeric, 0::numeric, 0::numeric, 0::bigint, false, NULL::jsonb $$
+"""
+
+
+@pytest.mark.parametrize("before", ["v4", "v3"])
+def test_a_table_made_before_paused_at_gains_the_column(postgresql_server: Server, before: str) -> None:
+    """The nullable column is added; a row paused then reads paused since NEVER (unknown) until resumed.
+
+    A v4 function made before the column (v4 is unreleased) is made again in place; v3's is left alone.
+    """
+    table = f"before_paused_at_{before}"
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {table}")
+        for version in ("v3", "v4"):
+            connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_{version}")
+        if before == "v4":
+            connection.execute(BEFORE_PAUSED_AT.format(table))
+            connection.execute(V4_BEFORE_PAUSED_AT.format(f"{table}_op_v4"))
+        else:
+            connection.execute(V3_TABLE.format(table))
+            connection.execute(V3_FUNCTION.format(f"{table}_op_v3"))
+        paused = Record(4, 3, NOW - 500, 1000, NOW + 1500, 3, paused=True)
+        store(connection, table, "paused", paused)
+        store(connection, table, "running", paused._replace(paused=False))
+        clock = [NOW]
+        state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: clock[0])
+        assert state.read("paused").record == paused, "paused, since when unknown"
+        assert state.read("running").record == paused._replace(paused=False)
+        column = connection.execute(
+            "SELECT data_type, is_nullable, column_default FROM information_schema.columns"
+            " WHERE table_name = %s AND column_name = 'paused_at_us'",
+            (table,),
+        ).fetchone()
+        assert column == ("bigint", "YES", None)
+        rows = connection.execute(f"SELECT paused_at_us FROM {table} ORDER BY name").fetchall()
+        assert rows == [(None,), (None,)]
+        clock[0] += 10
+        assert do(state, "set_paused", "paused", 1000, True, burst=3) is False, "paused already"
+        assert state.read("paused").record == paused, "a pause asked again notes no start"
+        assert do(state, "set_paused", "paused", 1000, False, burst=3) is True
+        assert do(state, "set_paused", "running", 1000, True, burst=3) is True
+        assert state.read("running").record == paused._replace(paused_at=NOW + 10)
+        rows = connection.execute(f"SELECT name, paused, paused_at_us FROM {table} ORDER BY name").fetchall()
+        assert rows == [("paused", False, None), ("running", True, NOW + 10)]
+        versions = connection.execute(
+            "SELECT proname FROM pg_proc WHERE proname LIKE %s ORDER BY proname", (f"{table}_op_%",)
+        )
+        assert versions.fetchall() == [(f"{table}_op_{version}",) for version in sorted({before, "v4"})]
+        if before == "v3":
+            old = connection.execute(
+                f"SELECT o_kind FROM {table}_op_v3('read', 'q', 1, 1, 0, 0, 0, NULL, 0, 0, 1, false, 0, 0)"
+            )
+            assert old.fetchone() == ("v3",)
+        state.close()
+
+
+@pytest.mark.parametrize(
+    ("paused_at", "pattern"),
+    [
+        (MAX_US, f"paused_at={MAX_US}"),
+        (NEVER - 1, f"paused_at={NEVER - 1}"),
+        (NOW + protocol.MAX_LEAD_US + 1, f"paused_at={NOW + protocol.MAX_LEAD_US + 1}, more than 3600 s"),
+    ],
+    ids=["past the limit", "before NEVER", "ahead of the clock"],
+)
+def test_a_stored_paused_at_is_checked(postgresql_server: Server, paused_at: int, pattern: str) -> None:
+    """A paused row's paused_at no version could have written is refused by the function and by a read."""
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table="paused_at_checks", clock=lambda: NOW)
+        state.reset("q")  # the table exists (and no row another case left)
+        record = Record(5, 3, NOW, 1000, NOW, 1, paused=True)
+        store(connection, "paused_at_checks", "q", record, paused_at_us=paused_at)
+        for call in (
+            lambda: state.read("q"),
+            lambda: do(state, "take", "q", 1000),
+            lambda: do(state, "try_start", "q", 1000, 4),
+            lambda: do(state, "set_paused", "q", 1000, True),
+            lambda: do(state, "set_paused", "q", 1000, False),
+        ):
+            with pytest.raises(StateCorrupted, match=pattern):
+                call()
+        assert connection.execute("SELECT paused_at_us FROM paused_at_checks").fetchone() == (paused_at,)
+        # the edges are records: NEVER stored (not NULL) on any row, a pause's start MAX_LEAD_US ahead
+        for edge, column in (
+            (record._replace(paused=False), NEVER),
+            (record._replace(paused=True), NEVER),
+            (record._replace(paused=True, paused_at=NOW + protocol.MAX_LEAD_US), NOW + protocol.MAX_LEAD_US),
+        ):
+            store(connection, "paused_at_checks", "q", edge, paused_at_us=column)
+            assert state.read("q").record == edge
+            assert do(state, "take", "q", 1000).ticket == 5
+        state.close()
+
+
+@pytest.mark.parametrize(
+    "paused_at",
+    [NOW, NEVER, MAX_US, NEVER - 1, NOW + protocol.MAX_LEAD_US + 1],
+    ids=["well formed", "NEVER stored", "past the limit", "before NEVER", "ahead of the clock"],
+)
+def test_a_paused_at_left_in_a_row_not_paused_is_ignored_and_the_next_write_clears_it(
+    postgresql_server: Server, paused_at: int
+) -> None:
+    """Whatever a row that is not paused holds in paused_at_us (an older version's resume leaves it), it
+    reads NEVER, no operation refuses it, an answer that changes nothing leaves it, and a write clears it."""
+    table, clock = "paused_at_ignored", [NOW]
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection:
+        state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: clock[0])
+        state.reset("q")  # the table exists (and no row another case left)
+        record = Record(5, 3, NOW, 1000, NOW + 1000, 1)
+        store(connection, table, "q", record, paused_at_us=paused_at)
+
+        def column() -> Any:
+            return connection.execute(f"SELECT paused_at_us FROM {table} WHERE name = 'q'").fetchone()
+
+        assert state.read("q").record == record, "read: paused_at NEVER"
+        with pytest.raises(TermsMismatch, match="interval"):  # (the stored row is checked, not refused)
+            do(state, "take", "q", 2000)
+        assert do(state, "set_paused", "q", 1000, False) is False, "not paused: nothing to resume"
+        _, wait = apply(record, operation("try_start", "q", Terms.checked(1000), ticket=4), NOW)
+        assert isinstance(wait, Wait)
+        assert do(state, "try_start", "q", 1000, 4) == wait, "a wait"
+        assert column() == (paused_at,), "an answer that changes nothing writes nothing"
+        reference, taken = protocol.take(record, NOW)
+        assert do(state, "take", "q", 1000) == taken
+        assert column() == (None,), "the write cleared it"
+        assert state.read("q").record == reference
+        clock[0] += 10
+        assert do(state, "set_paused", "q", 1000, True) is True
+        assert column() == (NOW + 10,), "a pause begun notes now"
+        assert state.read("q").record == reference._replace(paused=True, paused_at=NOW + 10)
+        state.close()
+
+
+#: v3's set_paused as it writes a row (its function's UPDATE names no paused_at_us: a resume leaves it),
+#: under v3's name and signature; any other operation answers "v3"
+V3_SET_PAUSED = """
+    CREATE FUNCTION {function}(p_op text, p_name text, bigint, bigint, bigint, integer, bigint, bigint,
+                               bigint, bigint, bigint, p_paused boolean, bigint, bigint)
+    RETURNS TABLE (o_kind text, o_a numeric, o_b numeric, o_c numeric, o_now bigint, o_created boolean,
+                   o_stored jsonb)
+    LANGUAGE plpgsql
+    AS $$
+    DECLARE
+        v_was boolean;
+    BEGIN
+        IF p_op <> 'set_paused' THEN
+            o_kind := 'v3';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        SELECT paused INTO v_was FROM {table} WHERE name = p_name FOR UPDATE;
+        UPDATE {table} SET paused = p_paused WHERE name = p_name AND paused <> p_paused;
+        o_kind := 'set'; o_a := CASE WHEN v_was <> p_paused THEN 1 ELSE 0 END;
+        RETURN NEXT;
+    END
+    $$
+"""
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["unfair", "fair"])
+def test_a_row_paused_by_this_version_and_resumed_by_v3_reads_never_and_is_cleared(
+    postgresql_server: Server, fair: bool
+) -> None:
+    """A rolling upgrade: this version pauses a row (paused_at_us noted), a v3 client resumes it (leaving
+    paused_at_us), then this version reads it (not paused, paused_at NEVER), operates on it, and its
+    next write clears the column; pausing again notes the new pause's start."""
+    table, name, clock = "paused_at_rolling", f"q {fair}", [NOW]
+    state = PostgresState(conninfo=url_of(postgresql_server), table=table, clock=lambda: clock[0])
+    with psycopg.connect(url_of(postgresql_server), autocommit=True) as connection, contextlib.closing(state):
+        state.reset(name)  # the table and this version's function exist
+        connection.execute(f"DROP FUNCTION IF EXISTS {table}_op_v3")
+        connection.execute(V3_SET_PAUSED.format(function=f"{table}_op_v3", table=table))
+        terms = Terms.checked(1000, keep_us=10**6, fair=fair)
+        tenant: dict[str, Any] = {"tenant": "a"} if fair else {}
+        reference = protocol.new_record(1000, fair=fair)
+
+        def stored() -> Any:
+            return connection.execute(
+                f"SELECT paused, paused_at_us FROM {table} WHERE name = %s", (name,)
+            ).fetchone()
+
+        def run(kind: Any, **arguments: Any) -> Any:
+            nonlocal reference
+            op = operation(kind, name, terms, **arguments)
+            reference, expected = apply(reference, op, clock[0])
+            assert state.execute(op) == expected, op
+            assert state.read(name).record == reference, op
+            return expected
+
+        run("take_and_try", lead_us=10, **tenant)
+        clock[0] += 100
+        assert run("set_paused", paused=True) is True
+        assert stored() == (True, NOW + 100)
+        clock[0] += 100
+        v3 = connection.execute(
+            f"SELECT o_kind, o_a FROM {table}_op_v3('set_paused', %s, 1000, 1, {10**6}, 0, 0, NULL, 0, 0, 1,"
+            " false, 0, 0)",
+            (name,),
+        )
+        assert v3.fetchone() == ("set", 1)
+        assert stored() == (False, NOW + 100), "v3's resume leaves the pause's start behind"
+        reference = reference._replace(paused=False, paused_at=NEVER)  # (protocol.set_paused's resume)
+        assert state.read(name).record == reference, "read: not paused, paused_at NEVER"
+        clock[0] += 100
+        run("take", **tenant)
+        assert stored() == (False, None), "this version's next write clears it"
+        assert run("set_paused", paused=False) is False, "resumed already"
+        clock[0] += 100
+        assert run("set_paused", paused=True) is True
+        assert stored() == (True, clock[0])

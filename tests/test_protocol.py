@@ -38,7 +38,11 @@ def run(interval: int, epoch: int, ops: list[tuple[object, ...]]) -> History:
         if kind in ("pause", "resume"):
             record, changed = protocol.set_paused(record, kind == "pause", now)
             assert changed is (before.paused != (kind == "pause"))
-            assert record == before._replace(paused=kind == "pause"), "only the flag changes"
+            if changed:  # the flag, and since when the pause is on
+                since = now if kind == "pause" else NEVER
+                assert record == before._replace(paused=kind == "pause", paused_at=since), "only the flag"
+            else:
+                assert record is before
         elif kind == "hold":
             lead = int(op[1])  # type: ignore[call-overload]
             record, changed = protocol.hold(record, lead, now)
@@ -148,6 +152,7 @@ def check_retime(
             not_before=before.not_before,
             pace=before.pace,
             paced_at=before.paced_at,
+            paused_at=before.paused_at,
         )
         if history.starts and history.starts[-1][0] == ticket:
             history.starts[-1] = (ticket, outcome.start)

@@ -547,6 +547,211 @@ def test_a_bad_settled_is_refused(
         state.close()
 
 
+def test_a_pause_stores_when_it_began_and_a_resume_leaves_no_trace(
+    redis_server: Server, admin: redis.Redis
+) -> None:
+    """paused_at is a field of the hash only while paused: the first pause's now, carried through.
+
+    A pause asked again keeps it, other operations carry it, and a resume
+    deletes it: the hash is then byte for byte (DUMP) the one a queue never
+    paused holds. Each step is held to the reference (protocol.set_paused).
+    """
+    t0 = 10**15
+    now = [t0]
+    state = clocked(redis_server, "lean:", now)
+    paused, never = fresh_name(), fresh_name()
+    key = state.key(paused)
+    try:
+        for name in (paused, never):
+            assert do(state, "take_and_try", name, 1000, 0, burst=2) == Started(1, t0, t0)
+        before = admin.hgetall(key)
+        assert b"paused_at" not in before
+        now[0] = t0 + 5000
+        reference = state.read(paused).record
+        assert reference is not None
+        for pause, changed in ((True, True), (True, False)):
+            reference, expected = protocol.set_paused(reference, pause, now[0])
+            assert expected is changed
+            assert do(state, "set_paused", paused, 1000, pause, burst=2) is changed
+            assert state.read(paused).record == reference
+            assert reference.paused_at == t0 + 5000
+            now[0] += 2000  # (a pause asked again, later, keeps the first's time)
+        assert admin.hgetall(key) == {**before, b"paused": b"1", b"paused_at": b"%d" % (t0 + 5000)}
+        assert admin.pttl(key) == -1
+        assert do(state, "take", paused, 1000, burst=2) == Taken(2, 1, t0, now[0])
+        assert do(state, "try_start", paused, 1000, 2, 10**9, burst=2) == Wait(
+            2, now[0] + protocol.PAUSED_RECHECK_US, now[0]
+        )
+        assert admin.hget(key, "paused_at") == b"%d" % (t0 + 5000)
+        record = state.read(paused).record
+        assert record is not None
+        assert (record.paused, record.paused_at) == (True, t0 + 5000)
+        # resumed: as the queue never paused that took the same ticket
+        assert do(state, "set_paused", paused, 1000, False, burst=2) is True
+        assert do(state, "take", never, 1000, burst=2) == Taken(2, 1, t0, now[0])
+        assert admin.hgetall(key) == admin.hgetall(state.key(never))
+        assert admin.dump(key) == admin.dump(state.key(never))
+        record = state.read(paused).record
+        assert record == state.read(never).record
+        assert record is not None
+        assert (record.paused, record.paused_at) == (False, protocol.NEVER)
+        assert do(state, "set_paused", paused, 1000, False, burst=2) is False
+        assert admin.dump(key) == admin.dump(state.key(never))
+    finally:
+        state.close()
+
+
+def test_a_record_paused_without_paused_at_reads_never(redis_server: Server, admin: redis.Redis) -> None:
+    """A hash paused by a version before paused_at lacks it: paused_at reads NEVER ("since when" unknown).
+
+    A pause asked again does not make one up; a resume works as on any
+    record, and stores no paused_at.
+    """
+    now = [10**15]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        admin.hset(key, mapping=full({"ticket": 3, "pos": 2, "at": 100, "interval": 4096, "paused": "1"}))
+        expected = Record(ticket=3, pos=2, at=100, interval=4096, due=100, paused=True)
+        assert expected.paused_at == protocol.NEVER
+        assert state.read(name).record == expected
+        assert do(state, "set_paused", name, 4096, True) is False
+        assert do(state, "take", name, 4096) == Taken(3, 2, 100, now[0])
+        stored = admin.hgetall(key)
+        assert b"paused_at" not in stored
+        assert stored[b"paused"] == b"1"
+        assert state.read(name).record == expected._replace(ticket=4)
+        assert do(state, "set_paused", name, 4096, False) is True
+        assert b"paused_at" not in admin.hgetall(key)
+        assert state.read(name).record == expected._replace(ticket=4, paused=False)
+    finally:
+        state.close()
+
+
+_NOW = 10**15
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        ({"paused": "1", "paused_at": "x"}, "paused_at='x'"),
+        ({"paused": "1", "paused_at": ""}, "paused_at=''"),
+        ({"paused": "1", "paused_at": "1.5"}, "paused_at='1.5'"),
+        ({"paused": "1", "paused_at": "1e15"}, "paused_at='1e15'"),
+        ({"paused": "1", "paused_at": 2**52}, f"paused_at='{2**52}'"),
+        ({"paused": "1", "paused_at": -(2**52) - 1}, f"paused_at='{-(2**52) - 1}'"),
+        ({"paused": "1", "paused_at": 10**30}, f"paused_at='{10**30}'"),
+        # well formed, but further ahead of now than a pause the protocol makes (protocol.check)
+        (
+            {"paused": "1", "paused_at": _NOW + protocol.MAX_LEAD_US + 1},
+            f"paused_at={_NOW + protocol.MAX_LEAD_US + 1}, more than 3600 s ahead",
+        ),
+    ],
+    ids=["text", "empty", "double", "exponent", "limit", "below never", "huge", "ahead"],
+)
+def test_a_bad_paused_at_is_refused(
+    redis_server: Server, admin: redis.Redis, fields: dict[str, Any], pattern: str
+) -> None:
+    """On a paused record, paused_at (absent: NEVER) is whole microseconds, as records.check_record checks
+    it; every operation refuses, a resume too, and nothing is written."""
+    now = [_NOW]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        admin.hset(key, mapping=full({"ticket": 3, "pos": 2, "at": _NOW, "interval": 4096, **fields}))
+        before = admin.hgetall(key)
+        for call in (
+            lambda: state.read(name),
+            lambda: do(state, "take", name, 4096),
+            lambda: do(state, "set_paused", name, 4096, True),
+            lambda: do(state, "set_paused", name, 4096, False),
+        ):
+            with pytest.raises(StateCorrupted, match=re.escape(pattern)) as raised:
+                call()
+            assert raised.value.where == key
+        assert admin.hgetall(key) == before
+        assert admin.pttl(key) == -1
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [_NOW - 5, _NOW + protocol.MAX_LEAD_US + 1, protocol.NEVER, 10**30, -(2**52) - 1, "x", "", "1e15"],
+    ids=["earlier", "ahead", "never", "huge", "below never", "text", "empty", "exponent"],
+)
+def test_a_paused_at_left_on_a_record_not_paused_is_ignored_and_dropped(
+    redis_server: Server, admin: redis.Redis, stale: Any
+) -> None:
+    """An older version's resume leaves paused_at behind: on a record not paused it is ignored, whatever it
+    holds (the record reads NEVER, as records.check_record reads it), and the next write drops it.
+
+    Held to a twin hash that lacks it: reads, refused try_takes (which write nothing) and
+    writes answer alike, and after the first write the two hashes are byte for byte (DUMP) the same;
+    a pause then notes its own now, not the stale value.
+    """
+    now = [_NOW]
+    state = clocked(redis_server, "lean:", now)
+    name, twin = fresh_name(), fresh_name()
+    key = state.key(name)
+    fields = full({"ticket": 3, "pos": 2, "at": _NOW, "interval": 4096})
+    try:
+        admin.hset(state.key(twin), mapping=fields)
+        admin.hset(key, mapping={**fields, "paused_at": stale})
+        stored = admin.hgetall(key)
+        record = state.read(name).record
+        assert record == state.read(twin).record
+        assert record is not None
+        assert (record.paused, record.paused_at) == (False, protocol.NEVER)
+        assert do(state, "try_take", name, 4096) == do(state, "try_take", twin, 4096)
+        assert admin.hgetall(key) == stored  # (read and a refused try_take write nothing)
+        assert do(state, "take", name, 4096) == do(state, "take", twin, 4096) == Taken(3, 2, _NOW, _NOW)
+        assert b"paused_at" not in admin.hgetall(key)
+        assert admin.hgetall(key) == admin.hgetall(state.key(twin))
+        assert admin.dump(key) == admin.dump(state.key(twin))
+        now[0] += 70
+        assert do(state, "set_paused", name, 4096, True) is True
+        record = state.read(name).record
+        assert record is not None
+        assert (record.paused, record.paused_at) == (True, _NOW + 70)
+        assert admin.hget(key, "paused_at") == b"%d" % (_NOW + 70)
+    finally:
+        state.close()
+
+
+def test_a_paused_at_left_on_a_record_not_paused_is_dropped_by_a_resume(
+    redis_server: Server, admin: redis.Redis
+) -> None:
+    """A resume that changes nothing (the record is not paused) still writes it: the stale field goes."""
+    now = [_NOW]
+    state = clocked(redis_server, "lean:", now)
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        admin.hset(key, mapping=full({"ticket": 3, "pos": 2, "at": _NOW, "interval": 4096, "paused_at": "x"}))
+        assert do(state, "set_paused", name, 4096, False) is False
+        stored = admin.hgetall(key)
+        assert b"paused_at" not in stored
+        assert stored[b"paused"] == b"0"
+    finally:
+        state.close()
+
+
+def test_a_hash_holding_only_paused_at_is_refused(redis_server: Server, admin: redis.Redis) -> None:
+    """A hash with paused_at but no record is not a missing record: refused, not overwritten."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="lean:")
+    name = fresh_name()
+    try:
+        admin.hset(state.key(name), mapping={"paused_at": "5"})
+        with pytest.raises(StateCorrupted, match=r"ticket='\(missing\)'"):
+            do(state, "set_paused", name, 4096, True)
+        assert admin.hgetall(state.key(name)) == {b"paused_at": b"5"}
+    finally:
+        state.close()
+
+
 def test_a_doubt_moves_due_and_stays_through_retime_and_overrun(redis_server: Server) -> None:
     """A start's doubt lifts due past its slot or start, above an overrun's cap; a retime carries it.
 
@@ -1202,28 +1407,30 @@ def test_replies_parse_as_bytes_and_as_text() -> None:
     assert taken == Taken(ticket=1, pos=0, at=never, now=9)
     assert codec.parse_snapshot(b"none 5", "q", "k", codec.READ_TERMS) == Snapshot(record=None, now=5)
     for reply in (
-        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never} 0".encode(),
-        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never} 0",
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never} 0 {never}".encode(),
+        f"record 5 3 2 1 10 4 21 0 0 {never} {never} 0 {never} 0 {never}",
     ):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(
             record=Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21), now=5
         )
     paused = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=21, paused=True)
-    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never} 0 {never} 0".encode()
+    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never} 0 {never} 0 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused
+    reply = f"record 5 3 2 1 10 4 21 1 0 {never} {never} 0 {never} 0 -3".encode()
+    assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == paused._replace(paused_at=-3)
     leased = Record(
         ticket=3, pos=2, at=1, interval=10, due=1, max_running=2, leases=((1, 7, 0), (2, -3, 9)), held=4
     )
-    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 0 {never} 0 1 7 0 2 -3 9".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 2 4 {never} 0 {never} 0 {never} 1 7 0 2 -3 9".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == leased
     on_hold = Record(ticket=3, pos=2, at=1, interval=10, due=1, held=4, not_before=70)
-    reply = f"record 5 3 2 1 10 1 1 0 0 4 70 0 {never} 0".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 0 4 70 0 {never} 0 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == on_hold
     slowed = Record(ticket=3, pos=2, at=1, interval=10, due=1, pace=40, paced_at=-2)
-    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 40 -2 0".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 40 -2 0 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == slowed
     settled = Record(ticket=3, pos=2, at=1, interval=10, burst=4, due=-9, settled=2)
-    reply = f"record 5 3 2 1 10 4 -9 0 0 {never} {never} 0 {never} 2".encode()
+    reply = f"record 5 3 2 1 10 4 -9 0 0 {never} {never} 0 {never} 2 {never}".encode()
     assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS).record == settled
     for reply in (b"set 1 5", "set 1 5"):
         assert codec.parse_changed(reply, "q", "k", TERMS) is True
@@ -1289,8 +1496,11 @@ def test_an_unexpected_taken_is_corrupted(reply: bytes) -> None:
         b"record 5 3 2 1 10 1 1 1 2 0 0 0 x",
         b"record 5 3 2 1 10 1 1 1 2 0 0 0 0",  # no settled
         b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 x",
-        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 1",  # half a lease
-        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 1 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0",  # no paused_at
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 0 1",  # half a lease
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 0 1 x",
+        b"record 5 3 2 1 10 1 1 1 2 0 0 0 0 0 0 1 7",  # two thirds of a lease
         b"?",
     ],
 )

@@ -240,6 +240,79 @@ def test_only_a_fair_record_stores_the_fair_fields(redis_server: Server, admin: 
         state.close()
 
 
+def test_a_fair_record_stores_paused_at_only_while_paused(redis_server: Server, admin: redis.Redis) -> None:
+    """A pause stores paused_at beside the fair fields; a resume deletes it: the hash is then byte for byte
+    (DUMP) the one a fair queue never paused holds, and reads as the reference."""
+    t0 = 10**15
+    clock = [t0]
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="fair:", clock=lambda: clock[0])
+    paused, never = fresh_name(), fresh_name()
+    terms = Terms.checked(10**6, fair=True)
+    try:
+        for name in (paused, never):
+            assert state.execute(operation("take_and_try", name, terms, tenant="a")) == Started(1, t0, t0)
+            assert isinstance(state.execute(operation("take", name, terms, tenant="b")), Taken)
+        reference = state.read(paused).record
+        assert reference is not None
+        clock[0] = t0 + 70
+        reference, changed = protocol.set_paused(reference, True, clock[0])
+        assert changed
+        assert state.execute(operation("set_paused", paused, terms, paused=True)) is True
+        stored = admin.hgetall(state.key(paused))
+        assert (stored[b"paused"], stored[b"paused_at"], stored[b"fair"]) == (b"1", b"%d" % (t0 + 70), b"1")
+        assert state.read(paused).record == reference
+        assert reference.paused_at == t0 + 70
+        clock[0] = t0 + 90
+        assert state.execute(operation("take", paused, terms, tenant="c")) == Taken(3, 1, t0, t0 + 90)
+        assert state.execute(operation("set_paused", paused, terms, paused=True)) is False
+        assert admin.hget(state.key(paused), "paused_at") == b"%d" % (t0 + 70)
+        assert state.execute(operation("set_paused", paused, terms, paused=False)) is True
+        assert state.execute(operation("take", never, terms, tenant="c")) == Taken(3, 1, t0, t0 + 90)
+        assert admin.hgetall(state.key(paused)) == admin.hgetall(state.key(never))
+        assert admin.dump(state.key(paused)) == admin.dump(state.key(never))
+        record = state.read(paused).record
+        assert record is not None
+        assert record == state.read(never).record
+        assert (record.paused, record.paused_at, record.fair) == (False, protocol.NEVER, True)
+    finally:
+        state.reset(paused)
+        state.reset(never)
+        state.close()
+
+
+@pytest.mark.parametrize("stale", ["100", "x"])
+def test_a_fair_record_not_paused_ignores_a_paused_at_left_behind(
+    redis_server: Server, admin: redis.Redis, stale: str
+) -> None:
+    """paused_at on a fair record not paused (an older version's resume left it) is ignored, whatever it
+    holds: the record reads NEVER, and the next write drops it, leaving the fair fields as they were."""
+    state = RedisState(redis.Redis(port=redis_server.port), prefix="fair:")
+    name = fresh_name()
+    key = state.key(name)
+    try:
+        good = {
+            "ticket": 3, "pos": 2, "at": 100, "interval": 4096, "due": 100, "burst": 1, "max_running": 0,
+            "held": protocol.NEVER, "paused": 0, "leases": "", "fair": 1, "number": 4, "begun": 2,
+            "waiters": '[[3, "a", 1, 1, 0]]',
+        }  # fmt: skip
+        admin.hset(key, mapping={**good, "paused_at": stale})
+        record = state.read(name).record
+        assert record is not None
+        assert (record.paused, record.paused_at, record.fair) == (False, protocol.NEVER, True)
+        assert record.waiters == ((3, "a", 1, 1, 0),)
+        terms = Terms.checked(4096, fair=True)
+        assert isinstance(state.execute(operation("take", name, terms, tenant="b")), Taken)
+        stored = admin.hgetall(key)
+        assert b"paused_at" not in stored
+        assert (stored[b"paused"], stored[b"fair"], stored[b"number"]) == (b"0", b"1", b"5")
+        after = state.read(name).record
+        assert after is not None
+        assert after.paused_at == protocol.NEVER
+    finally:
+        state.reset(name)
+        state.close()
+
+
 def test_large_numbers_and_odd_tenants_are_stored_exactly(redis_server: Server, admin: redis.Redis) -> None:
     """Numbers near 2**52 in decimal (cjson would write 1e+15), tenants as JSON strings holding anything."""
     now = 1_800_000_000_000_000
@@ -335,6 +408,7 @@ _BAD = [
     ({"waiters": '[[1, "a", 1, 1e300, 0]]'}, "waiters="),
     ({"waiters": "[1]"}, "waiters="),
     ({"waiters": "[" * 2000 + "]" * 2000}, "waiters="),
+    ({"paused": 1, "paused_at": "x"}, "paused_at='x'"),
 ]
 
 
@@ -421,11 +495,11 @@ def test_a_fair_operation_is_packed_as_redis_py_packs_it(kind: Kind, tenant: str
 
 def test_a_fair_snapshot_parses_as_bytes_and_as_text() -> None:
     never = protocol.NEVER
-    head = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 0 {never} 0"
+    head = f"record 5 3 2 1 10 1 1 1 0 {never} {never} 0 {never} 0 7"
     tail = '4 1 [[2,"a\\/b",1,1,0],[3,"\\u00e9",2,1,0]]'
     expected = Record(
-        ticket=3, pos=2, at=1, interval=10, due=1, fair=True, number=4, begun=1,
-        waiters=((2, "a/b", 1, 1, 0), (3, "é", 2, 1, 0)),
+        ticket=3, pos=2, at=1, interval=10, due=1, paused=True, fair=True, number=4, begun=1,
+        waiters=((2, "a/b", 1, 1, 0), (3, "é", 2, 1, 0)), paused_at=7,
     )  # fmt: skip
     for reply in (f"{head}\n{tail}", f"{head}\n{tail}".encode()):
         assert codec.parse_snapshot(reply, "q", "k", codec.READ_TERMS) == Snapshot(record=expected, now=5)
@@ -438,7 +512,7 @@ def test_a_fair_snapshot_parses_as_bytes_and_as_text() -> None:
 )  # fmt: skip
 def test_an_unexpected_fair_snapshot_is_corrupted(tail: str) -> None:
     never = protocol.NEVER
-    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 0 {never} 0\n{tail}".encode()
+    reply = f"record 5 3 2 1 10 1 1 0 0 {never} {never} 0 {never} 0 {never}\n{tail}".encode()
     with pytest.raises(StateCorrupted):
         codec.parse_snapshot(reply, "q", "ratequeue:q", codec.READ_TERMS)
     with pytest.raises(StateCorrupted):

@@ -182,6 +182,11 @@ def _not_a_name(where: str, name: str, exc: ConfigurationError) -> str:
 
 
 #: the columns of ``list``: heading, and the text of a queue's fields
+def _for(seconds: float | None) -> str:
+    """How long, shortly: ``"(12.3s)"``, or ``""`` if not known."""
+    return "" if seconds is None else f"({seconds:.1f}s)"  # ("yes(3.2s)": one word, as the columns are)
+
+
 _COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("NAME", lambda f: f["name"]),
     ("INTERVAL", lambda f: f"{f['interval']:g} s"),
@@ -190,7 +195,7 @@ _COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("POS", lambda f: str(f["pos"])),
     ("UNSTARTED", lambda f: str(f["unstarted"])),
     ("LAST START", lambda f: common.ago(f["last_start_age"])),
-    ("PAUSED", lambda f: "yes" if f["paused"] else "no"),
+    ("PAUSED", lambda f: "no" if not f["paused"] else f"yes{_for(f['paused_for'])}"),
     ("HELD", lambda f: "-" if f["held_for"] is None else f"{f['held_for']:.3f} s"),
     ("RUNNING", common.running_text),
 )

@@ -72,6 +72,7 @@ def queue_fields(name: str, snapshot: Snapshot) -> dict[str, Any]:
         "unstarted": shown.ticket - 1 - shown.pos,
         "last_start_age": None if shown.at == NEVER else (now - shown.at) / US,
         "paused": shown.paused,
+        "paused_for": (now - shown.paused_at) / US if shown.paused and shown.paused_at != NEVER else None,
         "held_for": (shown.not_before - now) / US if shown.not_before > now else None,
         "running": None if shown.max_running is None else len(live_leases(shown, now)),
         "max_running": shown.max_running or 0,
@@ -99,6 +100,14 @@ def age_text(fields: dict[str, Any]) -> str:
     return "never" if age is None else f"{ago(age)} ({'started ahead, ' if age < 0 else ''}state clock)"
 
 
+def paused_text(fields: dict[str, Any]) -> str:
+    """``"no"``, or since when the queue is paused everywhere: ``"yes, for 12.345 s (until resumed)"``."""
+    if not fields["paused"]:
+        return "no"
+    since = fields["paused_for"]
+    return "yes (until resumed)" if since is None else f"yes, for {since:.3f} s (until resumed)"
+
+
 def held_text(fields: dict[str, Any]) -> str:
     """``"no"``, or how long the queue's hold lasts yet: ``"for 1.234 s more"`` (state clock)."""
     held = fields["held_for"]
@@ -124,7 +133,7 @@ def record_lines(where: str, fields: dict[str, Any], rate: str | None = None) ->
         *([] if rate is None else [f"rate:       {rate}"]),
         f"last start: {age_text(fields)}",
         f"unstarted:  {fields['unstarted']} ticket(s) handed out and not started",
-        f"paused everywhere: {'yes' if fields['paused'] else 'no'}",
+        f"paused everywhere: {paused_text(fields)}",
         f"held everywhere:   {held_text(fields)}",
     ]
     if fields["running"] is not None:

@@ -19,7 +19,17 @@ from typing import Any, TextIO
 from .._redact import redact
 from ..errors import ConfigurationError
 from ..settings import positive_int
-from .common import age_text, held_text, opened_state, queue_fields, record_lines, running_text, say, say_json
+from .common import (
+    age_text,
+    held_text,
+    opened_state,
+    paused_text,
+    queue_fields,
+    record_lines,
+    running_text,
+    say,
+    say_json,
+)
 
 __all__ = ["WINDOW", "run"]
 
@@ -99,7 +109,7 @@ def _line(fields: dict[str, Any]) -> str:
     return (
         f"{head} pos {fields['pos']}, {_rate_text(fields)}, unstarted {fields['unstarted']}, running "
         f"{running_text(fields)}, last start {age_text(fields)}, "
-        f"paused {'yes' if fields['paused'] else 'no'}, held {held_text(fields)}"
+        f"paused {paused_text(fields)}, held {held_text(fields)}"
     )
 
 

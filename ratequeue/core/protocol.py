@@ -173,6 +173,9 @@ class Record(NamedTuple):
     begun: int = 0
     #: a fair queue's waiters, in the order they came (:data:`Waiter`)
     waiters: tuple[Waiter, ...] = ()
+    #: when (state clock) the queue was paused everywhere (:func:`set_paused`); ``NEVER`` while it
+    #: is not, or if it was paused by a version that did not note it
+    paused_at: Micros = NEVER
 
     def slot(self, ticket: int) -> Micros:
         """The strict slot of ``ticket`` (> ``pos``): its earliest start if the queue allowed no burst.
@@ -298,11 +301,12 @@ def check(record: Record, now: Micros) -> Record:
     """``record``, if the protocol could have written it by ``now``; else :class:`Unwritten`.
 
     Every start lies at most :data:`MAX_LEAD_US` past the ``now`` it was
-    made at, ``held`` is a ``now``, a hold ends at most :data:`MAX_HOLD_US`
-    after a ``now``, and a lease expires at most :data:`MAX_LEASE_US` after a
-    start or a ``now``: a record whose ``at``, ``held``, hold or lease lies
-    further ahead would stall every shard until then (an hour of the state's
-    clock stepping back is allowed for), so it is refused. Every operation checks its record first.
+    made at, ``held`` and ``paused_at`` are each a ``now``, a hold ends at
+    most :data:`MAX_HOLD_US` after a ``now``, and a lease expires at most
+    :data:`MAX_LEASE_US` after a start or a ``now``: a record whose ``at``,
+    ``held``, ``paused_at``, hold or lease lies further ahead would stall
+    every shard until then (an hour of the state's clock stepping back is
+    allowed for), so it is refused. Every operation checks its record first.
     """
     horizon = now + MAX_LEAD_US
     if record.at > horizon:
@@ -313,6 +317,8 @@ def check(record: Record, now: Micros) -> Record:
         raise Unwritten("not_before", record.not_before, now)
     if record.paced_at > horizon:
         raise Unwritten("paced_at", record.paced_at, now)
+    if record.paused_at > horizon:
+        raise Unwritten("paused_at", record.paused_at, now)
     for lease in record.leases:
         if lease[1] > horizon + MAX_LEASE_US:
             raise Unwritten("leases", lease[1], now)
@@ -355,11 +361,13 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
         number,
         begun,
         waiters,
+        paused_at,
     ) = record
     if (
         at > now + MAX_LEAD_US
         or held > now + MAX_LEAD_US
         or paced_at > now + MAX_LEAD_US
+        or paused_at > now + MAX_LEAD_US
         or not_before > now + _HOLD_HORIZON
         or leases
     ):
@@ -395,6 +403,7 @@ def _taken(record: Record, now: Micros, cost: int) -> Record:
             number,
             begun,
             waiters,
+            paused_at,
         ),
     )
 
@@ -460,11 +469,13 @@ def try_start(
         number,
         begun,
         waiters,
+        paused_at,
     ) = record
     if (
         at > now + MAX_LEAD_US
         or held > now + MAX_LEAD_US
         or paced_at > now + MAX_LEAD_US
+        or paused_at > now + MAX_LEAD_US
         or not_before > now + _HOLD_HORIZON
         or leases
     ):
@@ -520,6 +531,7 @@ def try_start(
             number,
             begun,
             waiters,
+            paused_at,
         ),
     )
     return started, Started(ticket, start, now)
@@ -780,14 +792,16 @@ def renew(record: Record, ticket: int, lease: Micros, now: Micros, token: int = 
 def set_paused(record: Record, paused: bool, now: Micros) -> tuple[Record, bool]:
     """``record`` paused (or resumed) for every shard, and whether that changed it.
 
-    Only the flag changes: tickets are still handed out and the latest start
-    still repeated. On resume the tickets held keep their order and start at
-    the rate; a paused record never expires (:func:`expires`).
+    Only the flag changes, and ``paused_at``: ``now`` when a pause begins (a
+    pause asked again keeps the first one's), ``NEVER`` on resume. Tickets
+    are still handed out and the latest start still repeated. On resume the
+    tickets held keep their order and start at the rate; a paused record
+    never expires (:func:`expires`).
     """
     check(record, now)
     if record.paused == paused:
         return record, False
-    return record._replace(paused=paused), True
+    return record._replace(paused=paused, paused_at=now if paused else NEVER), True
 
 
 def hold(record: Record, lead: Micros, now: Micros) -> tuple[Record, bool]:

@@ -1214,6 +1214,7 @@ def _encode(record: Record) -> dict[str, Any]:
         "paced_at": None if record.paced_at == NEVER else record.paced_at,
         "settled": record.settled,
         **(_fair_fields(record) if record.fair else {}),
+        **({} if record.paused_at == NEVER else {"paused_at": record.paused_at}),
     }
 
 
@@ -1241,9 +1242,9 @@ def _record_content(name: str, record: Record, kept: int | None) -> bytes:
     Formatted by hand, since the fields' types are fixed: the operations write
     a record this way each time it changes.
     """
-    if record.fair:
-        return _record_bytes(name, _encode(record), kept)
     never = NEVER
+    if record.fair or record.paused_at != never:
+        return _record_bytes(name, _encode(record), kept)
     ticket, pos, at, interval, due, burst, paused, cap, leases, held, not_before, pace, paced_at = record[:13]
     settled = record.settled
     return (

@@ -135,6 +135,11 @@ def check_record(fields: Any, *, where: str) -> Record:
         raise refuse("not_before", "whole microseconds or null")
     if not (_is_int(paced_at) and NEVER <= paced_at < MAX_US):
         raise refuse("paced_at", "whole microseconds or null")
+    # (paused_at means something only while paused: an older version's resume leaves it behind)
+    paused_at = fields.get("paused_at") if fields["paused"] is True else None
+    paused_at = NEVER if paused_at is None else paused_at
+    if not (_is_int(paused_at) and NEVER <= paused_at < MAX_US):
+        raise refuse("paused_at", "whole microseconds (when the pause began) or null")
     settled = fields.get("settled", 0)
     if not (_is_int(settled) and 0 <= settled <= pos):
         raise refuse("settled", "a ticket from 0 (none) to pos")
@@ -173,6 +178,7 @@ def check_record(fields: Any, *, where: str) -> Record:
         number if fair else 1,
         begun if fair else 0,
         waiters or (),
+        paused_at,
     )
 
 

@@ -7,13 +7,19 @@ raises :class:`StateCorrupted` naming where it is), and the URL handling.
 
 A queue's document is ``{_id: name, ticket, pos, at, interval, due, burst,
 paused, max_running, leases, held, not_before, pace, paced_at, settled,
-answer, expires}``: every field of its record (integers, microseconds; ``leases`` an
-array of ``[ticket, expiry, token]`` arrays in start order; no cap is
+answer, expires}``, and ``paused_at`` while it is paused: every field of
+its record (integers, microseconds; ``leases`` an array of ``[ticket,
+expiry, token]`` arrays in start order; no cap is
 ``max_running`` 0; no hold is ``not_before`` ``NEVER``, as in a document
 written before holds existed, which lacks ``not_before``; no slow-down is
 ``pace`` 0 and ``paced_at`` ``NEVER``, as in a document written before
 slow-downs existed, which lacks both; no settlement is ``settled`` 0, as in
-a document written before settlements existed, which lacks it). A fair
+a document written before settlements existed, which lacks it; when the
+pause began is ``paused_at``, stored only while ``paused``: a record not paused
+stores it not at all, as before pauses were noted, and a paused one that
+lacks it was paused by a version that did not note it, ``NEVER``; one left on
+a record that is not paused, by an older version's resume, means nothing: it is
+read as ``NEVER``, whatever it holds, and the next write drops it). A fair
 queue's document also holds ``fair`` (true), ``number``, ``begun`` and
 ``waiters``, an array of ``[number, tenant, weight, cost, ticket]`` arrays
 (:data:`~ratequeue.core.protocol.Waiter`); any other document holds none of
@@ -162,6 +168,7 @@ def _check_stages(op: Operation) -> Pipeline:
             "$not_before",
         ),
         ({"$gt": ["$paced_at", horizon]}, "paced_at", "$paced_at"),
+        ({"$gt": [_PAUSED_AT, horizon]}, "paused_at", "$paused_at"),
         ({"$gt": [latest_expiry, {"$add": [horizon, {"$literal": MAX_LEASE_US}]}]}, "leases", latest_expiry),
     ]
     taking = op.kind in ("take", "take_and_try", "try_take")
@@ -369,9 +376,24 @@ _GRACE_END = {"$add": ["$held", {"$literal": FULL_GRACE_US}]}
 
 
 def _set_paused_stages(op: Operation) -> Pipeline:
-    """``set_paused``: set the flag; the answer's ``value`` is 1 if that changed it, else 0."""
-    changed = {"$cond": [{"$eq": ["$paused", {"$literal": op.paused}]}, 0, 1]}
-    return [{"$set": {"answer": _told("set", changed, 0), "paused": {"$literal": op.paused}}}]
+    """``set_paused``: set the flag; the answer's ``value`` is 1 if that changed it, else 0.
+
+    A pause that begins sets ``paused_at`` to ``_now``; a resume removes it.
+    A pause asked again keeps the first one's (or its absence, a pause not
+    noted by an older version); a resume of a queue not paused leaves it
+    missing (:func:`pipeline` dropped one an older version's resume left).
+    """
+    changed = {"$ne": ["$paused", {"$literal": op.paused}]}
+    since = {"$toLong": "$_now"} if op.paused else "$$REMOVE"
+    return [
+        {
+            "$set": {
+                "answer": _told("set", {"$cond": [changed, 1, 0]}, 0),
+                "paused": {"$literal": op.paused},
+                "paused_at": {"$cond": [changed, since, "$paused_at"]},
+            }
+        }
+    ]
 
 
 def _hold_stages(op: Operation) -> Pipeline:
@@ -807,7 +829,8 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
     fair = op.terms.fair and op.kind in _FAIR_STAGES
     # a document written before holds existed has no ``not_before``: no hold (``NEVER``); one
     # written before slow-downs has no ``pace`` and ``paced_at``: none (0, ``NEVER``); one written
-    # before settlements has no ``settled``: none (0)
+    # before settlements has no ``settled``: none (0); a ``paused_at`` on a record that is not
+    # paused (left by an older version's resume) means nothing: dropped, so the write leaves none
     read = {
         "_was": "$$ROOT",
         "_now": _now_expression(now_us),
@@ -815,11 +838,12 @@ def pipeline(op: Operation, now_us: int | None) -> Pipeline:
         "pace": _PACE,
         "paced_at": _PACED_AT,
         "settled": _SETTLED,
+        "paused_at": {"$cond": ["$paused", "$paused_at", "$$REMOVE"]},
     }
     if fair:  # a fair record's waiters (none where the document lacks them)
         read["waiters"] = {"$ifNull": ["$waiters", []]}
     return [
-        {"$set": read},  # the document as read, the clock, the hold, the slow-down, the settlement
+        {"$set": read},  # the document as read, the clock, the hold, the slow-down, the settlement, the pause
         *_check_stages(op),
         *(_FAIR_STAGES if fair else _STAGES)[op.kind](op),
         *_keep_stages(op.terms.keep_us, now_us is not None),
@@ -841,6 +865,10 @@ _PACED_AT = {"$ifNull": ["$paced_at", {"$literal": NEVER}]}
 
 #: the stored ``settled``, or 0 where it is missing (a document older than settlements)
 _SETTLED = {"$ifNull": ["$settled", 0]}
+
+#: the stored ``paused_at``, or ``NEVER`` where it is missing (not paused, or paused by an older
+#: version); after :func:`pipeline`'s first stage, which drops one on a record that is not paused
+_PAUSED_AT = {"$ifNull": ["$paused_at", {"$literal": NEVER}]}
 
 
 def read_pipeline(name: str, now_us: int | None) -> Pipeline:
@@ -943,6 +971,19 @@ def update_filter(name: str, terms: Terms) -> dict[str, Any]:
                 {"$in": [{"$type": "$settled"}, ["missing", *_WHOLE]]},
                 {"$lte": [0, _SETTLED]},
                 {"$lte": [_SETTLED, "$pos"]},
+                # while paused, ``paused_at`` whole or missing (paused by an older version); on a
+                # record that is not paused, anything (left by an older version's resume: ignored)
+                {
+                    "$or": [
+                        {"$not": ["$paused"]},
+                        {
+                            "$and": [
+                                {"$in": [{"$type": "$paused_at"}, ["missing", *_WHOLE]]},
+                                *_within(NEVER, _PAUSED_AT, MAX_US),
+                            ]
+                        },
+                    ]
+                },
                 *_within(0, "$pos", "$ticket"),
                 {"$lt": ["$ticket", MAX_US]},
                 *_within(NEVER, "$at", MAX_US),
@@ -1002,8 +1043,13 @@ def _within(low: Any, value: Any, high: Any) -> list[Any]:
 
 
 #: the fields of a stored record: :data:`~ratequeue.state.records.FIELDS`, and ``not_before``, ``pace``,
-#: ``paced_at`` and ``settled`` where present, and a fair queue's ``fair``, ``number``, ``begun``, ``waiters``
-_STORED = (*FIELDS, "not_before", "pace", "paced_at", "settled", "fair", "number", "begun", "waiters")
+#: ``paced_at``, ``settled`` and ``paused_at`` where present, and a fair queue's ``fair``, ``number``,
+#: ``begun``, ``waiters``
+_STORED = (
+    *FIELDS,
+    *("not_before", "pace", "paced_at", "settled", "paused_at"),
+    *("fair", "number", "begun", "waiters"),
+)
 
 
 def check_document(document: Document, where: str) -> Record:
@@ -1011,7 +1057,10 @@ def check_document(document: Document, where: str) -> Record:
 
     A document without ``not_before`` (written before holds existed) holds no
     hold; one without ``pace`` and ``paced_at`` (written before slow-downs) no
-    slow-down; one without ``settled`` (written before settlements) no settlement.
+    slow-down; one without ``settled`` (written before settlements) no settlement;
+    one without ``paused_at`` (not paused, or paused by an older version) ``NEVER``,
+    as one that is not paused, whatever its ``paused_at`` (an older version's
+    resume leaves it).
     """
     return check_record({key: document[key] for key in _STORED if key in document}, where=where)
 
@@ -1038,10 +1087,13 @@ def check_well_formed(document: Document, where: str) -> None:
     Its record is one :func:`check_document` takes: only a null time (``NEVER``
     to a record, not a whole number to the filter) is left to refuse (and a
     ``pace`` :func:`check_document` reads as 0: null, false, 0.0); a missing
-    ``not_before``, ``pace`` or ``paced_at`` (a document older than holds or
-    slow-downs) is none.
+    ``not_before``, ``pace``, ``paced_at`` or ``paused_at`` (a document older
+    than holds or slow-downs, or not paused) is none, and the ``paused_at`` of
+    a document that is not paused is ignored.
     """
-    for field in ("at", "due", "held", "not_before", "pace", "paced_at"):
+    for field in ("at", "due", "held", "not_before", "pace", "paced_at", "paused_at"):
+        if field == "paused_at" and document.get("paused") is not True:
+            continue
         if field in document and not _whole(document[field]):
             raise StateCorrupted(
                 f"record at {where} has {field}={document[field]!r}; want a whole number", where=where

@@ -12,7 +12,8 @@ another, in ``?schema=`` or the connection's search path)::
     settled bigint,  -- the ticket of the latest settlement that moved due_us (0: none)
     fair boolean, number bigint, begun bigint,  -- a fair queue's (NULL: not fair)
     waiters bigint[],  -- a fair queue's (number, weight, cost, ticket) of each waiter, flattened
-    tenants text[]  -- and each waiter's tenant
+    tenants text[],  -- and each waiter's tenant
+    paused_at_us bigint  -- when the pause everywhere began (NULL: not paused, or paused by an older version)
 
 Every operation is **one call** of one server-side PL/pgSQL function
 (``<table>_op_v4``, created beside the table): it locks the row (``SELECT
@@ -26,9 +27,14 @@ IF NOT EXISTS``) are created at a state's first call if missing, under a
 transaction-scoped advisory lock so that racing first users do not collide;
 a table made by an older version gains the columns it lacks then
 (``not_before_us``, ``pace_us``, ``paced_at_us``, ``settled``, ``fair``,
-``number``, ``begun``, ``waiters``, ``tenants``: its rows have no hold, were
-never slowed, never settled and are not fair), and an older version's
-function (``_op_v3``...) is left in place for the clients still calling it.
+``number``, ``begun``, ``waiters``, ``tenants``, ``paused_at_us``: its rows
+have no hold, were never slowed, never settled, are not fair and say not
+since when they are paused), and an older version's function (``_op_v3``...)
+is left in place for the clients still calling it. ``paused_at_us`` is
+stored only while the row is paused (:func:`~ratequeue.core.protocol.set_paused`):
+a row that is not is stored as before. It is read only while the row is paused:
+in a row an older version resumed, it is ignored (paused_at reads NEVER) and
+this version's next write of the row clears it.
 A fair queue's ``take``, ``try_start`` and ``take_and_try`` are
 :func:`~ratequeue.core.protocol.enqueue`, ``try_turn`` and
 ``enqueue_and_try``, in the same function (:attr:`PostgresBackend.fair_queues`).
@@ -520,11 +526,11 @@ class PostgresBackend(StateBase):
             "bigint, bigint, bigint, bigint, bigint, boolean, bigint, bigint, boolean, text, bigint)"
         )
         # (a table that lacks the newest column, made by an older version, is set up again: it gains
-        # its columns; a database with only an older version's function, _op_v3, gains this version's
-        # beside it, which older clients go on calling)
+        # its columns, and the function is made again; a database with only an older version's
+        # function, _op_v3, gains this version's beside it, which older clients go on calling)
         exists = sql.SQL(
             "SELECT to_regclass(%s) IS NOT NULL AND to_regprocedure(%s) IS NOT NULL AND EXISTS ("
-            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'tenants' "
+            "SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'paused_at_us' "
             "AND NOT attisdropped)"
         )
         table_text, function_text = self._quoted(self._table_name), self._quoted(self._function_name)
@@ -556,7 +562,7 @@ class PostgresBackend(StateBase):
             if answer == "mismatch":
                 check_terms(name, record, terms)  # raises, naming the term
             raise StateCorrupted(f"record at {where} is malformed: {record}; reset the queue", where=where)
-        if answer.startswith("unwritten_"):  # at, held, not_before, paced_at, leases or ticket
+        if answer.startswith("unwritten_"):  # at, held, not_before, paced_at, paused_at, leases or ticket
             exc = Unwritten(answer.removeprefix("unwritten_"), int(row[1]), row[4])
             raise unwritten(exc, f"record at {redact(self.url)}#{name}", where)
         if row[5] and self._sweep_due():
@@ -603,14 +609,13 @@ class PostgresBackend(StateBase):
 
 
 #: the fields a row holds in a column named ``<field>_us`` (times and intervals, in us)
-_TIMES = ("at", "interval", "due", "held", "not_before", "pace", "paced_at")
+_TIMES = ("at", "interval", "due", "held", "not_before", "pace", "paced_at", "paused_at")
 
-#: the column of a row holding each field of its record (``not_before``, ``pace``, ``paced_at``,
-#: ``settled`` and a fair queue's fields, which rows made by older versions may lack, among them)
-_COLUMNS = {
-    field: f"{field}_us" if field in _TIMES else field
-    for field in (*FIELDS, "not_before", "pace", "paced_at", "settled", "fair", "number", "begun")
-}
+#: the fields of a record that rows made by older versions may lack
+_LATER = ("not_before", "pace", "paced_at", "settled", "fair", "number", "begun", "paused_at")
+
+#: the column of a row holding each field of its record
+_COLUMNS = {field: f"{field}_us" if field in _TIMES else field for field in (*FIELDS, *_LATER)}
 
 
 def stored_fields(stored: dict[str, Any]) -> dict[str, Any]:
@@ -619,9 +624,12 @@ def stored_fields(stored: dict[str, Any]) -> dict[str, Any]:
     ``leases``, a flat array in the row, is read as ``[ticket, expiry, token]`` triples; a fair
     row's ``waiters`` and ``tenants`` as ``[number, tenant, weight, cost, ticket]`` lists (arrays
     that do not pair up are passed on as they are, which the check refuses). A row that is not
-    fair has no fair fields: its fair columns are not read.
+    fair has no fair fields: its fair columns are not read; nor is ``paused_at_us`` in a row that is
+    not paused (an older version's resume leaves it behind: the row reads paused_at NEVER).
     """
     fields = {field: stored[column] for field, column in _COLUMNS.items() if column in stored}
+    if fields.get("paused") is not True:
+        fields.pop("paused_at", None)
     leases = fields.get("leases")
     if isinstance(leases, list) and all(not isinstance(item, list) for item in leases):
         fields["leases"] = [leases[i : i + 3] for i in range(0, len(leases), 3)]

@@ -8,8 +8,9 @@
 -- and settled as it finds them, and ignores them; _v2 had no p_doubt, and refuses a due_us that a
 -- doubt moved past at + (burst - 1) slowest paces; _v3 had no fair queues, no p_fair, p_tenant and
 -- p_weight: it leaves fair, number, begun, waiters and tenants as it finds them, and runs a fair row
--- as if it were not fair). A table is shared by every version: setting up this one leaves an older
--- one's function in place.
+-- as if it were not fair; _v1 to _v3 did not note when a pause began: they leave paused_at_us as
+-- they find it, also on a resume, which this version then ignores). A table is shared by every version: setting up this one leaves an older one's
+-- function in place.
 --
 -- One row per queue name; every time and interval is whole microseconds (bigint), as in
 -- ratequeue.core.protocol. leases holds the (ticket, expiry, token) of running jobs flattened, in start
@@ -23,6 +24,11 @@
 -- as leases are, {number1, weight1, cost1, ticket1, number2, ...}, and tenants their tenants, one
 -- each. A row that is not fair holds NULL in all five (fair false would say the same), as a row
 -- made before fair queues does: it is stored exactly as before, and nothing reads them.
+-- paused_at_us is when the pause everywhere began (protocol.set_paused), held only while paused:
+-- NULL (NEVER) in a row that is not paused, so that such a row is stored exactly as before, and in
+-- a row paused by an older version, which did not note it ("since when" unknown). It is read only
+-- while the row is paused: an older version's resume leaves it behind in a row not paused, where it
+-- is ignored, whatever it holds, and this version's next write of the row clears it.
 CREATE TABLE IF NOT EXISTS @TABLE@ (
     name text PRIMARY KEY,
     ticket bigint NOT NULL,
@@ -44,18 +50,19 @@ CREATE TABLE IF NOT EXISTS @TABLE@ (
     number bigint,
     begun bigint,
     waiters bigint[],
-    tenants text[]
+    tenants text[],
+    paused_at_us bigint
 )
 -- ;;
--- a table made before the hold (by _v1), before the slow-down, before the settlement or before fair
--- queues (by _v3) gains the columns it lacks; its rows read NULL (no hold, never slowed, not fair)
--- and 0 (no pace, never settled) there. Only then is the table altered (which takes its lock, and
--- needs its owner's rights)
+-- a table made before the hold (by _v1), before the slow-down, before the settlement, before fair
+-- queues (by _v3) or before paused_at_us gains the columns it lacks; its rows read NULL (no hold,
+-- never slowed, not fair, no pause noted) and 0 (no pace, never settled) there. Only then is the
+-- table altered (which takes its lock, and needs its owner's rights)
 DO $ratequeue$
 BEGIN
     IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '@TABLE@'::regclass
         AND attname IN ('not_before_us', 'pace_us', 'paced_at_us', 'settled', 'fair', 'number', 'begun',
-                        'waiters', 'tenants') AND NOT attisdropped) < 9 THEN
+                        'waiters', 'tenants', 'paused_at_us') AND NOT attisdropped) < 10 THEN
         ALTER TABLE @TABLE@ ADD COLUMN IF NOT EXISTS not_before_us bigint,
                             ADD COLUMN IF NOT EXISTS pace_us bigint NOT NULL DEFAULT 0,
                             ADD COLUMN IF NOT EXISTS paced_at_us bigint,
@@ -64,7 +71,8 @@ BEGIN
                             ADD COLUMN IF NOT EXISTS number bigint,
                             ADD COLUMN IF NOT EXISTS begun bigint,
                             ADD COLUMN IF NOT EXISTS waiters bigint[],
-                            ADD COLUMN IF NOT EXISTS tenants text[];
+                            ADD COLUMN IF NOT EXISTS tenants text[],
+                            ADD COLUMN IF NOT EXISTS paused_at_us bigint;
     END IF;
 END
 $ratequeue$
@@ -105,7 +113,8 @@ $ratequeue$
 --                                      ("started", TICKET, START), ("wait", TICKET, SLOT)
 --                                      or ("passed", TICKET, POS); on a fair row, NUMBER for TICKET
 --                                      but in "started"
---   set_paused                         ("set", 1 if the flag changed else 0)
+--   set_paused                         ("set", 1 if the flag changed else 0); a pause begun notes
+--                                      now in paused_at_us, a resume clears it
 --   hold                               ("set", 1 if the hold moved else 0)
 --   lift                               ("set", 1 if a hold was on at now else 0)
 --   slow                               ("set", 1 if the queue was slowed else 0)
@@ -117,11 +126,12 @@ $ratequeue$
 --   a stored row the protocol could not have written          ("corrupt", stored = the row)
 --   a stored row with another interval, burst, max_running or fairness
 --                                                             ("mismatch", stored = the row)
---   `at`, `held` or `paced_at` more than MAX_LEAD past now, `not_before` more than MAX_LEAD + MAX_HOLD,
---   a lease's expiry more than MAX_LEAD + MAX_LEASE (protocol.check)
+--   `at`, `held`, `paced_at` or `paused_at` more than MAX_LEAD past now, `not_before` more than
+--   MAX_LEAD + MAX_HOLD, a lease's expiry more than MAX_LEAD + MAX_LEASE (protocol.check)
 --                                       ("unwritten_at", AT), ("unwritten_held", HELD),
 --                                       ("unwritten_not_before", NOT_BEFORE),
---                                       ("unwritten_paced_at", PACED_AT), ("unwritten_leases", EXPIRY)
+--                                       ("unwritten_paced_at", PACED_AT),
+--                                       ("unwritten_paused_at", PAUSED_AT), ("unwritten_leases", EXPIRY)
 --   take, take_and_try and try_take, when ticket + cost reaches LIMIT
 --                                                             ("unwritten_ticket", TICKET)
 --   take, try_start, take_and_try and try_take on a fair row, when a waiter's ticket + its cost would
@@ -183,6 +193,7 @@ DECLARE
     v_step bigint;
     v_slowest bigint;
     v_paused boolean;
+    v_paused_at bigint;
     v_leases bigint[];
     v_live bigint[];
     v_kept bigint[];
@@ -294,6 +305,10 @@ BEGIN
             AND c_never <= r.held_us AND r.held_us < c_limit
             AND c_never <= coalesce(r.not_before_us, c_never) AND coalesce(r.not_before_us, c_never) < c_limit
             AND c_never <= coalesce(r.paced_at_us, c_never) AND coalesce(r.paced_at_us, c_never) < c_limit
+            -- (a pause's start means something only while paused: a row not paused keeps it unread,
+            -- whatever it holds, as an older version's resume leaves it behind)
+            AND (NOT r.paused OR (c_never <= coalesce(r.paused_at_us, c_never)
+                                  AND coalesce(r.paused_at_us, c_never) < c_limit))
             AND 0 <= coalesce(r.settled, 0) AND coalesce(r.settled, 0) <= r.pos
             AND (v_n = 0 OR (array_ndims(r.leases) = 1 AND array_lower(r.leases, 1) = 1))
             AND v_n % 3 = 0 AND v_n / 3 <= r.max_running) THEN
@@ -373,6 +388,11 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    IF r.paused AND r.paused_at_us > v_now + c_max_lead THEN
+        o_kind := 'unwritten_paused_at'; o_a := r.paused_at_us;
+        RETURN NEXT;
+        RETURN;
+    END IF;
     FOR v_i IN 1 .. v_n / 3 LOOP
         IF r.leases[3 * v_i - 1] > v_now + c_max_lead + c_max_lease THEN
             o_kind := 'unwritten_leases'; o_a := r.leases[3 * v_i - 1];
@@ -383,6 +403,8 @@ BEGIN
 
     v_ticket := r.ticket; v_pos := r.pos; v_at := r.at_us; v_due := r.due_us; v_held := r.held_us;
     v_not_before := coalesce(r.not_before_us, c_never); v_paused := r.paused;
+    -- (NEVER in a row not paused, whatever it holds: the row's next write clears it)
+    v_paused_at := CASE WHEN r.paused THEN coalesce(r.paused_at_us, c_never) ELSE c_never END;
     v_pace := coalesce(r.pace_us, 0); v_paced_at := coalesce(r.paced_at_us, c_never);
     v_settled := coalesce(r.settled, 0);
     -- protocol.effective_interval: what the slots count at now, the interval or, after a slow-down,
@@ -663,8 +685,11 @@ BEGIN
             o_kind := 'started'; o_a := p_ticket; o_b := v_start;
         END IF;
     ELSIF p_op = 'set_paused' THEN
-        -- protocol.set_paused: only the flag changes
+        -- protocol.set_paused: only the flag changes, and paused_at: now when a pause begins (one asked
+        -- again keeps the first one's), NEVER on resume (one expression: every path is warmed up at once)
         o_kind := 'set'; o_a := CASE WHEN v_paused <> p_paused THEN 1 ELSE 0 END;
+        v_paused_at := CASE WHEN v_paused = p_paused THEN v_paused_at
+                            WHEN p_paused THEN v_now ELSE c_never END;
         v_paused := p_paused;
     ELSIF p_op = 'hold' THEN
         -- protocol.hold: no start before now + lead; a hold only grows
@@ -784,7 +809,9 @@ BEGIN
     END IF;
     -- an answer that changes nothing (a wait, a repeated start) writes nothing
     IF v_ticket <> r.ticket OR v_pos <> r.pos OR v_at <> r.at_us OR v_due <> r.due_us
-       OR v_paused <> r.paused OR v_leases <> r.leases OR v_held <> r.held_us
+       OR v_paused <> r.paused
+       OR v_paused_at <> (CASE WHEN r.paused THEN coalesce(r.paused_at_us, c_never) ELSE c_never END)
+       OR v_leases <> r.leases OR v_held <> r.held_us
        OR v_not_before <> coalesce(r.not_before_us, c_never)
        OR v_pace <> coalesce(r.pace_us, 0) OR v_paced_at <> coalesce(r.paced_at_us, c_never)
        OR v_settled <> coalesce(r.settled, 0)
@@ -796,15 +823,15 @@ BEGIN
             SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
                 leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
                 pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), settled = v_settled,
-                keep_until_us = v_keep_until, number = v_number, begun = v_begun, waiters = v_waiters,
-                tenants = v_tenants
+                paused_at_us = nullif(v_paused_at, c_never), keep_until_us = v_keep_until,
+                number = v_number, begun = v_begun, waiters = v_waiters, tenants = v_tenants
             WHERE name = p_name;
         ELSE
             UPDATE @TABLE@
             SET ticket = v_ticket, pos = v_pos, at_us = v_at, due_us = v_due, paused = v_paused,
                 leases = v_leases, held_us = v_held, not_before_us = nullif(v_not_before, c_never),
                 pace_us = v_pace, paced_at_us = nullif(v_paced_at, c_never), settled = v_settled,
-                keep_until_us = v_keep_until
+                paused_at_us = nullif(v_paused_at, c_never), keep_until_us = v_keep_until
             WHERE name = p_name;
         END IF;
     END IF;

@@ -190,6 +190,7 @@ def _snapshot(now: int, *fields: int) -> Snapshot:
         pace,
         paced_at,
         settled,
+        paused_at,
         *numbers,
     ) = fields
     leases = tuple(zip(numbers[::3], numbers[1::3], numbers[2::3], strict=True))
@@ -208,6 +209,7 @@ def _snapshot(now: int, *fields: int) -> Snapshot:
         pace,
         paced_at,
         settled,
+        paused_at=paused_at,
     )
     return Snapshot(record=record, now=now)
 
@@ -226,8 +228,8 @@ parse_changed: Parser[bool] = _parser(set=_flag)
 parse_live: Parser[bool] = _parser(live=_flag)
 
 #: the answer of ``read`` on a record that is not fair: ``record NOW TICKET POS AT INTERVAL BURST DUE
-#: PAUSED MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED`` followed by ``TICKET EXPIRY TOKEN`` for
-#: each lease, or ``none NOW`` (a read checks no terms)
+#: PAUSED MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED PAUSED_AT`` followed by ``TICKET EXPIRY
+#: TOKEN`` for each lease, or ``none NOW`` (a read checks no terms)
 _parse_plain_snapshot: Parser[Snapshot] = _parser(
     record=_snapshot, none=lambda now: Snapshot(record=None, now=now)
 )

@@ -11,7 +11,10 @@ KEYS[1]   the queue's hash, with every field of protocol.Record, each a whole nu
           held, and leases, the running jobs' leases in start order as "TICKET:EXPIRY:TOKEN"
           joined by commas ("" for none); and not_before, pace, paced_at and settled, each present
           only while it is not its default (NEVER, 0, NEVER, 0; records written before they were
-          added lack them: missing is the default); and in a fair queue's record only
+          added lack them: missing is the default); paused_at, when the pause began, present only
+          while paused (missing: NEVER, as in a record paused before it was added; on a record
+          not paused it is ignored, whatever it holds, as an older version's resume leaves it, and
+          the next write deletes it); and in a fair queue's record only
           (protocol.enqueue), fair ("1"), number, begun and waiters, a JSON array of [number,
           tenant, weight, cost, ticket] (a record without fair is not fair, and stores none of them)
 ARGV[1]   the operation (core/operation.py's Kind), or read
@@ -56,18 +59,19 @@ a fraction of the CPU an array costs it); numbers are whole, in decimal:
                                      else 0
   release, renew                     "live LIVE NOW", LIVE 1 if the ticket's lease was live, else 0
   read                               "record NOW TICKET POS AT INTERVAL BURST DUE PAUSED
-                                     MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED" then each
-                                     lease as "TICKET EXPIRY TOKEN", and for a fair record a
-                                     newline, then "NUMBER BEGUN WAITERS" (WAITERS the stored JSON
-                                     array); or "none NOW"
+                                     MAX_RUNNING HELD NOT_BEFORE PACE PACED_AT SETTLED PAUSED_AT"
+                                     then each lease as "TICKET EXPIRY TOKEN", and for a fair
+                                     record a newline, then "NUMBER BEGUN WAITERS" (WAITERS the
+                                     stored JSON array); or "none NOW"
 and, changing nothing:
   any operation but read, when a stored term is not the caller's:    "mismatch FIELD VALUE"
                                                                      (interval, burst, max_running,
                                                                      fair: 1 or 0)
   any operation, when the stored record is malformed:                "corrupt FIELD VALUE"
-  any operation, when `at`, `held` or `paced_at` lies more than MAX_LEAD past now, `not_before`
-  more than MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE (no start,
-  now, hold or lease the protocol makes does; see protocol.check):   "unwritten FIELD VALUE NOW"
+  any operation, when `at`, `held`, `paced_at` or `paused_at` lies more than MAX_LEAD past now,
+  `not_before` more than MAX_LEAD + MAX_HOLD, or a lease's expiry more than MAX_LEAD + MAX_LEASE
+  (no start, now, hold or lease the protocol makes does; see protocol.check):
+                                                                     "unwritten FIELD VALUE NOW"
   take, take_and_try and try_take, when ticket + cost reaches LIMIT: "unwritten ticket TICKET NOW"
   (on a fair record, any of them that hands a waiter a ticket; and take, take_and_try and
   try_take, when number + 1 reaches LIMIT:                           "unwritten number NUMBER NOW")
@@ -78,10 +82,10 @@ take it), also PUBLISH an empty message on the channel KEYS[1] .. "#freed", whic
 other processes waiting for a place listen on (freed.py); nothing else publishes.
 
 Every operation but read creates a missing record (protocol.new_record) and writes the whole
-record back (not_before, pace, paced_at and settled removed from the hash when they are their
-default), its keep time set (ARGV[4]); try_take only when it answers started (otherwise the hash
-and its TTL are left as they were); read never writes. Numbers stay below 2^53, so every one is
-exact in a double.
+record back (not_before, pace, paced_at, settled and paused_at removed from the hash when they
+are their default), its keep time set (ARGV[4]); try_take only when it answers started
+(otherwise the hash and its TTL are left as they were); read never writes. Numbers stay below
+2^53, so every one is exact in a double.
 ]]
 
 -- the constants of core/protocol.py (tests/test_constants.py holds them equal)
@@ -116,9 +120,10 @@ local function decimal(value)
 end
 
 local FIELDS = {"ticket", "pos", "at", "interval", "due", "burst", "max_running", "held", "paused",
-  "leases", "not_before", "pace", "paced_at", "settled", "fair", "number", "begun", "waiters"}
+  "leases", "not_before", "pace", "paced_at", "settled", "paused_at", "fair", "number", "begun",
+  "waiters"}
 -- (a fair record's own number, begun and waiters are read below, only when fair is stored)
-local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS, 1, 15))
+local stored = redis.call("HMGET", KEYS[1], unpack(FIELDS, 1, 16))
 local ticket, pos, at, interval, due, burst, max_running, held
 -- no ticket starts before this time (protocol.hold); NEVER: no hold (also when the hash lacks it)
 local not_before = NEVER
@@ -130,6 +135,9 @@ local pace, paced_at = 0, NEVER
 local settled = 0
 -- whether the queue is paused for every shard
 local paused = false
+-- when the pause began (protocol.set_paused); NEVER while not paused (also when the hash lacks it:
+-- a record not paused, or paused by a version that did not store it)
+local paused_at = NEVER
 -- the leases of running jobs as {ticket, expiry, token} in start order
 local leases = {}
 -- a fair queue's fields (protocol.enqueue): whether the record is fair, the next waiter number, the
@@ -159,7 +167,7 @@ end
 
 if not (stored[1] or stored[2] or stored[3] or stored[4] or stored[5] or stored[6] or stored[7]
         or stored[8] or stored[9] or stored[10] or stored[11] or stored[12] or stored[13]
-        or stored[14] or stored[15]) then
+        or stored[14] or stored[15] or stored[16]) then
   if op == "read" then
     return "none " .. decimal(now)
   end
@@ -227,6 +235,15 @@ else
     return "corrupt paused " .. tostring(stored[9] or "(missing)")
   end
   paused = stored[9] == "1"
+  -- paused_at means something only while paused (a record paused before it was added lacks it:
+  -- NEVER); on a record not paused it is ignored, whatever it holds (an older version's resume
+  -- leaves it behind), and the write below deletes it
+  if paused and stored[15] then
+    paused_at = string.find(stored[15], "^%-?%d+$") and tonumber(stored[15])
+    if not (paused_at and NEVER <= paused_at and paused_at < LIMIT) then
+      return "corrupt paused_at " .. stored[15]
+    end
+  end
   if not stored[10] then
     return "corrupt leases (missing)"
   end
@@ -245,26 +262,26 @@ else
       last = t
     end
   end
-  if stored[15] then -- a fair queue's record (one that is not fair lacks it)
-    if stored[15] ~= "1" then
-      return "corrupt fair " .. stored[15]
+  if stored[16] then -- a fair queue's record (one that is not fair lacks it)
+    if stored[16] ~= "1" then
+      return "corrupt fair " .. stored[16]
     end
     fair = true
-    local more = redis.call("HMGET", KEYS[1], FIELDS[16], FIELDS[17], FIELDS[18])
-    stored[16], stored[17], stored[18] = more[1], more[2], more[3]
-    if stored[16] then
-      number = string.find(stored[16], "^%d+$") and tonumber(stored[16])
-      if not (number and 1 <= number and number < LIMIT) then
-        return "corrupt number " .. stored[16]
-      end
-    end
+    local more = redis.call("HMGET", KEYS[1], FIELDS[17], FIELDS[18], FIELDS[19])
+    stored[17], stored[18], stored[19] = more[1], more[2], more[3]
     if stored[17] then
-      begun = string.find(stored[17], "^%d+$") and tonumber(stored[17])
-      if not (begun and begun < number) then
-        return "corrupt begun " .. stored[17]
+      number = string.find(stored[17], "^%d+$") and tonumber(stored[17])
+      if not (number and 1 <= number and number < LIMIT) then
+        return "corrupt number " .. stored[17]
       end
     end
     if stored[18] then
+      begun = string.find(stored[18], "^%d+$") and tonumber(stored[18])
+      if not (begun and begun < number) then
+        return "corrupt begun " .. stored[18]
+      end
+    end
+    if stored[19] then
       -- [number, tenant, weight, cost, ticket] each, numbers rising below number, tickets 0 or
       -- above pos and below ticket
       local function whole(value, low, high) -- a whole number from low to below high
@@ -277,8 +294,8 @@ else
         end
         return n
       end
-      local ok, decoded = pcall(cjson.decode, stored[18])
-      local good = ok and type(decoded) == "table" and string.sub(stored[18], 1, 1) == "["
+      local ok, decoded = pcall(cjson.decode, stored[19])
+      local good = ok and type(decoded) == "table" and string.sub(stored[19], 1, 1) == "["
         and size(decoded) == #decoded
       if good then
         local after = 0
@@ -296,7 +313,7 @@ else
         end
       end
       if not good then
-        return "corrupt waiters " .. stored[18]
+        return "corrupt waiters " .. stored[19]
       end
     end
   end
@@ -326,6 +343,9 @@ else
   if paced_at > now + MAX_LEAD then
     return "unwritten paced_at " .. stored[13] .. " " .. decimal(now)
   end
+  if paused_at > now + MAX_LEAD then
+    return "unwritten paused_at " .. stored[15] .. " " .. decimal(now)
+  end
   for _, lease in ipairs(leases) do
     if lease[2] > now + MAX_LEAD + MAX_LEASE then
       return "unwritten leases " .. decimal(lease[2]) .. " " .. decimal(now)
@@ -334,7 +354,7 @@ else
   if op == "read" then
     local words = {"record", decimal(now), stored[1], stored[2], stored[3], stored[4],
       decimal(burst), decimal(due), paused and "1" or "0", decimal(max_running), decimal(held),
-      decimal(not_before), decimal(pace), decimal(paced_at), decimal(settled)}
+      decimal(not_before), decimal(pace), decimal(paced_at), decimal(settled), decimal(paused_at)}
     for _, lease in ipairs(leases) do
       words[#words + 1] = decimal(lease[1])
       words[#words + 1] = decimal(lease[2])
@@ -631,10 +651,14 @@ end
 
 local reply
 if op == "set_paused" then
-  -- protocol.set_paused: only the flag changes
+  -- protocol.set_paused: only the flag changes, and paused_at: now when a pause begins (one asked
+  -- again keeps the first's), NEVER on resume
   local wanted = ARGV[11] == "1"
   reply = {"set", wanted ~= paused and "1" or "0", decimal(now)}
-  paused = wanted
+  if wanted ~= paused then
+    paused = wanted
+    paused_at = wanted and now or NEVER
+  end
 elseif op == "hold" then
   -- protocol.hold: no start before now + lead; a hold only grows (one ending later is kept)
   local ends = now + tonumber(ARGV[9])
@@ -774,8 +798,8 @@ for i, lease in ipairs(leases) do
   pairs_text[i] = decimal(lease[1]) .. ":" .. decimal(lease[2]) .. ":" .. decimal(lease[3])
   expires = math.max(expires, lease[2])
 end
--- not_before, pace, paced_at and settled only while not their default: a record without a hold,
--- a slow-down or a settlement is stored as before they were added
+-- not_before, pace, paced_at, settled and paused_at only while not their default: a record without
+-- a hold, a slow-down, a settlement or a pause is stored as before they were added
 local extra_fields, defaults = {}, {}
 local function store_field(i, value, default)
   if value ~= default then
@@ -789,6 +813,7 @@ store_field(11, not_before, NEVER)
 store_field(12, pace, 0)
 store_field(13, paced_at, NEVER)
 store_field(14, settled, 0)
+store_field(15, paused_at, NEVER)
 if fair then -- (a record that is not fair stores none of them)
   extra_fields[#extra_fields + 1] = "fair"
   extra_fields[#extra_fields + 1] = "1"
