@@ -103,7 +103,7 @@ class Limiter(LimiterBase):
         At most two calls to the state: the ticket this shard holds (from a
         caller that waited and left) tried, then a new one taken only if it
         starts now. A try that gets no turn leaves no ticket behind: the
-        callers that wait lose nothing to it (docs/design.md, "Trying").
+        callers that wait lose nothing to it (docs/design.md, "try_take").
 
         :raises StateUnavailable: if the state cannot be reached.
         """

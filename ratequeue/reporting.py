@@ -87,7 +87,10 @@ class Reporter:
 
     def call_answered(self, op: Operation, answer: object, duration: float) -> None:
         """A state call was answered (a ``"call"`` event, a DEBUG line)."""
-        ticket = getattr(answer, "ticket", None) if op.kind in ("take_and_try", "try_take") else op.ticket
+        if op.kind == "take_and_try" or (op.kind == "try_take" and isinstance(answer, Started)):
+            ticket = answer.ticket  # type: ignore[attr-defined]
+        else:  # (a try_take that waited took no ticket: it names none)
+            ticket = None if op.kind == "try_take" else op.ticket
         outcome = _outcome_name(answer)
         if self.on:
             self.emit(Event("call", self.name, ticket, duration=duration, operation=op.kind, outcome=outcome))

@@ -105,9 +105,6 @@ class Status:
     burst: int = 1
     #: whether the queue is paused for every shard (its record's flag; ``paused`` is this shard's)
     paused_everywhere: bool = False
-    #: state-clock time (s) since which the queue is paused everywhere; ``None`` when it is not
-    #: (or when a version that did not note it paused it)
-    paused_since: float | None = None
     #: how many jobs may run at once across every shard; ``None``: no cap
     max_running: int | None = None
     #: how many jobs hold a live lease across every shard (0 without a cap)
@@ -121,6 +118,9 @@ class Status:
     fair: bool = False
     #: a fair queue's tenants with waiters: each one's waiters (in every shard) and its weight
     tenants: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: state-clock time (s) since which the queue is paused everywhere; ``None`` when it is not
+    #: (or when a version that did not note it paused it)
+    paused_since: float | None = None
 
     @classmethod
     def of(cls, settings: Settings, snapshot: Snapshot, shard: Shard) -> Status:

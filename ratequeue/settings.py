@@ -78,8 +78,9 @@ class Options(TypedDict, total=False):
     :param margin: seconds each start moves the next one later, beyond the interval, so that
         begins up to ``max_late`` late still come an interval apart where the service feels
         them: a rate as a service publishes it is kept against a strict or sliding-window
-        service. By default ``max_late`` (0.3 ms: 0.3 % of the rate at 10/s, 3 % at 100/s);
-        0 takes the rate exactly as written (docs/rates.md, "The margin").
+        service. By default ``max_late`` (0.3 ms: 0.3 % of the rate at 10/s, 3 % at 100/s)
+        where the lateness is checked, none with a burst; 0 takes the rate exactly as
+        written (docs/rates.md, "The margin").
     :param max_running: how many jobs may run at once across every shard (``None``: no cap);
         each holds a lease, renewed while it runs.
     :param lease: seconds a running job's lease lasts unless renewed (10): the longest a dead

@@ -263,7 +263,9 @@ def test_each_start_moves_the_next_by_the_margin(margin: float | None, spacing_u
         turns = [limiter.acquire() for _ in range(3)]
     finally:
         limiter.close()
-    assert [b.start_us - a.start_us for a, b in itertools.pairwise(turns)] == [spacing_us] * 2
+    # (at least: a wake-up later than max_late moves its start on, G7)
+    assert all(b.start_us - a.start_us >= spacing_us for a, b in itertools.pairwise(turns)), turns
+    assert runner_of(limiter).shard.margin_us == spacing_us - 100_000
 
 
 def test_no_margin_where_begins_are_not_checked() -> None:

@@ -454,6 +454,28 @@ def test_a_try_takes_a_ticket_only_if_it_starts() -> None:
     assert again.turn.ticket == 5
 
 
+def test_a_try_whose_reply_was_lost_asks_again_with_the_same_token() -> None:
+    """A try_take that raised may have started a ticket: the next try names the same token (its lease)."""
+    shard = make_shard(0.01)
+    first = shard.add(deadline=0.0, timeout=0.0)
+    first.attempt = True
+    sent = shard.step(first, 0.0)
+    assert is_step(sent, "try_take")
+    shard.failed(first)  # the reply was lost
+    assert shard.ticket is None, "no ticket is known to be held"
+    shard.abandon(first)
+    again = shard.add(deadline=0.001, timeout=0.0)
+    again.attempt = True
+    retried = shard.step(again, 0.001)
+    assert is_step(retried, "try_take")
+    assert retried.token == sent.token, "answered with the lost call's start, if it made one"  # type: ignore[union-attr]
+    shard.receive(again, protocol.Wait(ticket=3, slot=2_000_000, now=1_000_000), 0.001, 0.002)
+    assert isinstance(shard.step(again, 0.002), Expired)
+    shard.abandon(again)
+    waiting = shard.add()
+    assert shard.step(waiting, 0.003) == Step("take_and_try"), "a caller that waits takes a ticket again"
+
+
 def test_turn_of_a_job_that_left_goes_to_the_next() -> None:
     """A STARTED answer for a job cancelled meanwhile is given to the next waiting job."""
     shard = make_shard(0.01)

@@ -226,6 +226,7 @@ class Shard:
             margin = (self.max_late or 0.0) if terms.burst == 1 else 0.0
         #: how much (us) each start moves the next beyond the interval
         self.margin_us = min(round(margin * US), MAX_DOUBT_US)
+        self._margin = self.margin_us / US
         self._line: deque[Place] = deque()
         #: the place holding a started turn not yet begun
         self._holder: Place | None = None
@@ -674,15 +675,15 @@ class Shard:
 
         A tighter offset bound learnt since this shard's previous begun turn
         would convert it earlier than the two starts' gap allows: it is kept
-        no earlier than ``interval - max_late`` after the previous begin
-        (after that begin's own lateness), so that the two begins of this
-        process keep G7, and a loose first bound is not kept for good.
+        no earlier than ``interval + margin - max_late`` after the previous
+        begin (after that begin's own lateness), so that the two begins of
+        this process keep G7, and a loose first bound is not kept for good.
         """
         local = _to_local(started.start, started.now, offset, sent)
         last = self._last_turn
         if last is not None and started.start > last.start_us:
             gap = (started.start - last.start_us) / US
-            room = gap - self.interval + (self.max_late or 0.0) - self._last_lateness
+            room = gap - self.interval - self._margin + (self.max_late or 0.0) - self._last_lateness
             local = max(local, last.local_start + gap - max(0.0, room))
         return tuple.__new__(Turn, (started.ticket, started.start, local, token, cost))
 
