@@ -176,7 +176,10 @@ def test_processes_hold_for_one_another(shared_backend: Backend) -> None:
     assert len(starts) == 3 * count, "no ticket lost"
     lead = 50_000  # a start granted before the hold may lie up to its lead ahead
     inside = [start for _, start in starts if held_from + lead < start < held_until]
-    assert not inside, "no start within the hold"
+    # Each shard holds at most one turn granted and not begun: one per worker may lie further in
+    # than 50 ms where the state answers slowly (the lead adapts to twice the round-trip: a
+    # clean-clone CI run saw one on PostgreSQL). Unheld, 20 of them would lie within the 0.4 s.
+    assert len(inside) <= len(workers), f"no start within the hold but those granted before it: {inside}"
     assert any(start >= held_until for _, start in starts)
     for (_, s1), (_, s2) in itertools.pairwise(starts):
         assert s2 - s1 >= interval * US, "starts in ticket order, an interval apart"
