@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar, Union
 
 from ..errors import ConfigurationError
 from .clock import to_float
+from .fair_order import FairOrder
 
 __all__ = [
     "OVERFLOW_RULES",
@@ -211,10 +212,8 @@ class PendingJobs(Generic[F]):
         self._count = 0
         self._first_tries = 0
         self._seq = itertools.count()
-        #: a fair queue's order (start-time fair queuing over tenants): the tag of the latest job
-        #: started, and each tenant's latest tag
-        self._served_tag = 0.0
-        self._tags: dict[str, float] = {}
+        #: a fair queue's order: start-time fair queuing over tenants
+        self._fair_order = FairOrder()
 
     def __len__(self) -> int:
         return self._count
@@ -233,12 +232,7 @@ class PendingJobs(Generic[F]):
         Among jobs of one priority, a fair queue starts them by this tag (then
         in the order added): tenants take turns, ``weight`` jobs at a time.
         """
-        tags = self._tags
-        start = max(tags.get(tenant, 0.0), self._served_tag)
-        tag = tags[tenant] = start + 1.0 / weight
-        if len(tags) > 2 * self._count + 16:  # forget tenants served up to now
-            self._tags = {name: value for name, value in tags.items() if value > self._served_tag}
-        return tag
+        return self._fair_order.tag(tenant, weight, self._count)
 
     def push(self, job: Job[F]) -> None:
         """Add ``job`` (new, or back for a retry, keeping its order number)."""
@@ -280,8 +274,8 @@ class PendingJobs(Generic[F]):
         """Take :meth:`head` out."""
         self._drop_gone(self._ready)
         _, _, job = heapq.heappop(self._ready)
-        if job.tag > self._served_tag:
-            self._served_tag = job.tag
+        if job.tag:
+            self._fair_order.serve(job.tag)
         self._count -= 1
         self._first_tries -= job.attempts == 0
         return job

@@ -27,6 +27,7 @@ from collections import deque
 from typing import NamedTuple, Union
 
 from .clock import OffsetEstimator
+from .fair_order import FairOrder
 from .leases import Held
 from .operation import Operation, Terms
 from .protocol import FULL_GRACE_US, MAX_DOUBT_US, MAX_LEAD_US, MAX_US, US, Answer, Passed, Started, Wait
@@ -241,10 +242,8 @@ class Shard:
         self._ticket_cost = 1
         #: a fair queue's tenant the held ticket was taken for, and the tenant of a take in flight
         self._ticket_tenant = self._call_tenant = ""
-        #: a fair queue's local order (start-time fair queuing over this shard's callers): the tag
-        #: of the latest place served, and each tenant's latest tag
-        self._served_tag = 0.0
-        self._tags: dict[str, float] = {}
+        #: a fair queue's local order: start-time fair queuing over this shard's callers
+        self._fair_order = FairOrder()
         self._slot: float | None = None
         self._recheck = self._full = False
         #: local time of the answer that gave the slot; when to ask again for another offset bound
@@ -362,17 +361,11 @@ class Shard:
             line.append(place)
             return place
         place.tenant, place.weight = tenant, weight
-        tags = self._tags
-        start = tags.get(tenant, 0.0)
-        if start < self._served_tag:
-            start = self._served_tag
-        place.tag = tags[tenant] = start + 1.0 / weight
+        place.tag = tag = self._fair_order.tag(tenant, weight, len(line))
         index = len(line)
-        while index > 1 and line[index - 1].tag > place.tag:
+        while index > 1 and line[index - 1].tag > tag:
             index -= 1
         line.insert(index, place)
-        if len(tags) > 2 * len(line) + 16:  # forget tenants served up to now
-            self._tags = {name: tag for name, tag in tags.items() if tag > self._served_tag}
         return place
 
     def cancel(self, place: Place) -> None:
@@ -638,8 +631,8 @@ class Shard:
                 return
             head = line.popleft()  # the caller itself, or the next one if it left meanwhile
             head.queued = False
-            if head.tag > self._served_tag:
-                self._served_tag = head.tag
+            if head.tag:
+                self._fair_order.serve(head.tag)
             head.turn = self._turn(answer, offset, sent, self._token, self._call_cost)
             head.doubt = doubt
             self._holder = head
