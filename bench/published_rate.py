@@ -25,7 +25,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import multiprocessing
 import os
@@ -38,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import redis_server
+from _common import busy_loops, state_url
 from referee import Referee, RefereeClient
 
 import ratequeue
@@ -57,11 +56,6 @@ def _caller(
             client.call(who)
     finally:
         limiter.close()
-
-
-def _busy(stop: Any) -> None:
-    while not stop.is_set():
-        pass
 
 
 def run(url: str, name: str, rate: float, procs: int, calls: int, margin: float | None) -> dict[str, float]:
@@ -112,18 +106,12 @@ def main() -> None:
         "| state | margin | calls | refused (strict) | refused (sliding window) | rate kept | smallest gap |"
     )
     print("|---|---|--:|--:|--:|--:|--:|")
-    context = multiprocessing.get_context("spawn")
-    stop = context.Event()
-    hogs = [context.Process(target=_busy, args=(stop,)) for _ in range(args.hog)]
-    for hog in hogs:
-        hog.start()
-    try:
-        with contextlib.ExitStack() as stack:
-            for kind in args.states.split(","):
-                if kind == "file":
-                    url = f"file://{stack.enter_context(tempfile.TemporaryDirectory())}/state.json"
-                else:
-                    url = stack.enter_context(redis_server(args.redis_url)) + "?prefix=published:"
+    with busy_loops(args.hog):
+        for kind in args.states.split(","):
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                state_url(kind, args, f"file://{tmp}/state.json") as url,
+            ):
                 for margin, said in ((None, "0.3 ms (default)"), (0.0, "0 (as before)")):
                     name = f"published-{kind}-{said[0]}-{time.monotonic_ns()}"
                     r = run(url, name, args.rate, args.procs, args.calls, margin)
@@ -131,10 +119,6 @@ def main() -> None:
                         f"| {kind} | {said} | {r['calls']:g} | {r['strict']:g} | {r['sliding']:g} "
                         f"| {r['kept']:.1f} % | {r['smallest']:.3f} ms |"
                     )
-    finally:
-        stop.set()
-        for hog in hogs:
-            hog.join()
     print(f"\n# load {os.getloadavg()[0]:.2f} after")
 
 

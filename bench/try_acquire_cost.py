@@ -17,7 +17,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import redis_server
+from _common import state_url
 
 import ratequeue
 
@@ -93,15 +92,11 @@ def main() -> None:
     print()
     print("| state | worker alone | worker beside the tries | starts lost | tries that won a turn |")
     print("|---|--:|--:|--:|--:|")
-    with contextlib.ExitStack() as stack:
-        for kind in args.states.split(","):
-            if kind == "file":
-                url = f"file://{stack.enter_context(tempfile.TemporaryDirectory())}/state.json"
-            else:
-                url = stack.enter_context(redis_server(args.redis_url))
+    for kind in args.states.split(","):
+        with tempfile.TemporaryDirectory() as tmp, state_url(kind, args, f"file://{tmp}/state.json") as url:
             alone, _ = run(url, f"alone-{kind}", args.interval, args.seconds, 0)
             beside, won = run(url, f"beside-{kind}", args.interval, args.seconds, args.tries)
-            print(f"| {kind} | {alone} | {beside} | {alone - beside} | {won} of {args.tries} |")
+        print(f"| {kind} | {alone} | {beside} | {alone - beside} | {won} of {args.tries} |")
     print(f"\n# load {os.getloadavg()[0]:.2f} after")
 
 

@@ -15,7 +15,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import redis_server
+from _common import state_url
 
 import ratequeue
 
@@ -98,12 +97,8 @@ def main() -> None:
     print()
     print("| state | heavy's starts | light's starts | heavy's share (75 % wanted) | rate kept |")
     print("|---|--:|--:|--:|--:|")
-    with contextlib.ExitStack() as stack:
-        for kind in args.states.split(","):
-            if kind == "file":
-                url = f"file://{stack.enter_context(tempfile.TemporaryDirectory())}/state.json"
-            else:
-                url = stack.enter_context(redis_server(args.redis_url)) + "?prefix=weighted:"
+    for kind in args.states.split(","):
+        with tempfile.TemporaryDirectory() as tmp, state_url(kind, args, f"file://{tmp}/state.json") as url:
             r = run(url, args.rate, args.shards, args.seconds)
             share = 100 * r["heavy"] / (r["heavy"] + r["light"])
             print(f"| {kind} | {r['heavy']:g} | {r['light']:g} | {share:.1f} % | {r['kept']:.1f} % |")
