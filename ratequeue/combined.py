@@ -42,7 +42,7 @@ from .errors import AcquireTimeout, ConfigurationError
 from .limiter import Limiter
 from .reporting import QUIET_STARTS
 from .running import LimiterBase, ShardRunner, runner_of
-from .settings import Seconds, check_cost, check_timeout
+from .settings import Seconds, check_cost, check_timeout, not_with_caps
 
 __all__ = ["MAX_ROUNDS", "all_of", "all_of_flow", "order"]
 
@@ -82,6 +82,7 @@ def all_of_flow(
     runners = [runner_of(limiter) for limiter in limiters]
     for runner in runners:
         check_cost(cost, runner.settings.burst)
+        not_with_caps(runner.settings, "all_of()")
         if runner.fallback is not None:  # its turns are moved in the record: it needs the state
             raise ConfigurationError(
                 f"all_of() takes limiters with when_down='raise' only; {runner.name!r} has "

@@ -24,8 +24,9 @@ from .drivers import ThreadDriver
 from .events import flush
 from .headers import Feedback, HeadersLike
 from .running import LimiterBase, ReservationBase, ShardRunner, Status, entered
-from .settings import Options, Seconds, Settings, check_slow
+from .settings import Options, Seconds, Settings, check_slow, not_with_caps
 from .state import State, StateLike, open_state
+from .tenant_caps import CapGroup, TenantCaps
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,6 +68,8 @@ class Limiter(LimiterBase):
         settings, clock, hook = Settings.of(name, options)
         state = open_state(url)
         runner = ShardRunner(settings, state, ThreadDriver(clock or time.monotonic), hook=hook, owner=self)
+        if settings.tenant_max_running is not None:
+            runner.caps = TenantCaps(_CapGroup(state, settings, runner.clock))
         super().__init__(runner, owns_state=not isinstance(url, State))
 
     @property
@@ -85,9 +88,13 @@ class Limiter(LimiterBase):
         :raises AcquireTimeout: as soon as the turn cannot come within ``timeout``.
         :raises StateUnavailable: if the state cannot be reached.
 
-        With ``max_running``, the job runs until :meth:`release` of this turn.
+        With ``max_running`` or ``tenant_max_running``, the job runs until :meth:`release` of
+        this turn; with ``tenant_max_running`` the caller first waits while its tenant has that
+        many jobs running (docs/fairness.md, "Per-tenant caps").
         """
         runner = self._runner
+        if runner.caps is not None:
+            return run(runner.caps.acquire_flow(runner, timeout, cost, tenant))
         lock = runner.driver.lock
         lock.acquire()  # (not ``with``: one call less on every acquire)
         try:
@@ -108,6 +115,8 @@ class Limiter(LimiterBase):
         :raises StateUnavailable: if the state cannot be reached.
         """
         runner = self._runner
+        if runner.caps is not None:
+            return run(runner.caps.attempt_flow(runner, cost, tenant))
         with runner.driver.lock:
             return run(runner.attempt_flow(cost, tenant))[0]
 
@@ -126,10 +135,20 @@ class Limiter(LimiterBase):
 
     def _release(self, held: Held) -> bool:
         runner = self._runner
-        if runner.leases is None:
-            return False
-        with runner.driver.lock:
-            return run(runner.leases.release_flow(held))
+        live = False
+        try:
+            if runner.leases is not None:
+                with runner.driver.lock:
+                    live = run(runner.leases.release_flow(held))
+        except BaseException:
+            if runner.caps is not None:
+                runner.caps.end(held)
+            raise
+        if runner.caps is not None:
+            capped = run(runner.caps.release_flow(held))
+            if runner.leases is None:
+                live = bool(capped)
+        return live
 
     def reserve(self, *, cost: int = 1, tenant: str | None = None) -> Reservation:
         """Take a place in this shard's line now, to :meth:`Reservation.wait` for its turn later.
@@ -137,7 +156,7 @@ class Limiter(LimiterBase):
         Another thread may :meth:`Reservation.cancel` it. While a reservation
         nobody waits for is at the head of the line, the callers behind it
         wait too: wait for it, or cancel it (``with limiter.reserve() as r:``
-        cancels on exit).
+        cancels on exit). Not with ``tenant_max_running`` (:class:`ConfigurationError`).
         """
         return Reservation(self, cost, tenant)
 
@@ -233,6 +252,7 @@ class Limiter(LimiterBase):
         docstring and signature.
         """
         if inspect.iscoroutinefunction(fn):
+            not_with_caps(self.settings, "the thread Limiter's decorator of a coroutine (use aio.Limiter)")
 
             @functools.wraps(fn)
             async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
@@ -248,7 +268,7 @@ class Limiter(LimiterBase):
                 try:
                     return await fn(*args, **kwargs)
                 finally:
-                    if turn is not None and self.max_running:
+                    if turn is not None and self._holds_places:
                         await asyncio.to_thread(self._release_quietly, (turn.ticket, turn.token))
 
             return cast(F, wrapped_async)
@@ -259,7 +279,7 @@ class Limiter(LimiterBase):
             try:
                 return fn(*args, **kwargs)
             finally:
-                if self.max_running:
+                if self._holds_places:
                     self._release_quietly((turn.ticket, turn.token))
 
         return cast(F, wrapped)
@@ -268,6 +288,8 @@ class Limiter(LimiterBase):
         runner = self._runner
         with runner.driver.lock:
             runner.end(turn.ticket, turn.token)
+        if runner.caps is not None:
+            runner.caps.end((turn.ticket, turn.token))
 
     def _release_quietly(self, held: Held) -> None:
         """:meth:`release`, a failure logged: the job's outcome matters more, and its lease expires."""
@@ -281,19 +303,21 @@ class Limiter(LimiterBase):
 
     def __exit__(self, *exc: object) -> None:
         turn = entered(self)
-        if turn is not None and self.max_running:
+        if turn is not None and self._holds_places:
             self._release_quietly((turn.ticket, turn.token))
 
     def close(self) -> None:
         """Close the state if this limiter opened it; the limiter may not be used afterwards.
 
-        With ``max_running``, the leases of jobs still running (and those
-        waiting to be released) are released first. With ``on_event``, the
+        With ``max_running`` or ``tenant_max_running``, the leases of jobs still running (and
+        those waiting to be released) are released first. With ``on_event``, the
         events reported so far reach the hook first (up to a second).
         """
         runner = self._runner
         if runner.fallback is not None:
             runner.fallback.stop(runner)  # a probe of a state that is down ends within a second
+        for capper in runner.caps.limiters() if runner.caps is not None else ():
+            capper.close()  # (it releases the tenants' places it holds)
         held: list[Held] = []
         if runner.leases is not None:
             driver = cast(ThreadDriver, runner.driver)
@@ -331,5 +355,11 @@ class Reservation(ReservationBase):
         turn = self.turn
         if turn is None:
             self.cancel()
-        elif self._runner.leases is not None:
+        elif self._limiter._holds_places:
             cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))
+
+
+class _CapGroup(CapGroup):
+    """The cap queues of a :class:`Limiter`'s tenants (``tenant_max_running``)."""
+
+    _limiter_class = Limiter

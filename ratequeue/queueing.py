@@ -38,7 +38,7 @@ from .core.jobs import (
 )
 from .core.shard import Turn
 from .drivers import AsyncioDriver, ThreadDriver
-from .errors import QueueClosed, QueueFull
+from .errors import ConfigurationError, QueueClosed, QueueFull
 from .events import Event
 from .grouping import DEFAULT_KEEP, GroupBase
 from .headers import refusal_of
@@ -123,6 +123,11 @@ class QueueBase(Generic[L, FutureT]):
         #: the retry settings of a job added without its own
         self._options = JobOptions(**own)
         self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
+        if options.get("tenant_max_running") is not None:
+            raise ConfigurationError(
+                f"a queue does not take tenant_max_running= yet (queue {name!r}): a limiter does; "
+                "group= runs one job of a group at a time"
+            )
         self._limiter: L = self._limiter_class(url, name=name, **options)
         self._runner = runner_of(self._limiter)
         self.name, self.interval = self._limiter.name, self._limiter.interval

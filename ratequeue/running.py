@@ -19,7 +19,7 @@ from asyncio import CancelledError
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._redact import redact
 from .core.clock import OffsetEstimator
@@ -55,9 +55,13 @@ from .settings import (
     check_slow,
     check_tenant_for,
     check_timeout,
+    not_with_caps,
     wait,
 )
 from .state.base import AsyncState, Snapshot, State, no_fair_queues
+
+if TYPE_CHECKING:
+    from .tenant_caps import TenantCaps
 
 __all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
 
@@ -224,6 +228,8 @@ class ShardRunner:
         self.fallback = None if down == "raise" else Fallback(down, settings.interval)
         #: stops the state's watch for places freed elsewhere, while the held ticket waits for one
         self._unwatch: Callable[[], None] | None = None
+        #: the tenants' caps (``tenant_max_running``), set by the limiter that has them
+        self.caps: TenantCaps | None = None
 
     @property
     def idle(self) -> bool:
@@ -232,6 +238,7 @@ class ShardRunner:
             self.shard.idle
             and (self.leases is None or not self.leases.busy)
             and (self.fallback is None or self.fallback.down_since is None)  # (its probe runs)
+            and (self.caps is None or not self.caps.busy)
         )
 
     def place(self, timeout: Seconds | None, cost: int, tenant: str | None = None) -> Place:
@@ -537,6 +544,17 @@ class LimiterBase:
         return self._runner.settings.lease
 
     @property
+    def tenant_max_running(self) -> int | None:
+        """How many of one tenant's jobs may run at once across every shard; ``None``: no cap."""
+        return self._runner.settings.tenant_max_running
+
+    @property
+    def _holds_places(self) -> bool:
+        """Whether a job holds a place until its end (``max_running`` or ``tenant_max_running``)."""
+        settings = self._runner.settings
+        return bool(settings.max_running or settings.tenant_max_running)
+
+    @property
     def paused(self) -> bool:
         """Whether this shard is paused."""
         return self._runner.shard.paused
@@ -659,6 +677,7 @@ class LimiterBase:
         settings = self.settings
         more = f", burst={settings.burst!r}" if settings.burst != 1 else ""
         more += f", max_running={settings.max_running!r}" if settings.max_running else ""
+        more += f", tenant_max_running={settings.tenant_max_running!r}" if settings.tenant_max_running else ""
         url = redact(self._runner.state.url)
         return f"{self._display_name}({url!r}, name={self.name!r}, interval={self.interval!r}{more})"
 
@@ -705,6 +724,7 @@ class ReservationBase:
     """
 
     def __init__(self, limiter: LimiterBase, cost: int = 1, tenant: str | None = None) -> None:
+        not_with_caps(limiter.settings, "reserve()")
         self._limiter = limiter
         self._runner = runner = runner_of(limiter)
         #: the turn :meth:`wait` returned, once it has begun: a second wait returns it again

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict, Union
 from .core.clock import to_float
 from .core.jobs import Backoff, DeadLetter
 from .core.operation import MAX_NAME_LENGTH, MAX_WEIGHT, Terms, check_name, check_tenant
-from .core.protocol import MAX_DOUBT_US, MAX_HOLD_US, MAX_LEAD_US, MAX_US, US
+from .core.protocol import MAX_DOUBT_US, MAX_HOLD_US, MAX_LEAD_US, MAX_RUNNING, MAX_US, US
 from .core.shard import DEFAULT_MAX_LATE
 from .errors import ConfigurationError
 from .events import EventHook, check_hook
@@ -99,6 +99,9 @@ class Options(TypedDict, total=False):
         interval is. Off by default: callers are served in the order they came.
     :param weights: a fair queue's tenants' weights (``{"acme": 3}``: up to 3 of acme's turns
         per round of the others'); a tenant not named has weight 1. Whole numbers from 1 to 1000.
+    :param tenant_max_running: a fair queue's cap on one tenant's running jobs, across every
+        shard (``None``: no cap); a tenant at its cap waits without holding a turn of the
+        queue, so it delays no other tenant (docs/fairness.md, "Per-tenant caps").
     :param clock: this process's clock, ``time.monotonic`` by default (tests shift it).
     :param on_event: called with a :class:`~ratequeue.Event` for each begin, timeout, state call,
         passed ticket and late wake-up, off the acquire path (docs/api.md, "Event"). Not pickled.
@@ -117,6 +120,7 @@ class Options(TypedDict, total=False):
     adaptive: bool
     fair: bool
     weights: Mapping[str, int] | None
+    tenant_max_running: int | None
     clock: Callable[[], float] | None
     on_event: EventHook | None
 
@@ -188,6 +192,8 @@ class Settings:
     weights: tuple[tuple[str, int], ...] = ()
     #: how much later (s) than the interval each start moves the next; ``None``: ``max_late``
     margin: float | None = None
+    #: how many of one tenant's jobs may run at once across every shard (a fair queue's); ``None``: no cap
+    tenant_max_running: int | None = None
     #: the queue's terms as every operation carries them
     terms: Terms = field(init=False, repr=False, compare=False)
 
@@ -223,6 +229,7 @@ class Settings:
         fair: object = False,
         weights: object = None,
         margin: object = None,
+        tenant_max_running: object = None,
     ) -> Settings:
         """Settings from what a user passed: ``interval=`` or ``rate=`` (one of them), and the rest."""
         if rate is None:
@@ -261,6 +268,7 @@ class Settings:
         checked_weights = check_weights(weights)
         if checked_weights and not fair:
             raise ConfigurationError("weights= are a fair queue's: give fair=True as well")
+        tenant_cap = check_tenant_max_running(tenant_max_running, fair, down)
         # (max_running is checked with the other terms, by Terms.checked in __post_init__)
         return cls(
             checked_name,
@@ -276,6 +284,7 @@ class Settings:
             fair,
             checked_weights,
             margin,
+            tenant_cap,
         )
 
     @classmethod
@@ -320,6 +329,34 @@ def check_weights(value: object) -> tuple[tuple[str, int], ...]:
             )
         pairs.append((tenant, weight))
     return tuple(sorted(pairs))
+
+
+def check_tenant_max_running(value: object, fair: bool, when_down: WhenDown) -> int | None:
+    """``tenant_max_running=``: ``None``, or a whole number from 1 to ``MAX_RUNNING`` on a fair queue."""
+    if value is None:
+        return None
+    if not (_is_int(value) and 1 <= value <= MAX_RUNNING):  # type: ignore[operator]
+        raise ConfigurationError(
+            f"tenant_max_running must be None (no cap) or a whole number from 1 to {MAX_RUNNING}, "
+            f"got {value!r}"
+        )
+    if not fair:
+        raise ConfigurationError("tenant_max_running= caps a fair queue's tenants: give fair=True as well")
+    if when_down != "raise":
+        raise ConfigurationError(
+            "tenant_max_running needs the state (it holds the leases): when_down must be 'raise', "
+            f"got {when_down!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+def not_with_caps(settings: Settings, what: str) -> None:
+    """Refuse ``what`` on a limiter with ``tenant_max_running`` (:class:`ConfigurationError`)."""
+    if settings.tenant_max_running is not None:
+        raise ConfigurationError(
+            f"{what} does not take tenant_max_running= yet (queue {settings.name!r}): "
+            "use acquire(), try_acquire(), `with`, or the decorator"
+        )
 
 
 def check_tenant_for(settings: Settings, tenant: object) -> str:

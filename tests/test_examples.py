@@ -234,7 +234,16 @@ def check_fair_tenants(output: str) -> None:
     assert float(search(r"smallest gap between any two starts: ([\d.]+) ms", output)[1]) >= INTERVAL_MS
 
 
+def check_tenant_caps(output: str) -> None:
+    search(r"big: +at most 2 calls running at once \(tenant_max_running=2, 6 workers\)", output)
+    # each of small's quick calls waits behind one of big's turns at most (about 0.05 s), not at big's cap
+    assert float(search(r"small: 5 calls took ([\d.]+) s", output)[1]) < 2.0
+    search(r"big's places are held in the queue \['examples-caps:running:big'\]", output)
+    assert float(search(r"smallest gap between big's starts: ([\d.]+) ms", output)[1]) >= INTERVAL_MS
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
+    "tenant_caps.py": check_tenant_caps,
     "fair_tenants.py": check_fair_tenants,
     "http_feedback.py": check_http_feedback,
     "token_budget.py": check_token_budget,

@@ -26,6 +26,7 @@ from ..headers import Feedback, HeadersLike
 from ..running import LimiterBase, ReservationBase, ShardRunner, Status, entered
 from ..settings import Options, Seconds, Settings, check_slow
 from ..state import AsyncState, AsyncStateLike, State, open_async_state
+from ..tenant_caps import CapGroup, TenantCaps
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -63,6 +64,8 @@ class Limiter(LimiterBase):
         settings, clock, hook = Settings.of(name, options)
         state = open_async_state(url)
         runner = ShardRunner(settings, state, AsyncioDriver(clock or time.monotonic), hook=hook, owner=self)
+        if settings.tenant_max_running is not None:
+            runner.caps = TenantCaps(_CapGroup(state, settings, runner.clock))
         super().__init__(runner, owns_state=not isinstance(url, (State, AsyncState)))
 
     @property
@@ -75,27 +78,43 @@ class Limiter(LimiterBase):
     ) -> Turn:
         """Wait until this task's global turn, and return it (see :meth:`ratequeue.Limiter.acquire`)."""
         runner = self._runner
+        if runner.caps is not None:
+            return await arun(runner.caps.acquire_flow(runner, timeout, cost, tenant))
         turn = await arun(runner.acquire_flow(runner.place(timeout, cost, tenant)))
         assert turn is not None, "only a withdrawn place has no turn, and this one is nobody else's"
         return turn
 
     async def try_acquire(self, *, cost: int = 1, tenant: str | None = None) -> Turn | None:
         """This task's turn if one is free now, else ``None`` (see :meth:`ratequeue.Limiter.try_acquire`)."""
-        return (await arun(self._runner.attempt_flow(cost, tenant)))[0]
+        runner = self._runner
+        if runner.caps is not None:
+            return await arun(runner.caps.attempt_flow(runner, cost, tenant))
+        return (await arun(runner.attempt_flow(cost, tenant)))[0]
 
     async def release(self, turn: Turn) -> bool:
         """End the job of ``turn``: give its place back now (see :meth:`ratequeue.Limiter.release`)."""
         return await self._release((turn.ticket, turn.token))
 
     async def _release(self, held: Held) -> bool:
-        leases = self._runner.leases
-        if leases is None:
-            return False
+        runner = self._runner
+        leases, caps = runner.leases, runner.caps
+        live = False
         try:
-            return await arun(leases.release_flow(held))
-        except asyncio.CancelledError:
-            leases.release_later(held)  # the keeper releases it (again, if it was)
+            if leases is not None:
+                try:
+                    live = await arun(leases.release_flow(held))
+                except asyncio.CancelledError:
+                    leases.release_later(held)  # the keeper releases it (again, if it was)
+                    raise
+        except BaseException:
+            if caps is not None:
+                caps.end(held)
             raise
+        if caps is not None:
+            capped = await arun(caps.release_flow(held))
+            if leases is None:
+                live = bool(capped)
+        return live
 
     async def _release_quietly(self, held: Held) -> None:
         """:meth:`release`, a failure logged: the job's own outcome matters more, and its lease expires."""
@@ -155,7 +174,7 @@ class Limiter(LimiterBase):
                 result = fn(*args, **kwargs)
                 return await result if is_coroutine else result
             finally:
-                if self.max_running:
+                if self._holds_places:
                     await self._release_quietly((turn.ticket, turn.token))
 
         return cast(F, wrapped)
@@ -165,13 +184,15 @@ class Limiter(LimiterBase):
 
     async def __aexit__(self, *exc: object) -> None:
         turn = entered(self)
-        if turn is not None and self.max_running:
+        if turn is not None and self._holds_places:
             await self._release_quietly((turn.ticket, turn.token))
 
     async def close(self) -> None:
-        """Close the state if opened from a URL; with ``max_running``, release the leases held first."""
+        """Close the state if opened from a URL; release the leases held first (jobs', tenants')."""
         runner = self._runner
         driver = cast(AsyncioDriver, runner.driver)
+        for capper in runner.caps.limiters() if runner.caps is not None else ():
+            await capper.close()  # (it releases the tenants' places it holds)
         if runner.fallback is not None:
             runner.fallback.stop(runner)
             # the probe of a state that is down, or a rejoin under way: nothing to finish
@@ -210,5 +231,11 @@ class Reservation(ReservationBase):
         turn = self.turn
         if turn is None:
             self.cancel()
-        elif self._runner.leases is not None:
+        elif self._limiter._holds_places:
             await cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))
+
+
+class _CapGroup(CapGroup):
+    """The cap queues of an :class:`aio.Limiter <Limiter>`'s tenants (``tenant_max_running``)."""
+
+    _limiter_class = Limiter
