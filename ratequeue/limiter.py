@@ -69,7 +69,7 @@ class Limiter(LimiterBase):
         state = open_state(url)
         runner = ShardRunner(settings, state, ThreadDriver(clock or time.monotonic), hook=hook, owner=self)
         if settings.tenant_max_running is not None:
-            runner.caps = TenantCaps(_CapGroup(state, settings, runner.clock))
+            runner.caps = TenantCaps(TenantCapGroup(state, settings, runner.clock))
         super().__init__(runner, owns_state=not isinstance(url, State))
 
     @property
@@ -359,7 +359,7 @@ class Reservation(ReservationBase):
             cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))
 
 
-class _CapGroup(CapGroup):
+class TenantCapGroup(CapGroup):
     """The cap queues of a :class:`Limiter`'s tenants (``tenant_max_running``)."""
 
     _limiter_class = Limiter

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from .drivers import ThreadDriver
 from .group import LimiterGroup
-from .limiter import Limiter, Status
+from .limiter import Limiter, Status, TenantCapGroup
 from .queueing import QueueBase
 from .settings import Seconds, check_timeout
 from .state import State
@@ -36,6 +36,7 @@ class Queue(QueueBase[Limiter, Future[Any]]):
 
     _limiter_class = Limiter
     _group_class = LimiterGroup
+    _cap_group_class = TenantCapGroup
     _driver_class = ThreadDriver
 
     @property

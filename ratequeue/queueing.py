@@ -38,12 +38,13 @@ from .core.jobs import (
 )
 from .core.shard import Turn
 from .drivers import AsyncioDriver, ThreadDriver
-from .errors import ConfigurationError, QueueClosed, QueueFull
+from .errors import QueueClosed, QueueFull
 from .events import Event
 from .grouping import DEFAULT_KEEP, GroupBase
 from .headers import refusal_of
 from .running import LimiterBase, Status, runner_of
-from .settings import QueueOptions, check_cost, check_tenant_for, wait
+from .settings import QueueOptions, check_cost, check_tenant_for, check_tenant_max_running, wait
+from .tenant_caps import CapGroup
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -75,6 +76,26 @@ _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_CAP = 2.0
 
 
+@dataclasses.dataclass
+class _Gate:
+    """A place a job takes before its turn, one of each key's: its group's, or its tenant's under the cap."""
+
+    #: ``"group"`` or ``"cap"``: names the place's ticket in :attr:`Job.held`
+    name: str
+    #: the jobs waiting for their key's place, in the order they asked
+    lines: GroupGate[Any]
+    #: the limiter of a key's places
+    limiter: Callable[[str], LimiterBase]
+    #: whether a key has several places: its waiter asks for the next job's as soon as one has its own
+    several: bool
+    #: each waiter's place in its key's limiter's line, while it waits
+    places: dict[str, PlaceInLine] = dataclasses.field(default_factory=dict)
+
+
+def _tenant_of(job: Job[Any]) -> str | None:
+    return job.tenant
+
+
 class PlaceInLine(Protocol):
     """A limiter's reservation, thread or asyncio: waited for (plain or coroutine), or cancelled."""
 
@@ -104,6 +125,7 @@ class QueueBase(Generic[L, FutureT]):
     #: the limiter and group classes, and the driver, of the thread or asyncio API
     _limiter_class: ClassVar[type[Any]]
     _group_class: ClassVar[type[GroupBase[Any]]]
+    _cap_group_class: ClassVar[type[CapGroup]]
     _driver_class: ClassVar[type[ThreadDriver] | type[AsyncioDriver]]
     #: the name ``repr`` shows
     _display_name = "Queue"
@@ -123,11 +145,9 @@ class QueueBase(Generic[L, FutureT]):
         #: the retry settings of a job added without its own
         self._options = JobOptions(**own)
         self._max_waiting, self._overflow = check_bound(max_waiting, overflow)
-        if options.get("tenant_max_running") is not None:
-            raise ConfigurationError(
-                f"a queue does not take tenant_max_running= yet (queue {name!r}): a limiter does; "
-                "group= runs one job of a group at a time"
-            )
+        # the tenants' caps are the queue's gate, not its limiter's: its turns are taken for jobs through
+        fair, down = options.get("fair", False), options.get("when_down", "raise")
+        cap = check_tenant_max_running(options.pop("tenant_max_running", None), fair, down)
         self._limiter: L = self._limiter_class(url, name=name, **options)
         self._runner = runner_of(self._limiter)
         self.name, self.interval = self._limiter.name, self._limiter.interval
@@ -139,11 +159,15 @@ class QueueBase(Generic[L, FutureT]):
         self._pacing = False
         #: the pacer's place in the limiter's line, cancelled when no queued job is left to use it
         self._reservation: PlaceInLine | None = None
-        #: the jobs waiting for their group's place, and the groups' limiters (made at the first group)
-        self._gate: GroupGate[Any] = GroupGate()
+        #: the groups' limiters and the tenants' caps' (made at the first use), and their gates
         self._groups: GroupBase[LimiterBase] | None = None
-        #: each group waiter's place in its group limiter's line, while it waits
-        self._group_places: dict[str, PlaceInLine] = {}
+        self._caps: GroupBase[LimiterBase] | None = None
+        settings = self._limiter.settings
+        self._cap_settings = None if cap is None else dataclasses.replace(settings, tenant_max_running=cap)
+        self._cap_gate = None if cap is None else _Gate("cap", GroupGate(_tenant_of), self._cap_limiter, True)
+        self._gates = [_Gate("group", GroupGate(), self._group_limiter, False)]
+        if self._cap_gate is not None:
+            self._gates.append(self._cap_gate)
         #: counts the running jobs when their number is bounded
         max_running = self._limiter.max_running
         self._places: Any = self._driver.semaphore(max_running) if max_running else None
@@ -212,6 +236,8 @@ class QueueBase(Generic[L, FutureT]):
             job.tenant = check_tenant_for(self._limiter.settings, tenant)
         if job.group is not None:
             self._group_limiter(job.group)  # checks the group as part of a queue name, now
+        if self._cap_gate is not None:
+            self._cap_limiter(job.tenant or "")  # and the tenant as part of its cap queue's
         dropped: Job[Any] | None = None
         with self._driver.lock:
             if self._closed:
@@ -223,8 +249,9 @@ class QueueBase(Generic[L, FutureT]):
             job.seq = self._pending.number()
             if job.tenant is not None:
                 job.tag = self._pending.fair_tag(job.tenant, self._limiter.settings.weight(job.tenant))
-            if job.group is not None and self._gate.enter(job):
-                self._start_group_waiter(job.group)
+            gate = self._gates[0] if job.group is not None else self._cap_gate
+            if gate is not None and gate.lines.enter(job):
+                self._start_gate_waiter(gate, gate.lines.key(job) or "")
             self._pending.push(job)
             self._wake_pacer()
         if dropped is not None and self._takes(dropped):
@@ -281,8 +308,9 @@ class QueueBase(Generic[L, FutureT]):
 
     def _close_state_flow(self) -> Flow[None]:
         """Close the groups' limiters (releasing the places they hold), then the queue's limiter."""
-        for limiter in list(self._groups.limiters()) if self._groups is not None else []:
-            yield Call(limiter.close)
+        for group in (self._groups, self._caps):
+            for limiter in list(group.limiters()) if group is not None else []:
+                yield Call(limiter.close)
         yield Call(self._limiter.close)
 
     def _with_waiting(self, status: Status) -> Status:
@@ -514,30 +542,39 @@ class QueueBase(Generic[L, FutureT]):
             )
         return self._groups[group]
 
-    def _start_group_waiter(self, group: str) -> None:
-        """Start the waiter of ``group``'s place (holding the lock)."""
-        self._driver.start(self._group_flow(group), f"ratequeue-group-{self.name}", locked=False)
+    def _cap_limiter(self, tenant: str) -> LimiterBase:
+        """The limiter of ``tenant``'s places under ``tenant_max_running``: the limiters' own cap queue."""
+        if self._caps is None:
+            assert self._cap_settings is not None
+            self._caps = self._cap_group_class(self._runner.state, self._cap_settings, self._clock)
+        return self._caps[tenant]
 
-    def _group_flow(self, group: str) -> Flow[None]:
-        """A group waiter: get ``group``'s place for the first job in its line, make that job ready, stop.
+    def _start_gate_waiter(self, gate: _Gate, key: str) -> None:
+        """Start the waiter of ``key``'s place at ``gate`` (holding the lock)."""
+        self._driver.start(self._gate_flow(gate, key), f"ratequeue-{gate.name}-{self.name}", locked=False)
 
-        A job that leaves the line meanwhile (cancelled, dropped) has its
-        request withdrawn, and the waiter asks for the next one. A failure of
-        the state fails the job it asked for, and the waiter goes on.
+    def _gate_flow(self, gate: _Gate, key: str) -> Flow[None]:
+        """A gate's waiter: get ``key``'s place for the first job in its line and let that job through.
+
+        Then a group's waiter stops (its one place is taken); a cap's goes on
+        to the next job in the line, until none is left. A job that leaves
+        the line meanwhile (cancelled, dropped) has its request withdrawn,
+        and the waiter asks for the next one. A failure of the state fails
+        the job it asked for, and the waiter goes on.
         """
         backoff = _FAILURE_BACKOFF
         while True:
             with self._driver.lock:
-                job = self._gate.first(group)
+                job = gate.lines.first(key)
                 if job is None:
                     return
-                place = self._group_places[group] = self._group_limiter(group).reserve()
+                place = gate.places[key] = gate.limiter(key).reserve()
             try:
                 turn: Turn | None = yield Call(place.wait)
             except Exception as exc:
                 with self._driver.lock:
-                    self._group_places.pop(group, None)
-                    self._gate.leave(job)
+                    gate.places.pop(key, None)
+                    gate.lines.leave(job)
                     if self._pending.remove(job) and self._takes(job):
                         job.future.set_exception(exc)
                     self._jobs_changed()  # a pacer waiting for this (gated) job looks again, and may stop
@@ -545,19 +582,31 @@ class QueueBase(Generic[L, FutureT]):
                 backoff = min(backoff * 2, _FAILURE_BACKOFF_CAP)
                 continue
             with self._driver.lock:
-                self._group_places.pop(group, None)
-                if turn is None or self._gate.first(group) is not job:  # it left the line meanwhile
+                gate.places.pop(key, None)
+                if turn is None or gate.lines.first(key) is not job:  # it left the line meanwhile
                     if turn is not None:
-                        _end_lease(self._group_limiter(group), turn.ticket)
+                        _end_lease(gate.limiter(key), turn.ticket)
                     continue
-                self._gate.granted(job)
-                job.group_ticket = turn.ticket
-                self._pending.ungate(job)
-                self._wake_pacer()
-                return
+                gate.lines.granted(job)
+                job.held[gate.name] = turn.ticket
+                self._through(job, gate)
+                if not gate.several:
+                    return
+
+    def _through(self, job: Job[Any], gate: _Gate) -> None:
+        """``job`` has its place at ``gate`` (holding the lock): on to its tenant's cap, or ready."""
+        caps = self._cap_gate
+        if caps is not None and gate is not caps:
+            tenant = caps.lines.key(job)
+            assert tenant is not None
+            if caps.lines.enter(job):
+                self._start_gate_waiter(caps, tenant)
+            return
+        self._pending.ungate(job)
+        self._wake_pacer()
 
     def _job_done(self, job: Job[Any]) -> None:
-        """``job``'s future is done (the job ended for good, or left): give its group's place back.
+        """``job``'s future is done (the job ended for good, or left): give its places back.
 
         A job cancelled before it started leaves the queued ones.
         """
@@ -566,21 +615,25 @@ class QueueBase(Generic[L, FutureT]):
                 if self._pending.remove(job):
                     self._jobs_changed()  # a pacer waiting for a held job looks again (and may stop)
             self._withdraw_if_idle()
-        group = job.group
-        if group is None:
+        if not job.held and not job.gated:
             return
-        cancel: PlaceInLine | None = None
+        cancels: list[PlaceInLine] = []
         with self._driver.lock:
-            if job.gated:
-                if self._gate.leave(job):  # the waiter asks for it now: withdraw that request
-                    cancel = self._group_places.get(group)
-                job.gated = False
-            elif job.group_ticket is not None:
-                _end_lease(self._group_limiter(group), job.group_ticket)
-                job.group_ticket = None
-                if self._gate.ended(group):
-                    self._start_group_waiter(group)
-        if cancel is not None:
+            for gate in self._gates:
+                key = gate.lines.key(job)
+                if key is None:
+                    continue
+                if gate.lines.waits(job):
+                    if gate.lines.leave(job) and key in gate.places:  # its waiter asks for it now
+                        cancels.append(gate.places[key])  # withdraw that request
+                    continue
+                ticket = job.held.pop(gate.name, None)
+                if ticket is not None:
+                    _end_lease(gate.limiter(key), ticket)
+                    if not gate.several and gate.lines.ended(key):
+                        self._start_gate_waiter(gate, key)
+            job.gated = False
+        for cancel in cancels:
             cancel.cancel()
 
     def _withdraw_if_idle(self) -> None:

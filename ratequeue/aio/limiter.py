@@ -65,7 +65,7 @@ class Limiter(LimiterBase):
         state = open_async_state(url)
         runner = ShardRunner(settings, state, AsyncioDriver(clock or time.monotonic), hook=hook, owner=self)
         if settings.tenant_max_running is not None:
-            runner.caps = TenantCaps(_CapGroup(state, settings, runner.clock))
+            runner.caps = TenantCaps(TenantCapGroup(state, settings, runner.clock))
         super().__init__(runner, owns_state=not isinstance(url, (State, AsyncState)))
 
     @property
@@ -235,7 +235,7 @@ class Reservation(ReservationBase):
             await cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))
 
 
-class _CapGroup(CapGroup):
+class TenantCapGroup(CapGroup):
     """The cap queues of an :class:`aio.Limiter <Limiter>`'s tenants (``tenant_max_running``)."""
 
     _limiter_class = Limiter

@@ -17,7 +17,7 @@ from ..running import Status
 from ..settings import Seconds, check_timeout
 from ..state import AsyncState
 from .group import LimiterGroup
-from .limiter import Limiter
+from .limiter import Limiter, TenantCapGroup
 
 __all__ = ["Queue"]
 
@@ -32,6 +32,7 @@ class Queue(QueueBase[Limiter, asyncio.Future[Any]]):
     _display_name = "aio.Queue"
     _limiter_class = Limiter
     _group_class = LimiterGroup
+    _cap_group_class = TenantCapGroup
     _driver_class = AsyncioDriver
 
     @property

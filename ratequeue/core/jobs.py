@@ -18,6 +18,9 @@ The order, stated once (docs/queues.md):
   group take that place one after another, in the order they asked for it
   (:class:`GroupGate`), and keep it until they end for good (a retry
   keeps it through its backoff). A gated job takes no turn of the queue.
+  On a queue with ``tenant_max_running`` a job is gated, after its group's
+  place if it has a group, until it holds a place under its tenant's cap
+  as well (one of that many, taken in the same order and kept as long).
 """
 
 from __future__ import annotations
@@ -189,8 +192,8 @@ class Job(Generic[F]):
     group: str | None = None
     #: whether it waits for its group's place (kept among the held jobs, for ever, until it has it)
     gated: bool = False
-    #: the ticket of the group's turn it holds (its lease on the group's place), once it has it
-    group_ticket: int | None = None
+    #: the tickets of the places it holds, by gate (``"group"``, ``"cap"``): their leases, once it has them
+    held: dict[str, int] = field(default_factory=dict)
     #: a fair queue's tenant of the job, and its place in the queue object's fair order
     #: (:meth:`PendingJobs.fair_tag`); 0 on a queue that is not fair
     tenant: str | None = None
@@ -374,31 +377,46 @@ def check_group(value: object) -> str | None:
     return value
 
 
-class GroupGate(Generic[F]):
-    """Which jobs of a queue object wait for their group's one place, in the order they asked.
+def _group_of(job: Job[Any]) -> str | None:
+    return job.group
 
-    Per group, the jobs wait in a line; the first of them is the one a
-    group waiter (a thread or a task of the queue) asks the group's place
-    for. A group is *busy* from the moment a waiter starts for it until its
-    last job here has ended, so at most one waiter runs per group.
+
+class GroupGate(Generic[F]):
+    """Which jobs of a queue object wait for a place of their key, in the order they asked.
+
+    A key is a job's group (one place each) by default, or what ``key``
+    says (a tenant, with its cap's places). Per key, the jobs wait in a
+    line; the first of them is the one a waiter (a thread or a task of the
+    queue) asks the key's place for. A key is *busy* from the moment a
+    waiter starts for it: for a group, until its last job here has ended
+    (so at most one waiter runs per group); for a key of several places,
+    until its line is empty (its waiter asks for the next job's place as
+    soon as one has its own).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Job[F]], str | None] = _group_of) -> None:
+        #: the key of a job's place (``None``: it needs none)
+        self.key = key
         self._lines: dict[str, deque[Job[F]]] = {}
-        #: groups with a waiter running, or a job holding the place
+        #: keys with a waiter running, or (a group) a job holding the place
         self._busy: set[str] = set()
 
     def enter(self, job: Job[F]) -> bool:
-        """Put ``job`` (with a group) in its group's line; whether a waiter must start for the group."""
-        assert job.group is not None
+        """Put ``job`` (with a key) in its key's line; whether a waiter must start for the key."""
+        key = self.key(job)
+        assert key is not None
         job.gated = True
-        self._lines.setdefault(job.group, deque()).append(job)
-        idle = job.group not in self._busy
-        self._busy.add(job.group)
+        self._lines.setdefault(key, deque()).append(job)
+        idle = key not in self._busy
+        self._busy.add(key)
         return idle
 
+    def waits(self, job: Job[F]) -> bool:
+        """Whether ``job`` is in its key's line."""
+        return job in self._lines.get(self.key(job) or "", ())
+
     def first(self, group: str) -> Job[F] | None:
-        """The job the group's place is asked for next; ``None`` (and the group is idle) if none waits."""
+        """The job the key's place is asked for next; ``None`` (and the key is idle) if none waits."""
         line = self._lines.get(group)
         if line:
             return line[0]
@@ -407,14 +425,13 @@ class GroupGate(Generic[F]):
         return None
 
     def granted(self, job: Job[F]) -> None:
-        """``job``, the first of its group's line, has the place: it leaves the line."""
-        assert job.group is not None
-        first = self._lines[job.group].popleft()
+        """``job``, the first of its key's line, has the place: it leaves the line."""
+        first = self._lines[self.key(job) or ""].popleft()
         assert first is job
 
     def leave(self, job: Job[F]) -> bool:
-        """Take ``job`` out of its group's line (it was cancelled or dropped); whether it was the first."""
-        line = self._lines.get(job.group or "")
+        """Take ``job`` out of its key's line (it was cancelled or dropped); whether it was the first."""
+        line = self._lines.get(self.key(job) or "")
         if not line or job not in line:
             return False
         first = line[0] is job
