@@ -211,6 +211,7 @@ class ShardRunner:
             # halved the rate and left the late begins) and the offset is not read directly (exactly)
             doubting=self.max_late is not None and state.local_now() is None,
             margin=settings.margin,
+            tokens=settings.tenant_max_running is not None,  # (a turn's place is found by its token)
         )
         self.reporter = Reporter(
             settings.name,

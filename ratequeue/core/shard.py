@@ -93,8 +93,8 @@ class Turn(NamedTuple):
     start_us: int
     #: the same instant on this process's clock, in seconds
     local_start: float
-    #: the number this turn's shard gave its ticket (0 without ``max_running``): releasing the
-    #: turn names it, so a turn releases its own lease only
+    #: the number this turn's shard gave its ticket (0 without ``max_running`` or
+    #: ``tenant_max_running``): releasing the turn names it, so a turn releases its own places only
     token: int = 0
     #: the cost its ticket was taken for (the estimate a settlement corrects, ``Limiter.settle``)
     cost: int = 1
@@ -197,6 +197,7 @@ class Shard:
         estimator: OffsetEstimator | None = None,
         doubting: bool = True,
         margin: float | None = None,
+        tokens: bool = False,
     ) -> None:
         """
         :param name: the queue's name, and ``terms`` its terms: the operations carry them.
@@ -214,8 +215,11 @@ class Shard:
             begins up to ``max_late`` late still come an interval apart (docs/design.md, "The
             margin"). ``None``: the lateness checked (``max_late``, once the rules below
             have applied), none with a burst, whose begins are not spaced.
+        :param tokens: whether tickets get tokens without ``max_running`` as well: a turn's
+            ``(ticket, token)`` then names it across records (tenants' caps map turns so).
         """
         self.name, self.terms = name, terms
+        self._tokens = tokens or bool(terms.max_running)
         self.interval = interval = terms.interval_us / US
         self.burst = terms.burst
         self._fixed_lead, self._jitter = lead, jitter
@@ -269,8 +273,8 @@ class Shard:
         self.unused: list[Held] = []
 
     def _new_token(self) -> int:
-        """A fresh token for a ticket (0 without ``max_running``: only leases need one)."""
-        return 1 + secrets.randbelow(MAX_US - 1) if self.terms.max_running else 0
+        """A fresh token for a ticket (0 without ``max_running`` or ``tokens``: only they need one)."""
+        return 1 + secrets.randbelow(MAX_US - 1) if self._tokens else 0
 
     @property
     def waiting(self) -> int:
