@@ -32,6 +32,7 @@ from ratequeue.core.operation import Terms, operation
 from ratequeue.core.protocol import Passed, Record, Started, Wait
 from ratequeue.core.shard import Shard
 from ratequeue.errors import AcquireTimeout, ConfigurationError, StateCorrupted, TermsMismatch
+from ratequeue.events import Event, flush
 from ratequeue.state import State
 from ratequeue.state.file import FileState
 from ratequeue.state.mongodb import MongoState
@@ -340,7 +341,8 @@ def test_processes_share_turns_between_tenants(shared_backend: Backend, fair: bo
     try:
         assert ready.wait(60), "the big tenant's process made no start"
         options = {"fair": True} if fair else {}
-        small = Limiter(url, name=name, rate=rate, **options)  # type: ignore[arg-type]
+        passed: list[Event] = []
+        small = Limiter(url, name=name, rate=rate, on_event=passed.append, **options)  # type: ignore[arg-type]
         try:
             turns = [small.acquire(tenant="small" if fair else None) for _ in range(5)]
         finally:
@@ -353,11 +355,13 @@ def test_processes_share_turns_between_tenants(shared_backend: Backend, fair: bo
     mine = [turn.start_us for turn in turns]
     between = [sum(a < start < b for start in big_starts) for a, b in itertools.pairwise(mine)]
     if fair:
-        # each of small's acquires waits behind big's one ticket in line (1 start). Small is not
-        # waiting while its next call is on its way, and on PostgreSQL its ticket was sometimes
-        # passed (small late to ask, under investigation): up to 3 allowed, where arrival order
-        # gives about 8
-        assert statistics.median(between) <= 3, between
+        # each of small's acquires waits behind big's one ticket in line (1 start; 2 allowed for a
+        # loaded machine), where arrival order gives about 8. And small's tickets are not passed:
+        # before a state's connecting was kept out of its first call's round-trip, big's shards on
+        # PostgreSQL took leads of several intervals and passed small's tickets 1-4 times a run
+        assert statistics.median(between) <= 2, between
+        flush(5.0)
+        assert sum(event.kind == "passed" for event in passed) <= 1, passed
     else:
         assert statistics.median(between) >= 4, f"unfair, small waits behind big's 8 shards: {between}"
     assert big.exitcode == 0
@@ -457,7 +461,7 @@ def test_tenants_that_leave_leave_nothing_in_the_record(tmp_path: Path) -> None:
 
 
 def test_begins_and_timeouts_carry_the_tenant(tmp_path: Path) -> None:
-    from ratequeue.events import Event, flush
+    from ratequeue.events import flush
 
     events: list[Event] = []
     url = f"file://{tmp_path}/s.json"

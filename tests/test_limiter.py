@@ -310,3 +310,40 @@ def test_the_state_clock_is_read_between_two_reads_of_this_hosts_and_again_after
 
     assert received_and_state_now(clock, server)[1] is None
     assert calls == [1]
+
+
+class ConnectsAtFirstUse(MemoryState):
+    """A memory state that, like a server's, pays for connecting at its first use: 0.2 s."""
+
+    def __init__(self) -> None:
+        super().__init__(private=True)
+        self.connected = False
+        self.prepares = 0
+
+    def _connect(self) -> None:
+        if not self.connected:
+            time.sleep(0.2)
+            self.connected = True
+
+    def prepare(self) -> None:
+        self.prepares += 1
+        self._connect()
+
+    def execute(self, op: ratequeue.core.operation.Operation) -> ratequeue.core.protocol.Answer:
+        self._connect()
+        return super().execute(op)
+
+
+def test_connecting_is_not_timed_as_a_call() -> None:
+    """The state connects (``prepare``) once, before the first call: its cost sets no lead.
+
+    Timed as the first call's round-trip, 0.2 s would make the lead 0.4 s: with a 50 ms interval
+    the shard would start tickets eight intervals ahead, passing other shards' tickets.
+    """
+    state = ConnectsAtFirstUse()
+    limiter = Limiter(state, name="connects", interval=0.05)
+    for _ in range(3):
+        limiter.acquire()
+    assert state.prepares == 1
+    assert ratequeue.running.runner_of(limiter).shard.lead < 0.1
+    limiter.close()

@@ -442,6 +442,19 @@ class PostgresBackend(StateBase):
         """The (quoted) name of the table holding one row per queue."""
         return self._table
 
+    def _prepare_flow(self) -> Flow[None]:
+        """The table and function made sure of, and a connection opened and warmed up, for the next call."""
+        if not self._ready:
+            yield from self._setup_flow()
+        connection = yield from self._checkout_flow()
+        try:
+            if self._warms(connection):
+                yield from self._warm_up_flow(connection)
+        except BaseException:
+            yield from self._checkin_flow(connection, failed=True)
+            raise
+        yield from self._checkin_flow(connection)
+
     def _query_flow(self, query: Query, params: tuple[Any, ...]) -> Flow[Any]:
         """``query`` run, after making sure of the table and function; a connection failure retried."""
         if not self._ready:
