@@ -131,12 +131,12 @@ def exchange(
         try:
             answer: A = yield Call(send, (request,))
         except BaseException:
-            if limiter.max_running:
+            if limiter.holds_places:
                 yield Call(limiter._release_quietly, held)
             raise
         code = status(answer)
         try:
-            if limiter.max_running:
+            if limiter.holds_places:
                 yield Call(limiter._release_quietly, held)
             feedback = yield Call(functools.partial(limiter.heed, headers(answer), status=code))
         except RateQueueError as exc:

@@ -91,7 +91,7 @@ class TaskTurns:
                         raise
                     refused += 1
                 finally:
-                    if limiter.max_running:  # a failed release must not fail the run: the lease expires
+                    if limiter.holds_places:  # a failed release must not fail the run: the lease expires
                         limiter._release_quietly((turn.ticket, turn.token))
 
         return cast(F, at_its_turn)

@@ -268,7 +268,7 @@ class Limiter(LimiterBase):
                 try:
                     return await fn(*args, **kwargs)
                 finally:
-                    if turn is not None and self._holds_places:
+                    if turn is not None and self.holds_places:
                         await asyncio.to_thread(self._release_quietly, (turn.ticket, turn.token))
 
             return cast(F, wrapped_async)
@@ -279,7 +279,7 @@ class Limiter(LimiterBase):
             try:
                 return fn(*args, **kwargs)
             finally:
-                if self._holds_places:
+                if self.holds_places:
                     self._release_quietly((turn.ticket, turn.token))
 
         return cast(F, wrapped)
@@ -303,7 +303,7 @@ class Limiter(LimiterBase):
 
     def __exit__(self, *exc: object) -> None:
         turn = entered(self)
-        if turn is not None and self._holds_places:
+        if turn is not None and self.holds_places:
             self._release_quietly((turn.ticket, turn.token))
 
     def close(self) -> None:
@@ -355,7 +355,7 @@ class Reservation(ReservationBase):
         turn = self.turn
         if turn is None:
             self.cancel()
-        elif self._limiter._holds_places:
+        elif self._limiter.holds_places:
             cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))
 
 

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -159,9 +160,11 @@ class QueueBase(Generic[L, FutureT]):
         self._pacing = False
         #: the pacer's place in the limiter's line, cancelled when no queued job is left to use it
         self._reservation: PlaceInLine | None = None
-        #: the groups' limiters and the tenants' caps' (made at the first use), and their gates
+        #: the groups' limiters and the tenants' caps' (made at the first use, once: a place is given
+        #: back on the limiter that took it), and their gates
         self._groups: GroupBase[LimiterBase] | None = None
         self._caps: GroupBase[LimiterBase] | None = None
+        self._making = threading.Lock()
         settings = self._limiter.settings
         self._cap_settings = None if cap is None else dataclasses.replace(settings, tenant_max_running=cap)
         self._cap_gate = None if cap is None else _Gate("cap", GroupGate(_tenant_of), self._cap_limiter, True)
@@ -530,23 +533,25 @@ class QueueBase(Generic[L, FutureT]):
 
     def _group_limiter(self, group: str) -> LimiterBase:
         """The limiter of ``group``'s place: a queue of its own, ``max_running=1``, no rate to speak of."""
-        if self._groups is None:
-            self._groups = self._group_class(
-                self._runner.state,
-                name=f"{self.name}:group",
-                interval=1e-6,
-                max_running=1,
-                lease=self._limiter.lease,
-                keep=DEFAULT_KEEP,
-                # no on_event: a group's place is no start of the queue (its jobs' turns are)
-            )
+        with self._making:
+            if self._groups is None:
+                self._groups = self._group_class(
+                    self._runner.state,
+                    name=f"{self.name}:group",
+                    interval=1e-6,
+                    max_running=1,
+                    lease=self._limiter.lease,
+                    keep=DEFAULT_KEEP,
+                    # no on_event: a group's place is no start of the queue (its jobs' turns are)
+                )
         return self._groups[group]
 
     def _cap_limiter(self, tenant: str) -> LimiterBase:
         """The limiter of ``tenant``'s places under ``tenant_max_running``: the limiters' own cap queue."""
-        if self._caps is None:
-            assert self._cap_settings is not None
-            self._caps = self._cap_group_class(self._runner.state, self._cap_settings, self._clock)
+        with self._making:
+            if self._caps is None:
+                assert self._cap_settings is not None
+                self._caps = self._cap_group_class(self._runner.state, self._cap_settings, self._clock)
         return self._caps[tenant]
 
     def _start_gate_waiter(self, gate: _Gate, key: str) -> None:

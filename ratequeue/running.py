@@ -12,7 +12,6 @@ and the decorator.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -232,8 +231,9 @@ class ShardRunner:
         self._unwatch: Callable[[], None] | None = None
         #: the tenants' caps (``tenant_max_running``), set by the limiter that has them
         self.caps: TenantCaps | None = None
-        #: whether the state was asked to connect and set up (before the first call: :meth:`call_flow`)
-        self._prepared = False
+        #: whether the state has connected and set up (before the first call: :meth:`call_flow`); a
+        #: state object of the user's own that is no StateBase may have nothing to prepare
+        self._prepared = not hasattr(state, "prepare")
 
     @property
     def idle(self) -> bool:
@@ -304,10 +304,17 @@ class ShardRunner:
         if not self._prepared:
             # connecting and setting up are no round-trip of a call: measured, they would set a lead
             # and a bound of the state's clock far too wide (PostgreSQL: 50-170 ms against 1 ms), and
-            # a lead of several intervals starts tickets that pass other shards' (docs/design.md)
-            self._prepared = True
-            with contextlib.suppress(Exception):  # (the call below says what failed)
+            # a lead of several intervals starts tickets that pass other shards' (docs/design.md).
+            # Failed, it is the call's failure (a second try would double the wait for it); it is
+            # tried again before the next call.
+            started = clock()
+            try:
                 yield Call(self.driver.call, (_prepare, self.state))
+            except Exception as exc:
+                if reporter.calls:
+                    reporter.call_failed(op, exc, clock() - started)
+                raise
+            self._prepared = True
         sent = clock()
         try:
             answer = yield Call(self.driver.call, (self.state.execute, op, lost))
@@ -565,8 +572,11 @@ class LimiterBase:
         return self._runner.settings.tenant_max_running
 
     @property
-    def _holds_places(self) -> bool:
-        """Whether a job holds a place until its end (``max_running`` or ``tenant_max_running``)."""
+    def holds_places(self) -> bool:
+        """Whether a job holds a place until its turn is released (``max_running``, ``tenant_max_running``).
+
+        Code that takes turns of a user's limiter releases them when this is true.
+        """
         settings = self._runner.settings
         return bool(settings.max_running or settings.tenant_max_running)
 

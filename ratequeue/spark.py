@@ -286,8 +286,12 @@ def _prepare(limiter: Limiter, fn: Callable[..., Any], timeout: object) -> tuple
 def _at_turn(limiter: Limiter, timeout: float | None, fn: Callable[..., R], *args: Any) -> R:
     """``fn(*args)`` once a turn of ``limiter`` begins; :func:`current_turn` tells that turn meanwhile."""
     try:
-        _current.turn = limiter.acquire(timeout)
-        return fn(*args)
+        _current.turn = turn = limiter.acquire(timeout)
+        try:
+            return fn(*args)
+        finally:
+            if limiter.holds_places:  # (``max_running``: the job's place goes back, a failure logged)
+                limiter._release_quietly((turn.ticket, turn.token))
     except RateQueueError as exc:  # the acquire's, or one of fn's own limiters
         _add_note(exc)
         raise

@@ -23,10 +23,18 @@ from typing import Any
 from .core.flow import Flow
 from .core.leases import Held
 from .core.shard import Place, Turn
-from .errors import AcquireTimeout
+from .errors import AcquireTimeout, ConfigurationError
 from .grouping import DEFAULT_KEEP, SEPARATOR, GroupBase, key_part
 from .running import ShardRunner, runner_of
-from .settings import Seconds, Settings, check_cost, check_name, check_tenant_for, check_timeout
+from .settings import (
+    MAX_NAME_LENGTH,
+    Seconds,
+    Settings,
+    check_cost,
+    check_name,
+    check_tenant_for,
+    check_timeout,
+)
 
 __all__ = ["CAP_INTERVAL", "CapGroup", "TenantCaps", "cap_queue_name"]
 
@@ -70,7 +78,15 @@ class CapGroup(GroupBase[Any]):
 
     def _queue_name(self, key: object) -> str:
         assert isinstance(key, str)  # (a tenant checked already)
-        return check_name(cap_queue_name(self._fair_name, key))
+        name = cap_queue_name(self._fair_name, key)
+        if len(name) > MAX_NAME_LENGTH:
+            room = MAX_NAME_LENGTH - len(cap_queue_name(self._fair_name, "x")) + 1
+            raise ConfigurationError(
+                f"tenant {key[:50]!r}... is too long for tenant_max_running on queue {self._fair_name!r}: "
+                f"its places are the queue {_PART!r} + the tenant, at most {MAX_NAME_LENGTH} characters, "
+                f"so a tenant of at most {room} (with % and : written as 3 each)"
+            )
+        return check_name(name)
 
 
 class TenantCaps:
@@ -84,12 +100,14 @@ class TenantCaps:
         self.cap = group.cap
         #: the turns begun under a cap: a turn's ``(ticket, token)`` to its cap queue's runner and place
         self._held: dict[Held, tuple[ShardRunner, Held]] = {}
+        #: how many callers are between a cap queue and the fair one (their places not in ``_held`` yet)
+        self._calling = 0
         self._guard = threading.Lock()
 
     @property
     def busy(self) -> bool:
-        """Whether a turn of this limiter holds a tenant's place."""
-        return bool(self._held)
+        """Whether a turn of this limiter holds a tenant's place, or a caller is on its way to one."""
+        return bool(self._held) or self._calling > 0
 
     def runner(self, tenant: str) -> ShardRunner:
         """The runner of ``tenant``'s cap queue."""
@@ -108,14 +126,30 @@ class TenantCaps:
         cost = check_cost(cost, settings.burst)
         mine = check_tenant_for(settings, tenant)
         since = clock()
+        self._count(1)
+        try:
+            return (yield from self._acquire_flow(runner, seconds, cost, tenant, mine, since))
+        finally:
+            self._count(-1)
+
+    def _acquire_flow(
+        self,
+        runner: ShardRunner,
+        seconds: float | None,
+        cost: int,
+        tenant: str | None,
+        mine: str,
+        since: float,
+    ) -> Flow[Turn]:
+        clock = runner.clock
         capper = self.runner(mine)
         try:
             with capper.driver.lock:
                 place = yield from capper.acquire_flow(capper.place(seconds, 1))
         except AcquireTimeout:
-            waited = Place(None if seconds is None else since + seconds, seconds, cost)
-            waited.tenant = mine
-            runner.reporter.timeout(waited, clock() - since)
+            timed_out = Place(None if seconds is None else since + seconds, seconds, cost)
+            timed_out.tenant = mine
+            runner.reporter.timeout(timed_out, clock() - since)
             raise AcquireTimeout(
                 f"no turn in queue {runner.name!r} within {seconds} s: tenant {mine!r} had "
                 f"tenant_max_running={self.cap} jobs running all along",
@@ -123,10 +157,19 @@ class TenantCaps:
                 timeout=seconds,
             ) from None
         assert place is not None, "only a withdrawn place has no turn, and this one is nobody else's"
+        placed = clock()
         try:
-            left = None if seconds is None else max(0.0, since + seconds - clock())
+            left = None if seconds is None else max(0.0, since + seconds - placed)
             with runner.driver.lock:
                 turn = yield from runner.acquire_flow(runner.place(left, cost, tenant))
+        except AcquireTimeout as exc:  # (its message names the time left: the caller's is said too)
+            _end(capper, place)
+            took = f"{placed - since:.3g}"
+            raise AcquireTimeout(
+                f"{exc}; the timeout was {seconds} s, of which tenant {mine!r}'s place took {took} s",
+                name=runner.name,
+                timeout=seconds,
+            ) from None
         except BaseException:
             _end(capper, place)
             raise
@@ -143,6 +186,15 @@ class TenantCaps:
         settings = runner.settings
         cost = check_cost(cost, settings.burst)
         mine = check_tenant_for(settings, tenant)
+        self._count(1)
+        try:
+            return (yield from self._attempt_flow(runner, cost, tenant, mine))
+        finally:
+            self._count(-1)
+
+    def _attempt_flow(
+        self, runner: ShardRunner, cost: int, tenant: str | None, mine: str
+    ) -> Flow[Turn | None]:
         capper = self.runner(mine)
         with capper.driver.lock:
             place = (yield from capper.attempt_flow(1))[0]
@@ -179,6 +231,10 @@ class TenantCaps:
     def limiters(self) -> list[Any]:
         """The cap queues' limiters this process keeps (to close them: they release what they hold)."""
         return list(self.group.limiters())
+
+    def _count(self, step: int) -> None:
+        with self._guard:
+            self._calling += step
 
     def _hold(self, turn: Turn, capper: ShardRunner, place: Turn) -> None:
         with self._guard:

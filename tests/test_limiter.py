@@ -347,3 +347,29 @@ def test_connecting_is_not_timed_as_a_call() -> None:
     assert state.prepares == 1
     assert ratequeue.running.runner_of(limiter).shard.lead < 0.1
     limiter.close()
+
+
+def test_a_failed_preparation_is_the_calls_failure_and_is_tried_again() -> None:
+    """A state that cannot connect fails the acquire once (no second wait for the call), then recovers."""
+
+    class DownAtFirst(ConnectsAtFirstUse):
+        failed = False
+
+        def prepare(self) -> None:
+            if not self.failed:
+                self.failed = True
+                raise ratequeue.StateUnavailable("not yet", where="memory://")
+            super().prepare()
+
+        def execute(self, op: ratequeue.core.operation.Operation) -> ratequeue.core.protocol.Answer:
+            assert self.prepares == 1, "a call was made although its preparation failed"
+            return super().execute(op)
+
+    state = DownAtFirst()
+    limiter = Limiter(state, name="down-at-first", interval=0.05)
+    with pytest.raises(ratequeue.StateUnavailable):
+        limiter.acquire()
+    limiter.acquire()
+    limiter.acquire()
+    assert state.prepares == 1  # (once it succeeded, never again)
+    limiter.close()

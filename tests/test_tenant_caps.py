@@ -763,3 +763,76 @@ def test_a_capped_limiter_pickles_with_its_cap(tmp_path: Path) -> None:
     copy.release(copy.acquire(SOON, tenant="acme"))
     limiter.close()
     copy.close()
+
+
+# what the review of the change found
+
+
+def test_the_integrations_give_a_capped_limiters_place_back() -> None:
+    """Celery's TaskTurns, the HTTP transports and Spark's helpers release turns that hold places.
+
+    With a cap of 1 and nothing released, the second call of each would wait for ever.
+    """
+    import httpx
+
+    import ratequeue.celery
+    import ratequeue.httpx
+    import ratequeue.spark
+
+    url = f"memory://caps-{uuid.uuid4().hex}"
+    limiter = capped(url, "integrations", 1)
+    assert limiter.holds_places
+    service = httpx.MockTransport(lambda request: httpx.Response(200))
+    with httpx.Client(transport=ratequeue.httpx.Transport(limiter, service, timeout=SOON)) as http:
+        assert [http.get("https://api.example/a").status_code for _ in range(2)] == [200, 200]
+    assert [ratequeue.spark._at_turn(limiter, SOON, lambda n: n, n) for n in range(2)] == [0, 1]
+    turns = ratequeue.celery.TaskTurns(
+        url, name="integrations-celery", interval=INTERVAL, fair=True, tenant_max_running=1, lease=5.0
+    )
+    work = turns(lambda n: n)
+    assert [work(n) for n in range(2)] == [0, 1]
+    assert held(turns.limiter.state, "integrations-celery", "") == 0
+    assert held(limiter.state, "integrations", "") == 0
+    turns.limiter.close()
+    limiter.close()
+
+
+def test_a_caller_on_its_way_to_a_place_keeps_its_limiter_in_a_group(local_url: str) -> None:
+    """A group drops no key's limiter whose caller waits at the cap (it would take a place unseen)."""
+    from ratequeue.running import runner_of
+
+    options: dict[str, Any] = {"interval": INTERVAL, "fair": True, "tenant_max_running": 1, "lease": 5.0}
+    group = LimiterGroup(local_url, name="ways", max_keys=1, **options)
+    outsider = Limiter(local_url, name="ways:k", **options)  # another process's shard of key k
+    holding = outsider.acquire(WAIT, tenant="t")
+    key = group["k"]
+    waiting = threading.Thread(target=lambda: key.release(key.acquire(WAIT, tenant="t")))
+    waiting.start()
+    caps = runner_of(key).caps
+    assert caps is not None
+    assert eventually(lambda: caps.busy)  # its caller waits at t's cap, holding nothing yet
+    assert group["other"] is not None  # one key kept at most: idle ones are dropped
+    assert group["k"] is key
+    assert outsider.release(holding)
+    waiting.join(HUNG)
+    assert not waiting.is_alive()
+    outsider.close()
+    group.close()
+
+
+def test_a_tenant_too_long_for_its_cap_queue_is_refused_by_name(local_url: str) -> None:
+    limiter = capped(local_url, "long", 1)
+    with pytest.raises(ConfigurationError, match=r"too long for tenant_max_running.*at most 187"):
+        limiter.acquire(WAIT, tenant="x" * 188)
+    limiter.release(limiter.acquire(WAIT, tenant="x" * 187))
+    limiter.close()
+
+
+def test_a_timeout_waiting_for_the_fair_turn_names_the_callers_timeout(local_url: str) -> None:
+    limiter = capped(local_url, "timeouts", 2, interval=5.0)
+    first = limiter.acquire(WAIT, tenant="a")  # the next turn is 5 s away
+    with pytest.raises(AcquireTimeout, match=r"the timeout was 0.2 s, of which tenant 'b'") as raised:
+        limiter.acquire(0.2, tenant="b")
+    assert raised.value.timeout == 0.2
+    limiter.release(first)
+    limiter.close()

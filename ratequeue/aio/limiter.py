@@ -174,7 +174,7 @@ class Limiter(LimiterBase):
                 result = fn(*args, **kwargs)
                 return await result if is_coroutine else result
             finally:
-                if self._holds_places:
+                if self.holds_places:
                     await self._release_quietly((turn.ticket, turn.token))
 
         return cast(F, wrapped)
@@ -184,7 +184,7 @@ class Limiter(LimiterBase):
 
     async def __aexit__(self, *exc: object) -> None:
         turn = entered(self)
-        if turn is not None and self._holds_places:
+        if turn is not None and self.holds_places:
             await self._release_quietly((turn.ticket, turn.token))
 
     async def close(self) -> None:
@@ -231,7 +231,7 @@ class Reservation(ReservationBase):
         turn = self.turn
         if turn is None:
             self.cancel()
-        elif self._limiter._holds_places:
+        elif self._limiter.holds_places:
             await cast(Limiter, self._limiter)._release_quietly((turn.ticket, turn.token))
 
 
