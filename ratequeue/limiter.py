@@ -68,8 +68,10 @@ class Limiter(LimiterBase):
         settings, clock, hook = Settings.of(name, options)
         state = open_state(url)
         runner = ShardRunner(settings, state, ThreadDriver(clock or time.monotonic), hook=hook, owner=self)
+        #: the tenants' caps (``tenant_max_running``), if any
+        self._caps: TenantCaps | None = None
         if settings.tenant_max_running is not None:
-            runner.caps = TenantCaps(TenantCapGroup(state, settings, runner.clock))
+            self._caps = runner.in_use = TenantCaps(TenantCapGroup(state, settings, runner.clock))
         super().__init__(runner, owns_state=not isinstance(url, State))
 
     @property
@@ -93,8 +95,8 @@ class Limiter(LimiterBase):
         many jobs running (docs/fairness.md, "Per-tenant caps").
         """
         runner = self._runner
-        if runner.caps is not None:
-            return run(runner.caps.acquire_flow(runner, timeout, cost, tenant))
+        if self._caps is not None:
+            return run(self._caps.acquire_flow(runner, timeout, cost, tenant))
         lock = runner.driver.lock
         lock.acquire()  # (not ``with``: one call less on every acquire)
         try:
@@ -115,8 +117,8 @@ class Limiter(LimiterBase):
         :raises StateUnavailable: if the state cannot be reached.
         """
         runner = self._runner
-        if runner.caps is not None:
-            return run(runner.caps.attempt_flow(runner, cost, tenant))
+        if self._caps is not None:
+            return run(self._caps.attempt_flow(runner, cost, tenant))
         with runner.driver.lock:
             return run(runner.attempt_flow(cost, tenant))[0]
 
@@ -141,11 +143,11 @@ class Limiter(LimiterBase):
                 with runner.driver.lock:
                     live = run(runner.leases.release_flow(held))
         except BaseException:
-            if runner.caps is not None:
-                runner.caps.end(held)
+            if self._caps is not None:
+                self._caps.end(held)
             raise
-        if runner.caps is not None:
-            capped = run(runner.caps.release_flow(held))
+        if self._caps is not None:
+            capped = run(self._caps.release_flow(held))
             if runner.leases is None:
                 live = bool(capped)
         return live
@@ -288,8 +290,8 @@ class Limiter(LimiterBase):
         runner = self._runner
         with runner.driver.lock:
             runner.end(turn.ticket, turn.token)
-        if runner.caps is not None:
-            runner.caps.end((turn.ticket, turn.token))
+        if self._caps is not None:
+            self._caps.end((turn.ticket, turn.token))
 
     def _release_quietly(self, held: Held) -> None:
         """:meth:`release`, a failure logged: the job's outcome matters more, and its lease expires."""
@@ -316,7 +318,7 @@ class Limiter(LimiterBase):
         runner = self._runner
         if runner.fallback is not None:
             runner.fallback.stop(runner)  # a probe of a state that is down ends within a second
-        for capper in runner.caps.limiters() if runner.caps is not None else ():
+        for capper in self._caps.limiters() if self._caps is not None else ():
             capper.close()  # (it releases the tenants' places it holds)
         held: list[Held] = []
         if runner.leases is not None:

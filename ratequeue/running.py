@@ -19,7 +19,7 @@ from asyncio import CancelledError
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from ._redact import redact
 from .core.clock import OffsetEstimator
@@ -59,9 +59,6 @@ from .settings import (
     wait,
 )
 from .state.base import AsyncState, Snapshot, State, no_fair_queues
-
-if TYPE_CHECKING:
-    from .tenant_caps import TenantCaps
 
 __all__ = ["LimiterBase", "ReservationBase", "ShardRunner", "Status", "entered", "runner_of"]
 
@@ -177,6 +174,14 @@ def entered(limiter: object, turn: Turn | None = None) -> Turn | None:
     return None
 
 
+class InUse(Protocol):
+    """Something beside a shard that keeps its limiter in use while :attr:`busy` (tenants' caps)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether it is in use now."""
+
+
 class ShardRunner:
     """One shard of a queue at work; every method but the flows is called holding the driver's lock."""
 
@@ -229,8 +234,8 @@ class ShardRunner:
         self.fallback = None if down == "raise" else Fallback(down, settings.interval)
         #: stops the state's watch for places freed elsewhere, while the held ticket waits for one
         self._unwatch: Callable[[], None] | None = None
-        #: the tenants' caps (``tenant_max_running``), set by the limiter that has them
-        self.caps: TenantCaps | None = None
+        #: what beside the shard keeps this runner's limiter in use (its tenants' caps), if anything
+        self.in_use: InUse | None = None
         #: whether the state has connected and set up (before the first call: :meth:`call_flow`); a
         #: state object of the user's own that is no StateBase may have nothing to prepare
         self._prepared = not hasattr(state, "prepare")
@@ -242,7 +247,7 @@ class ShardRunner:
             self.shard.idle
             and (self.leases is None or not self.leases.busy)
             and (self.fallback is None or self.fallback.down_since is None)  # (its probe runs)
-            and (self.caps is None or not self.caps.busy)
+            and (self.in_use is None or not self.in_use.busy)
         )
 
     def place(self, timeout: Seconds | None, cost: int, tenant: str | None = None) -> Place:

@@ -808,7 +808,7 @@ def test_a_caller_on_its_way_to_a_place_keeps_its_limiter_in_a_group(local_url: 
     key = group["k"]
     waiting = threading.Thread(target=lambda: key.release(key.acquire(WAIT, tenant="t")))
     waiting.start()
-    caps = runner_of(key).caps
+    caps = runner_of(key).in_use
     assert caps is not None
     assert eventually(lambda: caps.busy)  # its caller waits at t's cap, holding nothing yet
     assert group["other"] is not None  # one key kept at most: idle ones are dropped

@@ -64,8 +64,10 @@ class Limiter(LimiterBase):
         settings, clock, hook = Settings.of(name, options)
         state = open_async_state(url)
         runner = ShardRunner(settings, state, AsyncioDriver(clock or time.monotonic), hook=hook, owner=self)
+        #: the tenants' caps (``tenant_max_running``), if any
+        self._caps: TenantCaps | None = None
         if settings.tenant_max_running is not None:
-            runner.caps = TenantCaps(TenantCapGroup(state, settings, runner.clock))
+            self._caps = runner.in_use = TenantCaps(TenantCapGroup(state, settings, runner.clock))
         super().__init__(runner, owns_state=not isinstance(url, (State, AsyncState)))
 
     @property
@@ -78,8 +80,8 @@ class Limiter(LimiterBase):
     ) -> Turn:
         """Wait until this task's global turn, and return it (see :meth:`ratequeue.Limiter.acquire`)."""
         runner = self._runner
-        if runner.caps is not None:
-            return await arun(runner.caps.acquire_flow(runner, timeout, cost, tenant))
+        if self._caps is not None:
+            return await arun(self._caps.acquire_flow(runner, timeout, cost, tenant))
         turn = await arun(runner.acquire_flow(runner.place(timeout, cost, tenant)))
         assert turn is not None, "only a withdrawn place has no turn, and this one is nobody else's"
         return turn
@@ -87,8 +89,8 @@ class Limiter(LimiterBase):
     async def try_acquire(self, *, cost: int = 1, tenant: str | None = None) -> Turn | None:
         """This task's turn if one is free now, else ``None`` (see :meth:`ratequeue.Limiter.try_acquire`)."""
         runner = self._runner
-        if runner.caps is not None:
-            return await arun(runner.caps.attempt_flow(runner, cost, tenant))
+        if self._caps is not None:
+            return await arun(self._caps.attempt_flow(runner, cost, tenant))
         return (await arun(runner.attempt_flow(cost, tenant)))[0]
 
     async def release(self, turn: Turn) -> bool:
@@ -97,7 +99,7 @@ class Limiter(LimiterBase):
 
     async def _release(self, held: Held) -> bool:
         runner = self._runner
-        leases, caps = runner.leases, runner.caps
+        leases, caps = runner.leases, self._caps
         live = False
         try:
             if leases is not None:
@@ -191,7 +193,7 @@ class Limiter(LimiterBase):
         """Close the state if opened from a URL; release the leases held first (jobs', tenants')."""
         runner = self._runner
         driver = cast(AsyncioDriver, runner.driver)
-        for capper in runner.caps.limiters() if runner.caps is not None else ():
+        for capper in self._caps.limiters() if self._caps is not None else ():
             await capper.close()  # (it releases the tenants' places it holds)
         if runner.fallback is not None:
             runner.fallback.stop(runner)
