@@ -252,9 +252,8 @@ class QueueBase(Generic[L, FutureT]):
             job.seq = self._pending.number()
             if job.tenant is not None:
                 job.tag = self._pending.fair_tag(job.tenant, self._limiter.settings.weight(job.tenant))
-            gate = self._gates[0] if job.group is not None else self._cap_gate
-            if gate is not None and gate.lines.enter(job):
-                self._start_gate_waiter(gate, gate.lines.key(job) or "")
+            if job.not_before is None:  # (a job for later asks for its places when its time comes)
+                self._gated_now(job)
             self._pending.push(job)
             self._wake_pacer()
         if dropped is not None and self._takes(dropped):
@@ -349,7 +348,7 @@ class QueueBase(Generic[L, FutureT]):
                         self._pacing = False
                         self._jobs_changed()
                         return
-                    self._pending.release_due(self._clock())
+                    self._pending.release_due(self._clock(), self._gated_now)
                     # every queued job is held: wait for the first, or for a change (a job queued,
                     # made ready or gone), in the same locked step that saw none ready: none is missed
                     if self._pending.head() is None:
@@ -359,7 +358,7 @@ class QueueBase(Generic[L, FutureT]):
                 if self._places is not None:
                     yield Call(self._places.acquire)
                 with self._driver.lock:
-                    self._pending.release_due(self._clock())
+                    self._pending.release_due(self._clock(), self._gated_now)
                     head = self._pending.head()
                     if head is None:  # cancelled, or only held jobs, while a running place was awaited
                         self._release_running_place()
@@ -511,7 +510,7 @@ class QueueBase(Generic[L, FutureT]):
         turn's): it stays first, and the turn goes unused.
         """
         with self._driver.lock:
-            self._pending.release_due(self._clock())
+            self._pending.release_due(self._clock(), self._gated_now)
             while (head := self._pending.head()) is not None:
                 if head.cost > cost:
                     return None
@@ -597,6 +596,19 @@ class QueueBase(Generic[L, FutureT]):
                 self._through(job, gate)
                 if not gate.several:
                     return
+
+    def _gated_now(self, job: Job[Any]) -> bool:
+        """Whether ``job`` must first wait for a place (holding the lock): it is put in that gate's line.
+
+        At its ``add``, or once its ``not_before`` has come: a job for later holds no place meanwhile.
+        """
+        for gate in self._gates:
+            key = gate.lines.key(job)
+            if key is not None and gate.name not in job.held:
+                if gate.lines.enter(job):
+                    self._start_gate_waiter(gate, key)
+                return True
+        return False
 
     def _through(self, job: Job[Any], gate: _Gate) -> None:
         """``job`` has its place at ``gate`` (holding the lock): on to its tenant's cap, or ready."""

@@ -218,3 +218,15 @@ def test_asyncio_queue_caps_a_tenant(backend: Backend) -> None:
     assert most == {"a": 1, "b": 1}
     assert done.count("b") == 2
     assert done.index("b") < 2  # b's jobs passed a's gated ones
+
+
+def test_a_job_for_later_holds_no_place_until_its_time(backend: Backend) -> None:
+    """A job added with ``not_before`` asks for its tenant's (and group's) place when that time comes."""
+    recorder = Recorder()
+    queue = Queue(backend.url, name=backend.fresh_name(), interval=INTERVAL, fair=True, tenant_max_running=1)
+    later = queue.add(recorder.job, "later", tenant="t", group="g", not_before=1.0)
+    now = queue.add(recorder.job, "now", tenant="t", group="g")
+    assert now.result(WAIT) == "now"  # t's one place and g's were free: the job for later holds neither
+    assert not later.done()
+    assert later.result(WAIT) == "later"
+    queue.close()

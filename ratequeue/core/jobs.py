@@ -21,6 +21,8 @@ The order, stated once (docs/queues.md):
   On a queue with ``tenant_max_running`` a job is gated, after its group's
   place if it has a group, until it holds a place under its tenant's cap
   as well (one of that many, taken in the same order and kept as long).
+  A job added with ``not_before`` asks for its places once that time has
+  come: a job for later holds none meanwhile.
 """
 
 from __future__ import annotations
@@ -257,11 +259,18 @@ class PendingJobs(Generic[F]):
         else:
             heapq.heappush(self._ready, ((-job.priority, job.tag), job.seq, job))
 
-    def release_due(self, now: float) -> None:
-        """Move the held jobs whose time has come (local time ``now``) among the ready ones."""
+    def release_due(self, now: float, gated: Callable[[Job[F]], bool] | None = None) -> None:
+        """Move the held jobs whose time has come (local time ``now``) among the ready ones.
+
+        ``gated(job)`` says whether a job must first wait for a place (and
+        put it in its gate's line): such a job stays held until :meth:`ungate`.
+        """
         while self.next_due() <= now:
             _, seq, job = heapq.heappop(self._held)
-            heapq.heappush(self._ready, ((-job.priority, job.tag), seq, job))
+            if gated is not None and gated(job):
+                heapq.heappush(self._held, (math.inf, seq, job))
+            else:
+                heapq.heappush(self._ready, ((-job.priority, job.tag), seq, job))
 
     def head(self) -> Job[F] | None:
         """The ready job to start next, if any."""
