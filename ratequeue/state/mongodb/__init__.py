@@ -213,6 +213,10 @@ class MongoBackend(StateBase, Generic[ClientT]):
     def _record_where(self, name: str) -> str:
         return f"{self._collection.full_name}/{name}"
 
+    def _prepare_flow(self) -> Flow[None]:
+        """The client connected (a ``hello``), so that the next call's round-trip is a call's."""
+        yield from self._retried(self._client.admin.command, "hello")
+
     def _execute_flow(self, op: Operation) -> Flow[Answer]:
         """Run ``op`` on its queue's document; its answer is read from the document after it.
 
