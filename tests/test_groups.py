@@ -308,11 +308,13 @@ def test_a_key_never_reaches_a_record_it_does_not_own(backend: Backend) -> None:
     name = backend.fresh_name()
     with Queue(state, name=name, interval=0.001) as queue:
         assert queue.add(lambda: "ran", group="bob").result(timeout=LONG) == "ran"
-        # other terms than the queue's group record (max_running=1): a shared record would refuse them
-        tenants = LimiterGroup(state, name=name, interval=3600)
+        # other terms than the queue's group record (max_running=1): a shared record would refuse them.
+        # (max_late=None: this is about names, not begins. A first turn woken late under load, its
+        # retimes answered late too, is given up, and the next comes an hour later: CI saw it once.)
+        tenants = LimiterGroup(state, name=name, interval=3600, max_late=None)
         tenants["group:bob"].acquire(timeout=LONG)
         assert queue.add(lambda: "again", group="bob").result(timeout=LONG) == "again"
-    nested = LimiterGroup(state, name=f"{name}:a", interval=3600)
+    nested = LimiterGroup(state, name=f"{name}:a", interval=3600, max_late=None)
     nested["b"].acquire(timeout=LONG)
     tenants["a:b"].acquire(timeout=0)  # its own record: free at once, though "G:a"'s "b" waits an hour
     assert tenants.keys() == ["a:b", "group:bob"]
