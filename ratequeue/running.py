@@ -200,8 +200,12 @@ class ShardRunner:
             raise no_fair_queues(state)
         self.clock = clock = driver.clock
         max_late = settings.max_late
-        #: the lateness checked: none where the state's clock is coarser than it
-        self.max_late = None if max_late is None or state.clock_resolution > max_late else max_late
+        #: whether the shard reads the state's clock by itself when its bounds are loose
+        self._reads_clock = state.reads_clock and state.local_now() is None
+        #: the lateness checked: none where the state's clock is coarser than it, unless the
+        #: shard can read that clock to bound its offset (MongoDB's ``hello``)
+        coarse = state.clock_resolution > (max_late or 0.0) and not self._reads_clock
+        self.max_late = None if max_late is None or coarse else max_late
         #: whether the state's clock is this one (a memory state's, read on ``time.monotonic``)
         self._same_clock = clock is time.monotonic and state.reads_monotonic and state.local_now() is not None
         if estimator is None:  # a memory state reads this process's own clock: it never steps against it
@@ -212,8 +216,8 @@ class ShardRunner:
             lead=settings.lead,
             max_late=self.max_late,
             estimator=estimator,
-            # only where lateness is checked (not on MongoDB: there, against secantusdb, the doubt
-            # halved the rate and left the late begins) and the offset is not read directly (exactly)
+            # only where lateness is checked and the offset is not read directly (exactly); on a
+            # state whose answers come slowly (MongoDB's), reads of its clock keep the doubt small
             doubting=self.max_late is not None and state.local_now() is None,
             margin=settings.margin,
             tokens=settings.tenant_max_running is not None,  # (a turn's place is found by its token)
@@ -430,7 +434,12 @@ class ShardRunner:
                     deadline = step.deadline  # type: ignore[union-attr]
                     yield Call(driver.wait_for_change, (wait(None if deadline is None else deadline - now),))
                 elif kind is SleepUntil:
-                    yield Call(driver.wait_for_change, (wait(step.until - now),))  # type: ignore[union-attr]
+                    until: float = step.until  # type: ignore[union-attr]
+                    if self._reads_clock and shard.wants_clock(now, until):
+                        yield from self._read_clock_flow()
+                        now = clock()
+                        continue
+                    yield Call(driver.wait_for_change, (wait(until - now),))
                 else:
                     at: BeginAt = step  # type: ignore[assignment]
                     yield Call(driver.wait_until, (at.until, at.spin, self.max_late is not None))
@@ -445,6 +454,20 @@ class ShardRunner:
             shard.abandon(place)
             self.changed()
         return (yield from fallback.turn_flow(self, place, since, attempt=attempt))
+
+    def _read_clock_flow(self) -> Flow[None]:
+        """Read the state's clock for a tighter bound of its offset (:meth:`Shard.wants_clock`).
+
+        A failed read is no failure of the caller's: its next operation meets the state's trouble.
+        """
+        clock = self.clock
+        sent = clock()
+        try:
+            state_now: int = yield Call(self.driver.call, (_read_clock, self.state))
+        except Exception:
+            self.shard.clock_read(sent, clock(), None)
+            return
+        self.shard.clock_read(sent, clock(), state_now)
 
     def why_no_turn_flow(self) -> Flow[str]:
         """What keeps turns from coming, as the end of a timeout's message; ``""`` if nothing known.
@@ -514,6 +537,11 @@ class ShardRunner:
 def _prepare(state: State | AsyncState) -> Any:
     """``state.prepare()``: a value, or a coroutine the asyncio driver awaits."""
     return state.prepare()
+
+
+def _read_clock(state: State | AsyncState) -> Any:
+    """``state.read_clock()``: a value, or a coroutine the asyncio driver awaits."""
+    return state.read_clock()
 
 
 def _unwatched() -> None:

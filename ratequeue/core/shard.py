@@ -22,6 +22,7 @@ state's answers carry state-clock times in microseconds, converted with the
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections import deque
 from typing import NamedTuple, Union
@@ -80,6 +81,13 @@ _LATE_CALLS = 2
 #: a new ticket told to wait while few answers bound the offset asks once more, halfway to its
 #: wake-up, if that is at least this far (s) away: one more bound before its start is converted
 _PROBE_FROM = 0.004
+#: a shard on a state that :attr:`~ratequeue.state.StateBase.reads_clock` reads it while it sleeps
+#: at least this long (s) beside the round-trip, and at most this often (s), if its offset's
+#: bounds lie further apart than the clock's grain and :data:`DOUBT_FREE`
+_CLOCK_READ_FROM = 0.004
+_CLOCK_READ_EVERY = 0.025
+#: the round-trip (s) of a read of the clock deemed slow: a slower one does not stop the next
+_CLOCK_READ_RTT = 0.001
 #: weight of the newest round-trip in the smoothed round-trip time
 _RTT_WEIGHT = 0.25
 
@@ -253,6 +261,10 @@ class Shard:
         #: local time of the answer that gave the slot; when to ask again for another offset bound
         self._asked: float | None = None
         self._probe_at: float | None = None
+        #: local time this shard last read the state's clock (:meth:`wants_clock`)
+        self._clock_read_at = -math.inf
+        #: the round-trip (s) of the latest read of the state's clock
+        self._clock_read_rtt = 0.0
         #: the cost and lead (us) of the call in flight
         self._call_cost = 1
         self._call_lead_us = 0
@@ -325,6 +337,34 @@ class Shard:
         lead = self._fixed_lead if self._fixed_lead is not None else self._jitter + 2 * (rtt or 0.0)
         #: how long before its slot the head reserves it (at most ``MAX_LEAD_US``)
         self.lead = min(lead, MAX_LEAD_US / US)
+
+    def wants_clock(self, now: float, until: float) -> bool:
+        """Whether to read the state's clock now, before sleeping until ``until``: its bounds are loose.
+
+        Loose bounds convert starts late and move the next start by as much
+        (the doubt); a read of the clock alone (a MongoDB ``hello``) is answered
+        at once and bounds the offset from above as tightly as its round-trip,
+        where an operation's answer comes after its work. Only for a
+        :attr:`doubting` shard with time to spare, at most every
+        :data:`_CLOCK_READ_EVERY`.
+        """
+        if not self.doubting or now - self._clock_read_at < _CLOCK_READ_EVERY:
+            return False
+        if until - now < _CLOCK_READ_FROM + (self._rtt or 0.0):
+            return False
+        # (at best, a read bounds the offset within the clock's grain and the read's round-trip)
+        best = self.estimator.resolution + min(self._clock_read_rtt, _CLOCK_READ_RTT)
+        return self.estimator.width(now) > best + DOUBT_FREE
+
+    def clock_read(self, sent: float, received: float, state_now_us: int | None) -> None:
+        """Take the state clock's ``state_now_us``, read by a call sent at ``sent``, answered at ``received``.
+
+        ``None``: the read failed (it is not tried again for :data:`_CLOCK_READ_EVERY`).
+        """
+        self._clock_read_at = received
+        if state_now_us is not None:
+            self._clock_read_rtt = rtt = max(0.0, received - sent)
+            self.estimator.bound(received, state_now_us / US, rtt)
 
     @property
     def retime_lead(self) -> float:

@@ -112,6 +112,9 @@ class MongoBackend(StateBase, Generic[ClientT]):
     #: ``$$NOW`` has whole milliseconds
     clock_resolution = 0.001
 
+    #: a ``hello`` answers with the server's ``localTime`` (the clock ``$$NOW`` reads), at once
+    reads_clock = True
+
     #: fair queues run in the update pipelines too (:mod:`.codec`, ``_FAIR_STAGES``)
     fair_queues = True
 
@@ -292,8 +295,14 @@ class MongoBackend(StateBase, Generic[ClientT]):
             return read_snapshot(rows[0], self._record_where(name))
         if fixed_us is not None:
             return Snapshot(record=None, now=fixed_us)
+        return Snapshot(record=None, now=(yield from self._read_clock_flow()))
+
+    def _read_clock_flow(self) -> Flow[int]:
+        fixed_us = self._fixed_now()
+        if fixed_us is not None:
+            return fixed_us
         hello: Document = yield from self._retried(self._client.admin.command, "hello")
-        return Snapshot(record=None, now=datetime_us(hello["localTime"]))
+        return datetime_us(hello["localTime"])
 
     def _reset_flow(self, name: str) -> Flow[bool]:
         result = yield from self._retried(self._collection.delete_one, {"_id": name})
