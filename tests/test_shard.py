@@ -1010,3 +1010,73 @@ def test_a_shard_not_doubting_moves_nothing() -> None:
     step = shard.step(shard.add(), now)
     assert isinstance(step, Operation)
     assert step.doubt_us == 0
+
+
+def _tight_shard() -> tuple[Shard, float]:
+    """A shard (20 ms, lead 45 ms: longer than the interval, as on a slow state) whose bound of the
+    state's clock (10 s behind) is tight: read by itself, with a 0.1 ms round-trip."""
+    shard = make_shard(0.02, lead=0.045, max_late=DEFAULT_MAX_LATE)
+    now = 100.0
+    shard.clock_read(now, now + 0.0001, round((now + 0.00005 - 10.0) * US))
+    return shard, now + 0.0001
+
+
+def _started_late(shard: Shard, job: Place, now: float, late: float, ticket: int) -> tuple[object, float]:
+    """Answer ``job``'s call (a start made as it arrived) ``late`` s later; the step that follows."""
+    step = shard.step(job, now)
+    assert is_step(step, "take_and_try")
+    state_now = round((now - 10.0) * US)
+    shard.receive(job, protocol.Started(ticket=ticket, start=state_now, now=state_now), now, now + late)
+    return step, now + late
+
+
+def test_a_start_answered_late_gives_the_next_starts_an_allowance() -> None:
+    """A start made as its call arrives is answered a return trip later. The first such answer is
+    retimed (and given up: with a lead over the interval the next ticket has started); from then
+    on each start moves the next by as much as answers came late (its doubt), and the turn it
+    gives may begin that much after max_late: it begins (G7 keeps its bound)."""
+    shard, now = _tight_shard()
+    job = shard.add()
+    first, now = _started_late(shard, job, now, 0.005, ticket=1)
+    assert isinstance(first, Operation)
+    assert first.doubt_us == round(DEFAULT_MAX_LATE * US)  # the margin alone: no allowance yet
+    retime = shard.step(job, now)
+    assert is_step(retime, "retime")
+    shard.receive(job, protocol.Passed(ticket=1, pos=2, now=round((now - 10.0) * US)), now, now + 0.0001)
+    now += 0.0001
+    second, now = _started_late(shard, job, now, 0.004, ticket=3)
+    assert isinstance(second, Operation)
+    # (late by 5 ms less the read's round-trip at most, as the start converts with its bound)
+    allowance_us = round((0.005 - 0.0001 - DEFAULT_MAX_LATE) * US)
+    assert second.doubt_us >= round(DEFAULT_MAX_LATE * US) + allowance_us
+    assert isinstance(shard.step(job, now), Begin)
+
+
+def test_the_allowance_fades_once_answers_come_before_their_starts() -> None:
+    """Nine starting answers in a row that come before their starts: the next start carries the
+    margin alone again, and a late begin is retimed again."""
+    shard, now = _tight_shard()
+    job = shard.add()
+    _started_late(shard, job, now, 0.005, ticket=1)
+    now += 0.005
+    assert is_step(shard.step(job, now), "retime")
+    shard.receive(job, protocol.Passed(ticket=1, pos=2, now=round((now - 10.0) * US)), now, now)
+    for ticket in range(3, 12):
+        step = shard.step(job, now)
+        assert is_step(step, "take_and_try")
+        assert isinstance(step, Operation)
+        if ticket == 3:  # the late answer's allowance, before the answers that come in time
+            assert step.doubt_us >= round((0.005 - 0.0001) * US)
+        state_now = round((now - 10.0) * US)
+        started = protocol.Started(ticket=ticket, start=state_now + 10_000, now=state_now)  # 10 ms ahead
+        shard.receive(job, started, now, now + 0.001)
+        now += 0.001
+        while not isinstance(step := shard.step(job, now), Begin):
+            assert isinstance(step, BeginAt)
+            now = step.until
+        job = shard.add()
+        now += 0.05
+    last = shard.step(job, now)
+    assert isinstance(last, Operation)
+    # the margin and the bounds' width less DOUBT_FREE (they aged), not the 4.7 ms allowance
+    assert last.doubt_us < round(DEFAULT_MAX_LATE * US) + 1000

@@ -88,6 +88,8 @@ _CLOCK_READ_FROM = 0.004
 _CLOCK_READ_EVERY = 0.025
 #: the round-trip (s) of a read of the clock deemed slow: a slower one does not stop the next
 _CLOCK_READ_RTT = 0.001
+#: how many recent started answers the allowance for late answers looks back over
+_LATE_ANSWERS = 9
 #: weight of the newest round-trip in the smoothed round-trip time
 _RTT_WEIGHT = 0.25
 
@@ -144,6 +146,9 @@ class Place:
     #: how much earlier (s) than ``turn.local_start`` the start may truly have been: the
     #: round-trip of the answer that started it, when that was the first offset bound; else 0
     doubt = 0.0
+    #: how much later (s) than ``max_late`` the started turn may begin: what its start moved the
+    #: next one by for answers that come after their start (:meth:`Shard._allowance_us`)
+    allowance = 0.0
     #: set on the turn that rejoins a state that was down (``ratequeue.fallback``): from the state only
     rejoin = False
     #: a fair queue's tenant of the caller, its weight, and its place in the shard's fair order
@@ -248,6 +253,10 @@ class Shard:
         self._paused = False
         #: how late recent sleeps before a begin woke up (s)
         self._wake_lateness: deque[float] = deque(maxlen=_WAKE_SAMPLES)
+        #: how long (s) after their converted start recent starting answers came (0: before it)
+        self._late_answers: deque[float] = deque(maxlen=_LATE_ANSWERS)
+        #: the late-answer allowance (us) the call in flight carries in its doubt
+        self._call_allowance_us = 0
         #: the ticket held, the cost it was taken for, the local time of its slot if known, and
         #: whether that slot is a time to ask again (a paused or full record's answer) rather than a start
         self._ticket: int | None = None
@@ -555,7 +564,34 @@ class Shard:
         if not self.doubting:
             return margin
         excess = self.estimator.width(now) - DOUBT_FREE
-        return margin if excess <= 0 else min(round(excess * US) + margin, MAX_DOUBT_US)
+        doubt = margin if excess <= 0 else min(round(excess * US) + margin, MAX_DOUBT_US)
+        allowance = min(self._allowance_us(), MAX_DOUBT_US - doubt)
+        self._call_allowance_us = allowance
+        return doubt + allowance
+
+    def _allowance_us(self) -> int:
+        """How much later (us) than ``max_late`` recent starting answers came after their start.
+
+        A start made as the call arrives (its slot had come) is answered a
+        return trip later: on a slow state (MongoDB) later than ``max_late``.
+        Moving the start is then no help where leads exceed the interval (the
+        next ticket has started already), and giving turns up feeds itself
+        (each freed slot is started as the next call arrives). So a start
+        also moves the next one by as much as recent answers came late, and
+        its turn may begin that much later (G7 holds: ``Place.allowance``).
+        0 where answers come before their starts.
+        """
+        if not self._late_answers or self.max_late is None:
+            return 0
+        late = max(self._late_answers) - self.max_late
+        return round(late * US) if late > _RESOLUTION else 0
+
+    def _answered(self, place: Place, turn: Turn, received: float) -> None:
+        """Note how late after ``turn``'s start its answer came, and the allowance its start carried."""
+        place.allowance = self._call_allowance_us / US
+        if self.doubting:
+            late = received - turn.local_start
+            self._late_answers.append(late if late > 0.0 else 0.0)
 
     def _started_step(self, place: Place, turn: Turn, now: float) -> Step | None:
         """The step of a place holding a started turn; ``None`` once it has given the turn up."""
@@ -580,7 +616,7 @@ class Shard:
         if (
             self.max_late is None
             or place.begins_late
-            or (not doubted and lateness <= self.max_late + _RESOLUTION)
+            or (not doubted and lateness <= self.max_late + place.allowance + _RESOLUTION)
         ):
             return self._begin(turn, now)
         # Too late: a late begin shortens the gap to the next one (G7). Move the start later
@@ -662,6 +698,7 @@ class Shard:
             if isinstance(answer, Started):
                 place.turn = self._turn(answer, offset, sent, place.turn.token, place.turn.cost)
                 place.doubt = doubt
+                self._answered(place, place.turn, received)
             elif self.burst > 1:
                 place.begins_late = True
             else:
@@ -679,6 +716,7 @@ class Shard:
                 self._fair_order.serve(head.tag)
             head.turn = self._turn(answer, offset, sent, self._token, self._call_cost)
             head.doubt = doubt
+            self._answered(head, head.turn, received)
             self._holder = head
         elif trying:  # a try_take that did not start took no ticket: the try is over
             if isinstance(answer, Wait):
