@@ -201,7 +201,7 @@ class ShardRunner:
         self.clock = clock = driver.clock
         max_late = settings.max_late
         #: whether the shard reads the state's clock by itself when its bounds are loose
-        self._reads_clock = state.reads_clock and state.local_now() is None
+        self._reads_clock = getattr(state, "reads_clock", False) and state.local_now() is None
         #: the lateness checked: none where the state's clock is coarser than it, unless the
         #: shard can read that clock to bound its offset (MongoDB's ``hello``)
         coarse = state.clock_resolution > (max_late or 0.0) and not self._reads_clock

@@ -1080,3 +1080,26 @@ def test_the_allowance_fades_once_answers_come_before_their_starts() -> None:
     assert isinstance(last, Operation)
     # the margin and the bounds' width less DOUBT_FREE (they aged), not the 4.7 ms allowance
     assert last.doubt_us < round(DEFAULT_MAX_LATE * US) + 1000
+
+
+def test_while_late_starts_can_be_moved_no_start_carries_an_allowance() -> None:
+    """Where a late answer's turn is still the latest start (a fast state, a lead under the
+    interval), its retime succeeds: the start is moved once, and the next starts carry no
+    allowance (the allowance is for states where retimes fail)."""
+    shard, now = _tight_shard()
+    job = shard.add()
+    _started_late(shard, job, now, 0.005, ticket=1)
+    now += 0.005
+    retime = shard.step(job, now)
+    assert is_step(retime, "retime")
+    assert isinstance(retime, Operation)
+    state_now = round((now - 10.0) * US)
+    moved = protocol.Started(ticket=1, start=state_now + retime.lead_us, now=state_now)
+    shard.receive(job, moved, now, now + 0.0001)
+    now += 0.0001
+    while not isinstance(step := shard.step(job, now), Begin):
+        assert isinstance(step, BeginAt)
+        now = step.until
+    step = shard.step(shard.add(), now + 0.05)
+    assert isinstance(step, Operation)
+    assert step.doubt_us < round(DEFAULT_MAX_LATE * US) + 1000  # no 4.7 ms allowance

@@ -255,6 +255,8 @@ class Shard:
         self._wake_lateness: deque[float] = deque(maxlen=_WAKE_SAMPLES)
         #: how long (s) after their converted start recent starting answers came (0: before it)
         self._late_answers: deque[float] = deque(maxlen=_LATE_ANSWERS)
+        #: whether each of the recent retimes failed (the turn was not the latest start any more)
+        self._retimes_failed: deque[bool] = deque(maxlen=_LATE_ANSWERS)
         #: the late-answer allowance (us) the call in flight carries in its doubt
         self._call_allowance_us = 0
         #: the ticket held, the cost it was taken for, the local time of its slot if known, and
@@ -579,9 +581,14 @@ class Shard:
         (each freed slot is started as the next call arrives). So a start
         also moves the next one by as much as recent answers came late, and
         its turn may begin that much later (G7 holds: ``Place.allowance``).
-        0 where answers come before their starts.
+        0 where answers come before their starts; 0 too while none of the
+        last 9 retimes failed and the round-trip is under a quarter of the
+        interval: where a late turn's start can still be moved (a fast
+        state), it is moved once rather than every start moving the next.
         """
         if not self._late_answers or self.max_late is None:
+            return 0
+        if not any(self._retimes_failed) and 4 * (self._rtt or 0.0) < self.interval:
             return 0
         late = max(self._late_answers) - self.max_late
         return round(late * US) if late > _RESOLUTION else 0
@@ -695,6 +702,7 @@ class Shard:
             self._retiming = False
             if self._holder is not place or place.turn is None:
                 return  # the turn was abandoned meanwhile
+            self._retimes_failed.append(not isinstance(answer, Started))
             if isinstance(answer, Started):
                 place.turn = self._turn(answer, offset, sent, place.turn.token, place.turn.cost)
                 place.doubt = doubt
