@@ -155,7 +155,7 @@ def _check_no_stall(starts: list[Start], *, holders: int, given_up: set[int] = f
 
 def test_steady_processes_keep_the_interval(shared_backend: Backend) -> None:
     url, name = shared_backend.url, shared_backend.fresh_name()
-    fleet = Fleet(url, name, INTERVAL, [Spec(jobs=JOBS)] * PROCESSES)
+    fleet = Fleet(url, name, INTERVAL, [Spec(jobs=JOBS, reports_given_up=True)] * PROCESSES)
     try:
         starts, other = _run(fleet)
         exitcodes = fleet.join()
@@ -193,7 +193,9 @@ def test_sigkill_of_one_process_costs_the_others_at_most_one_interval(shared_bac
     """
     url, name = shared_backend.url, shared_backend.fresh_name()
     victim = 0
-    specs = [Spec(jobs=JOBS, threads=JOBS)] + [Spec(jobs=JOBS)] * (PROCESSES - 1)
+    specs = [Spec(jobs=JOBS, threads=JOBS, reports_given_up=True)] + [
+        Spec(jobs=JOBS, reports_given_up=True)
+    ] * (PROCESSES - 1)
     fleet = Fleet(url, name, INTERVAL, specs)
     killed_at: list[int] = []
 
@@ -250,7 +252,9 @@ def test_pause_holds_waiting_jobs_and_resume_runs_them(shared_backend: Backend) 
     """
     url, name = shared_backend.url, shared_backend.fresh_name()
     pauser = 0
-    specs = [Spec(jobs=JOBS, threads=JOBS, controlled=True)] + [Spec(jobs=JOBS)] * (PROCESSES - 1)
+    specs = [Spec(jobs=JOBS, threads=JOBS, controlled=True, reports_given_up=True)] + [
+        Spec(jobs=JOBS, reports_given_up=True)
+    ] * (PROCESSES - 1)
     fleet = Fleet(url, name, INTERVAL, specs)
     starts: list[Start] = []
     other: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
