@@ -19,6 +19,7 @@ from asyncio import CancelledError
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from operator import methodcaller
 from typing import Any, Protocol, TypeVar, overload
 
 from ._redact import redact
@@ -318,7 +319,7 @@ class ShardRunner:
             # tried again before the next call.
             started = clock()
             try:
-                yield Call(self.driver.call, (_prepare, self.state))
+                yield Call(self.driver.call, (methodcaller("prepare"), self.state))
             except Exception as exc:
                 if reporter.calls:
                     reporter.call_failed(op, exc, clock() - started)
@@ -463,7 +464,7 @@ class ShardRunner:
         clock = self.clock
         sent = clock()
         try:
-            state_now: int = yield Call(self.driver.call, (_read_clock, self.state))
+            state_now: int = yield Call(self.driver.call, (methodcaller("read_clock"), self.state))
         except Exception:
             self.shard.clock_read(sent, clock(), None)
             return
@@ -532,16 +533,6 @@ class ShardRunner:
         """A call naming ``token`` was answered after its caller was cancelled: its lease goes back."""
         if isinstance(answer, Started):
             self.end(answer.ticket, token)
-
-
-def _prepare(state: State | AsyncState) -> Any:
-    """``state.prepare()``: a value, or a coroutine the asyncio driver awaits."""
-    return state.prepare()
-
-
-def _read_clock(state: State | AsyncState) -> Any:
-    """``state.read_clock()``: a value, or a coroutine the asyncio driver awaits."""
-    return state.read_clock()
 
 
 def _unwatched() -> None:

@@ -515,7 +515,7 @@ class Shard:
                     place.cost,
                     False,
                     self._next_token,
-                    self._doubt_us(now) if self.doubting else self.margin_us,
+                    self._call_move_us(now) if self.doubting else self.margin_us,
                     place.tenant,
                     place.weight,
                 ),
@@ -545,11 +545,24 @@ class Shard:
                 self._ticket_cost,
                 False,
                 self._token,
-                self._doubt_us(now) if self.doubting else self.margin_us,
+                self._call_move_us(now) if self.doubting else self.margin_us,
                 "",
                 1,
             ),
         )
+
+    def _call_move_us(self, now: float) -> int:
+        """How much (us) a start asked now moves the next one; notes the allowance it carries.
+
+        Its doubt and margin (:meth:`_doubt_us`), plus the late-answer
+        allowance (:meth:`_allowance_us`), which :meth:`_answered` reads back
+        as the started place's. Only the :attr:`margin_us` where not :attr:`doubting`.
+        """
+        if not self.doubting:
+            return self.margin_us
+        doubt = self._doubt_us(now)
+        self._call_allowance_us = min(self._allowance_us(), MAX_DOUBT_US - doubt)
+        return doubt + self._call_allowance_us
 
     def _doubt_us(self, now: float) -> int:
         """How much (us) a start made now moves the next one, for this shard's doubt of the state's clock.
@@ -559,17 +572,11 @@ class Shard:
         :data:`DOUBT_FREE`, the next start waits that much longer, so that
         the next begin, in any process, comes an interval after this one
         (G7, docs/design.md "Doubt"); plus the :attr:`margin_us` every start
-        adds. No doubt with a burst, whose begins are
-        not spaced, nor when not :attr:`doubting`.
+        adds. A :attr:`doubting` shard's only (there is no doubt with a
+        burst, whose begins are not spaced).
         """
-        margin = self.margin_us
-        if not self.doubting:
-            return margin
         excess = self.estimator.width(now) - DOUBT_FREE
-        doubt = margin if excess <= 0 else min(round(excess * US) + margin, MAX_DOUBT_US)
-        allowance = min(self._allowance_us(), MAX_DOUBT_US - doubt)
-        self._call_allowance_us = allowance
-        return doubt + allowance
+        return self.margin_us if excess <= 0 else min(round(excess * US) + self.margin_us, MAX_DOUBT_US)
 
     def _allowance_us(self) -> int:
         """How much later (us) than ``max_late`` recent starting answers came after their start.
@@ -638,7 +645,7 @@ class Shard:
                 self.terms,
                 turn.ticket,
                 round(self.retime_lead * US),
-                doubt_us=self._doubt_us(now),
+                doubt_us=self._call_move_us(now),
             )
         if self.burst > 1:
             return self._begin(turn, now)

@@ -295,13 +295,16 @@ class MongoBackend(StateBase, Generic[ClientT]):
             return read_snapshot(rows[0], self._record_where(name))
         if fixed_us is not None:
             return Snapshot(record=None, now=fixed_us)
-        return Snapshot(record=None, now=(yield from self._read_clock_flow()))
+        hello: Document = yield from self._retried(self._client.admin.command, "hello")
+        return Snapshot(record=None, now=datetime_us(hello["localTime"]))
 
     def _read_clock_flow(self) -> Flow[int]:
+        # one attempt, never retried: a shard reads the clock only to tighten its bounds, and a
+        # read held for seconds of backoff in an outage would hold its caller for nothing
         fixed_us = self._fixed_now()
         if fixed_us is not None:
             return fixed_us
-        hello: Document = yield from self._retried(self._client.admin.command, "hello")
+        hello: Document = yield Call(self._client.admin.command, ("hello",))
         return datetime_us(hello["localTime"])
 
     def _reset_flow(self, name: str) -> Flow[bool]:
