@@ -126,7 +126,9 @@ class Event(NamedTuple):
     ``"late"``            a started turn woke more than ``max_late`` after its start (G7):
                           ``ticket``, ``lateness``, ``outcome`` (``"moved"``: its start was moved
                           later; ``"given_up"``: the turn was given up for a new ticket;
-                          ``"begun"``: a queue with a burst begins it late)
+                          ``"begun"``: a queue with a burst begins it late; ``"sent"``: its
+                          call went out that late, :meth:`~ratequeue.Limiter.sent`, and the
+                          queue was held)
     ``"retry"``           a queue's job failed and will be tried again: ``error``, ``attempt``,
                           ``wait`` (its backoff)
     ``"dead_letter"``     a queue's job failed for good (its retries ran out, or its error is not

@@ -220,6 +220,23 @@ class Limiter(LimiterBase):
         """
         return run(self._heed_flow(headers, status))
 
+    def sent(self, turn: Turn) -> bool:
+        """Tell the fleet that ``turn``'s call has just gone out; a late one holds the queue an interval.
+
+        Call it right after the request is written (before reading its
+        answer). :meth:`acquire` returns within ``max_late`` of the turn's
+        start, but a process can be descheduled after that, before its
+        request leaves; the next turn, on time, would then reach the service
+        less than an interval after this one. If the call went out more than
+        ``max_late`` after the start, the whole queue is held for an interval
+        (and the margin) from now: one call to the state. Otherwise no call
+        is made. Nothing is done with a burst, or with ``max_late=None``,
+        whose begins are not spaced. Returns whether the queue was held
+        (further); a hold the state could not take is logged, not raised, as
+        the call has gone out already (docs/design.md, "Late sends").
+        """
+        return run(self._sent_flow(turn))
+
     def settle(self, turn: Turn, cost: int) -> bool:
         """Tell the fleet what ``turn``'s call really cost: an overrun moves later starts on, a refund back.
 

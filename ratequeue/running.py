@@ -78,6 +78,8 @@ _PAIR_TRIES = 3
 _log = logging.getLogger("ratequeue.limiter")
 _HELD = "queue %r held everywhere for %.3f s (asked by: %s)"
 _SETTLED = "queue %r: ticket %d, taken for cost %d, settled at %d; later starts moved"
+_SENT_LATE = "queue %r: ticket %d's call went out %d us after its start, more than max_late: queue held"
+_SENT_NOT_HELD = "queue %r: ticket %d's call went out %d us after its start; the queue could not be held (%s)"
 _SLOWED = "queue %r slowed down everywhere (asked by: %s); it recovers while no refusal comes"
 
 
@@ -709,6 +711,36 @@ class LimiterBase:
                     runner.shard.ask_again()
                     runner.changed()
         return moved
+
+    def _sent_flow(self, turn: Turn) -> Flow[bool]:
+        """Hold the queue from a send later than ``max_late`` after ``turn``'s start (a call then only).
+
+        The next start then comes at least an interval less ``max_late``
+        (plus the margin) after this send, as G7 spaces begins: the hold is
+        counted from the state's now as the call arrives, later than the
+        send. A hold not written is logged and answered ``False``: the call
+        went out already.
+        """
+        if not isinstance(turn, Turn):
+            raise ConfigurationError(f"sent() takes the Turn acquire() returned, got {type(turn).__name__}")
+        runner, settings = self._runner, self.settings
+        late, max_late = runner.clock() - turn.local_start, settings.max_late
+        if max_late is None or late <= max_late or settings.burst > 1 or turn.ticket == LOCAL_TICKET:
+            return False
+        # G7 spaces begins an interval less max_late apart: a late send is held to the same
+        lead_us = min(settings.terms.interval_us + runner.shard.margin_us - round(max_late * US), MAX_HOLD_US)
+        if lead_us <= 0:
+            return False
+        op = Operation("hold", self.name, settings.terms, lead_us=lead_us)
+        try:
+            grew = bool((yield Call(runner.state.execute, (op,))))
+        except StateUnavailable as exc:
+            _log.warning(_SENT_NOT_HELD, self.name, turn.ticket, round(late * US), exc)
+            return False
+        if runner.reporter.on:
+            runner.reporter.emit(Event("late", self.name, turn.ticket, lateness=late, outcome="sent"))
+        _log.debug(_SENT_LATE, self.name, turn.ticket, round(late * US))
+        return grew
 
     def _lift_hold_flow(self) -> Flow[bool]:
         """Lift the queue's hold (one call): whether one was on. This shard's head asks again at once."""

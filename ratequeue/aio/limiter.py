@@ -153,6 +153,10 @@ class Limiter(LimiterBase):
         """Hold the whole queue if a service's answer asks (see :meth:`ratequeue.Limiter.heed`)."""
         return await arun(self._heed_flow(headers, status))
 
+    async def sent(self, turn: Turn) -> bool:
+        """Tell the fleet that ``turn``'s call has just gone out (see :meth:`ratequeue.Limiter.sent`)."""
+        return await arun(self._sent_flow(turn))
+
     async def settle(self, turn: Turn, cost: int) -> bool:
         """Tell the fleet what ``turn``'s call really cost (see :meth:`ratequeue.Limiter.settle`)."""
         return await arun(self._settle_flow(turn, cost))
