@@ -133,6 +133,8 @@ from referee import Referee, RefereeClient, RefereeStats  # noqa: E402
 
 #: the peers of peers.py measured here (ratequeue itself is measured on each state)
 PEERS = [p for p in peers.PEERS if p != "ratequeue"]
+#: ratequeue, its workers telling it each request's send (``Limiter.sent``): ``--sent``
+SENT = "ratequeue+sent"
 #: the states ratequeue can be measured on (``--states``), and those measured by default
 STATES = ["redis", "file", "postgresql", "mongodb"]
 DEFAULT_STATES = ["redis", "file"]
@@ -224,7 +226,7 @@ class Task:
 
 def _acquirer(task: Task) -> Callable[[float], Any]:
     """``acquire(end)``: block until this process's next turn (``TimeoutError`` past ``end``)."""
-    if task.limiter == "ratequeue":
+    if task.limiter.startswith("ratequeue"):
         import ratequeue
 
         limiter = ratequeue.Limiter(task.url, name=task.key, interval=task.interval, margin=0)
@@ -233,6 +235,7 @@ def _acquirer(task: Task) -> Callable[[float], Any]:
         def acquire(end: float) -> Any:
             return limiter.acquire(timeout=max(0.0, end - time.monotonic()))
 
+        acquire.sent = limiter.sent  # type: ignore[attr-defined]
         return acquire
     if task.limiter.startswith("throttled-py"):
         return _throttled(task, own_sleep=task.limiter.endswith("/sleep"))
@@ -274,6 +277,7 @@ def worker(index: int, task: Task, gate: Gate) -> dict[str, Any]:
     statuses: list[int] = []
     timed_out = False
     calls_cpu = 0.0
+    held = 0
     cpu = time.process_time()
     for k in range(task.count):
         try:
@@ -283,7 +287,12 @@ def worker(index: int, task: Task, gate: Gate) -> dict[str, Any]:
             break
         begin = time.monotonic()
         before_call = time.process_time()
-        statuses.append(client.call(f"p{index}.{k}"))
+        if task.limiter == SENT:  # the request written, then the limiter told, then the answer read
+            client.send(f"p{index}.{k}")
+            held += acquire.sent(turn)  # type: ignore[attr-defined]
+            statuses.append(client.answer())
+        else:
+            statuses.append(client.call(f"p{index}.{k}"))
         calls_cpu += time.process_time() - before_call
         begins.append(begin)
         planned.append(float(turn.local_start) if turn is not None else math.nan)
@@ -301,6 +310,7 @@ def worker(index: int, task: Task, gate: Gate) -> dict[str, Any]:
         "statuses": statuses,
         "cpu": cpu,
         "calls_cpu": calls_cpu,
+        "held": held,
         "offset": offset,
         "timed_out": timed_out,
         "ratequeue_file": ratequeue.__file__,
@@ -348,6 +358,8 @@ class Row:
     #: limiter CPU per start, all worker processes (referee calls excluded)
     cpu_per_start: float
     calls_cpu_per_call: float
+    #: ``--sent`` rows: how many sends came later than ``max_late`` and held the queue
+    held: int
     #: arrival at the referee minus begin
     transit_p50: float
     transit_p99: float
@@ -451,6 +463,7 @@ def analyse(
         mapping_spread_max=max(mapping) - min(mapping) if mapping else math.nan,
         cpu_per_start=cpu / max(1, len(begins)),
         calls_cpu_per_call=sum(r["calls_cpu"] for r in results) / max(1, len(statuses)),
+        held=sum(r.get("held", 0) for r in results),
         transit_p50=_nan_percentile(transits, 50),
         transit_p99=_nan_percentile(transits, 99),
         transit_max=max(transits) if transits else math.nan,
@@ -503,7 +516,7 @@ def run_row(
         )
         for _ in range(args.procs)
     ]
-    if limiter == "ratequeue":  # create the record (and load Redis's scripts) outside the measurement
+    if limiter.startswith("ratequeue"):  # the record (and Redis's scripts) made before the measurement
         prepare_queue(url, key, interval)
     started: list[float] = []
 
@@ -544,7 +557,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
         settings = "; ".join(
             f"{r.limiter} {r.setting}"
             for r in chosen
-            if r.limiter != "ratequeue" and abs(r.interval - (1 / rate + args.margin)) > 1e-9
+            if not r.limiter.startswith("ratequeue") and abs(r.interval - (1 / rate + args.margin)) > 1e-9
         )
         head = (
             f"**{args.procs} processes, R = {rate:g} starts/s.** Referee: interval exactly "
@@ -659,7 +672,7 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
         f"between `Turn.local_start`s {ms(r.planned_gap_min)}; spread of `local_start` - state start "
         f"(p99 - p1) {ms(r.mapping_spread_p98)}, (max - min) {ms(r.mapping_spread_max)}"
         for r in rows
-        if r.limiter == "ratequeue" and not math.isnan(r.state_gap_min)
+        if r.limiter.startswith("ratequeue") and not math.isnan(r.state_gap_min)
     ]
     if plans:
         out.append(
@@ -681,6 +694,13 @@ def report(rows: list[Row], args: argparse.Namespace) -> str:
         + ".\n\nCPU µs/start is the workers' CPU time (all processes) per start, without the referee "
         "calls; those took " + ", ".join(cpu) + f" µs of CPU per call (at {rows[0].rate:g}/s)."
     )
+    held = [f"{r.state} at {r.rate:g}/s {r.held} of {r.starts}" for r in rows if r.limiter == SENT]
+    if held:
+        out.append(
+            f"`{SENT}`: sends later than `max_late` after their start, each holding the queue: "
+            + "; ".join(held)
+            + "."
+        )
     return "\n\n".join(out)
 
 
@@ -800,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--postgresql-url", help="use this PostgreSQL instead of starting a cluster of our own (initdb)"
     )
+    parser.add_argument(
+        "--sent",
+        action="store_true",
+        help=f"also rows '{SENT}': each worker calls Limiter.sent(turn) once its request is written",
+    )
     parser.add_argument("--peers", default=",".join(PEERS), help=f"which peers ({','.join(PEERS)}; '' none)")
     add_common(
         parser,
@@ -840,7 +865,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = [
         (rate, count, limiter, state)
         for rate, count in zip(rates, counts, strict=True)
-        for limiter, state in [("ratequeue", s) for s in states] + [(p, "redis") for p in chosen_peers]
+        for limiter, state in [("ratequeue", s) for s in states]
+        + [(SENT, s) for s in states if args.sent]
+        + [(p, "redis") for p in chosen_peers]
     ]
     timestamps = ""
     try:

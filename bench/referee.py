@@ -705,6 +705,22 @@ class RefereeClient:
                     raise
         raise AssertionError("unreachable")
 
+    def send(self, who: str | None = None) -> None:
+        """Write a ``/call`` request (tagged ``who``) and return at once; :meth:`answer` reads its status.
+
+        For a caller that acts between its request leaving and the answer
+        (ratequeue's ``Limiter.sent``). Not retried, unlike :meth:`call`.
+        """
+        path = "/call" if who is None else f"/call?who={quote(who, safe='')}"
+        self._connection().request("GET", path)
+
+    def answer(self) -> int:
+        """The HTTP status of the request :meth:`send` wrote (its body read)."""
+        conn = self._connection()
+        response = conn.getresponse()
+        response.read()
+        return response.status
+
     def close(self) -> None:
         """Close this process's connection (a later call opens a new one)."""
         if self._conn is not None and self._pid == os.getpid():
