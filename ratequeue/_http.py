@@ -111,12 +111,16 @@ def exchange(
     headers: Callable[[A], HeadersLike],
     close: Callable[[A], Any],
     replayable: Callable[[R], bool],
+    told: Callable[[R, Callable[[], Any]], R] | None = None,
 ) -> Flow[A]:
     """Send ``request`` at its turn, heed the answer, send a refused one again if ``choice`` allows.
 
     ``send`` sends the request and returns the answer; ``status``,
     ``headers`` and ``close`` read and close an answer; ``replayable`` says
-    whether the request's body can be sent again. A limiter with
+    whether the request's body can be sent again; ``told``, where the
+    client has a moment between writing a request and reading its answer,
+    returns the request set to call its argument then (the turn's
+    :meth:`~ratequeue.Limiter.sent`). A limiter with
     ``max_running`` has its place given back once the answer's headers are
     in, or the send failed (a failed release must not lose the answer: the
     lease expires). The state failing to heed an answer is logged, and the
@@ -128,8 +132,9 @@ def exchange(
         tries += 1
         turn = yield Call(functools.partial(limiter.acquire, timeout, cost=cost))
         held = ((turn.ticket, turn.token),)
+        sending = request if told is None else told(request, functools.partial(limiter.sent, turn))
         try:
-            answer: A = yield Call(send, (request,))
+            answer: A = yield Call(send, (sending,))
         except BaseException:
             if limiter.holds_places:
                 yield Call(limiter._release_quietly, held)

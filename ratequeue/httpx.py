@@ -15,6 +15,14 @@ can be sent again (bytes in memory, not a stream); the last response is
 returned either way. A limiter with ``max_running`` has its
 place given back once the response's headers are in (a streamed body is
 read after that). docs/feedback.md.
+
+Once a request is written (httpcore's ``trace`` extension: its body sent),
+the transport calls the turn's :meth:`~ratequeue.Limiter.sent`: a request
+written later than ``max_late`` after its turn's start (the process was
+descheduled meanwhile) holds the queue, so that the next one comes an
+interval after it. A ``trace`` of the request's own is still called. A
+wrapped transport that is not httpcore's sends no such event, and nothing
+is held.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ class Transport(httpx.BaseTransport):
                 headers=_headers,
                 close=httpx.Response.close,
                 replayable=_replayable,
+                told=_told,
             )
         )
 
@@ -106,6 +115,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 headers=_headers,
                 close=httpx.Response.aclose,
                 replayable=_replayable,
+                told=_told_async,
             )
         )
 
@@ -125,3 +135,44 @@ def _headers(response: httpx.Response) -> httpx.Headers:
 def _replayable(request: httpx.Request) -> bool:
     """Whether ``request`` can be sent again: its body is bytes in memory, not a stream already read."""
     return isinstance(request.stream, httpx.ByteStream)
+
+
+#: the end of httpcore's trace event once a request's body is written (``http11.``, ``http2.``)
+_WRITTEN = ".send_request_body.complete"
+
+
+class _SentTrace:
+    """httpcore's ``trace`` extension: ``sent()`` once the request is written; the request's own trace too."""
+
+    def __init__(self, sent: Callable[[], Any], own: Any) -> None:
+        self.sent = sent
+        #: the request's own trace (a request sent again keeps its own, not the last try's hook)
+        self.own: Any = own.own if isinstance(own, _SentTrace) else own
+
+    def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name.endswith(_WRITTEN):
+            self.sent()
+        if self.own is not None:
+            self.own(name, info)
+
+
+class _AsyncSentTrace(_SentTrace):
+    """:class:`_SentTrace` for the asyncio transport: httpcore awaits it."""
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:  # type: ignore[override]
+        if name.endswith(_WRITTEN):
+            await self.sent()
+        if self.own is not None:
+            await self.own(name, info)
+
+
+def _told(request: httpx.Request, sent: Callable[[], Any]) -> httpx.Request:
+    """``request``, set to call ``sent()`` once written (see the module's docstring)."""
+    request.extensions["trace"] = _SentTrace(sent, request.extensions.get("trace"))
+    return request
+
+
+def _told_async(request: httpx.Request, sent: Callable[[], Any]) -> httpx.Request:
+    """As :func:`_told`, for the asyncio transport."""
+    request.extensions["trace"] = _AsyncSentTrace(sent, request.extensions.get("trace"))
+    return request

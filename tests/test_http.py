@@ -11,8 +11,10 @@ before it has run out.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import closing
@@ -22,6 +24,7 @@ import httpx
 import pytest
 
 import ratequeue
+import ratequeue.aio
 import ratequeue.httpx
 from ratequeue import ConfigurationError
 
@@ -165,3 +168,67 @@ def test_a_refusal_with_an_unreadable_wait_is_refused_when_made() -> None:
     with pytest.raises(ConfigurationError, match="retry_after"):
         ratequeue.RateLimited(retry_after=-1)
     assert ratequeue.RateLimited(retry_after=2).retry_after == 2
+
+
+class _Descheduled(httpx.BaseTransport):
+    """httpx's own transport, after ``delay`` s: the fault of a process descheduled before its write."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.inner = delay, httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        time.sleep(self.delay)  # the injected fault, not a wait for anything
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _AsyncDescheduled(httpx.AsyncBaseTransport):
+    """:class:`_Descheduled` for ``httpx.AsyncClient``."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.inner = delay, httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(self.delay)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1], ids=["in-time", "100-ms-late"])
+def test_httpx_tells_the_limiter_when_a_request_is_written(referee: QuotaReferee, delay: float) -> None:
+    """A request written 100 ms after its turn's start holds the queue; one in time holds nothing.
+
+    The request's own ``trace`` still sees every event.
+    """
+    referee.reset(phases=((100.0, 100.0),), window=1.0)
+    seen: list[str] = []
+    limiter = ratequeue.Limiter("memory://", name=f"written-{delay}", interval=0.5, max_late=0.04)
+    with (
+        closing(limiter),
+        httpx.Client(transport=ratequeue.httpx.Transport(limiter, _Descheduled(delay))) as http,
+    ):
+        answer = http.get(f"{referee.url}/call", extensions={"trace": lambda name, info: seen.append(name)})
+        assert answer.status_code == 200
+        held = limiter.status().held_until
+    assert "http11.send_request_body.complete" in seen, seen
+    assert (held is not None) == (delay > 0), f"held until {held} for a request {delay * 1000:g} ms late"
+
+
+def test_the_async_httpx_transport_holds_after_a_late_write(referee: QuotaReferee) -> None:
+    referee.reset(phases=((100.0, 100.0),), window=1.0)
+
+    async def main() -> float | None:
+        limiter = ratequeue.aio.Limiter("memory://", name="written-async", interval=0.5, max_late=0.04)
+        transport = ratequeue.httpx.AsyncTransport(limiter, _AsyncDescheduled(0.1))
+        try:
+            async with httpx.AsyncClient(transport=transport) as http:
+                assert (await http.get(f"{referee.url}/call")).status_code == 200
+            return (await limiter.status()).held_until
+        finally:
+            await limiter.close()
+
+    assert asyncio.run(main()) is not None
