@@ -235,7 +235,7 @@ def _acquirer(task: Task) -> Callable[[float], Any]:
         def acquire(end: float) -> Any:
             return limiter.acquire(timeout=max(0.0, end - time.monotonic()))
 
-        acquire.sent = limiter.sent  # type: ignore[attr-defined]
+        acquire.sent = getattr(limiter, "sent", None)  # type: ignore[attr-defined]  (an older version: None)
         return acquire
     if task.limiter.startswith("throttled-py"):
         return _throttled(task, own_sleep=task.limiter.endswith("/sleep"))
