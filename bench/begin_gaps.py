@@ -853,6 +853,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ratequeue
 
+    if args.sent and not hasattr(ratequeue.Limiter, "sent"):
+        parser.error(f"--sent: the ratequeue at {Path(ratequeue.__file__).parent} has no Limiter.sent")
     source = checkout(ratequeue.__file__)
     started = time.monotonic()
     print_machine()
