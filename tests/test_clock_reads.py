@@ -21,7 +21,7 @@ import pytest
 
 from ratequeue import Limiter, aio
 from ratequeue.core.clock import DRIFT, OffsetEstimator
-from ratequeue.core.flow import Flow
+from ratequeue.core.flow import Flow, Sleep
 from ratequeue.core.operation import Operation, Terms
 from ratequeue.core.protocol import US, Wait
 from ratequeue.core.shard import DEFAULT_MAX_LATE, DOUBT_FREE, Shard, SleepUntil
@@ -240,6 +240,44 @@ def test_an_asyncio_limiter_on_mongodb_reads_the_clock_too(mongodb_server: Serve
             await state.close()
 
     assert asyncio.run(main()) >= 1
+
+
+def test_a_caller_cancelled_during_a_clock_read_leaves_no_place_held(mongodb_server: Server) -> None:
+    """An asyncio caller cancelled while its shard reads the clock (a read that never answers):
+    the read ends with it, the shard holds no place, and the next caller starts an interval on."""
+
+    class Stuck(AsyncMongoState):
+        stuck = True
+
+        def _read_clock_flow(self) -> Flow[int]:
+            if self.stuck:
+                reading.set()
+                yield Sleep(3600.0)  # the injected fault: an answer that never comes
+            return (yield from super()._read_clock_flow())
+
+    reading = asyncio.Event()
+
+    async def main() -> None:
+        state = Stuck.from_url(_mongodb_url(mongodb_server))
+        limiter = aio.Limiter(state, name=f"reads-cancelled-{time.monotonic_ns()}", interval=INTERVAL)
+        try:
+            first = await limiter.acquire(timeout=30)
+            waiting = asyncio.ensure_future(limiter.acquire(timeout=30))
+            await asyncio.wait_for(reading.wait(), 30)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            shard = runner_of(limiter).shard
+            assert not shard.holding, "no started turn waits for the caller who left"
+            state.stuck = False
+            turn = await limiter.acquire(timeout=30)
+            assert turn.start_us - first.start_us >= INTERVAL * US, "the schedule did not move back"
+            assert turn.ticket > first.ticket
+        finally:
+            await limiter.close()
+            await state.close()
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("width_ms", [0.5, 30.0])
