@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 import redis.asyncio
-from hypothesis import settings
+from hypothesis import given, settings
 from pymongo import AsyncMongoClient, MongoClient
 
 from ratequeue.state import AsyncState, State, ThreadedState
@@ -26,6 +27,27 @@ _names = itertools.count()
 
 #: the table the PostgreSQL backend's tests keep their queues in
 PG_TABLE = "ratequeue_test"
+
+
+def given_for_backend(**strategies: Any) -> Callable[[Callable[..., None]], Callable[[Backend], None]]:
+    """``@given(**strategies)`` for a test of the ``backend`` fixture, run with :func:`examples_for` it.
+
+    The test takes ``backend``, then the values drawn; each backend's run is
+    a property test of its own, with that backend's number of examples.
+    """
+
+    def decorate(test: Callable[..., None]) -> Callable[[Backend], None]:
+        def run(backend: Backend) -> None:
+            def drawn(**values: Any) -> None:
+                test(backend, **values)
+
+            examples_for(backend)(given(**strategies)(drawn))()
+
+        run.__name__, run.__qualname__, run.__doc__ = test.__name__, test.__qualname__, test.__doc__
+        run.__module__ = test.__module__
+        return run
+
+    return decorate
 
 
 def examples_for(backend: Backend) -> settings:

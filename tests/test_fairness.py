@@ -40,7 +40,7 @@ from ratequeue.state.postgresql import PostgresState
 from ratequeue.state.records import check_record
 from ratequeue.state.redis import RedisState
 
-from .backends import Backend, examples_for
+from .backends import Backend, given_for_backend
 from .strategies import epochs_us, intervals_us, leads_us
 
 SHARDS = 6
@@ -367,82 +367,79 @@ def test_processes_share_turns_between_tenants(shared_backend: Backend, fair: bo
     assert big.exitcode == 0
 
 
-def test_the_states_carry_out_fair_queues_as_the_reference(backend: Backend) -> None:
+@given_for_backend(
+    interval=intervals_us,
+    epoch=epochs_us,
+    weights=st.lists(st.integers(1, 3), min_size=4, max_size=4),
+    steps=st.lists(_steps, min_size=1, max_size=30),
+)
+def test_the_states_carry_out_fair_queues_as_the_reference(
+    backend: Backend,
+    interval: int,
+    epoch: int,
+    weights: list[int],
+    steps: list[tuple[object, ...]],
+) -> None:
     """The states that run fair queues answer, and store, what the reference does (the contract)."""
-
-    @examples_for(backend)
-    @given(
-        interval=intervals_us,
-        epoch=epochs_us,
-        weights=st.lists(st.integers(1, 3), min_size=4, max_size=4),
-        steps=st.lists(_steps, min_size=1, max_size=30),
-    )
-    def check(interval: int, epoch: int, weights: list[int], steps: list[tuple[object, ...]]) -> None:
-        state, clock = backend.clocked()
-        if not state.fair_queues:
-            pytest.skip(f"fair queues are not carried out on {backend.kind} yet (refused: the test above)")
-        name = backend.fresh_name()
-        clock[0] = epoch
-        terms = Terms.checked(interval, fair=True)
-        reference = protocol.new_record(interval, fair=True)
-        numbers: dict[int, int] = {}
-        try:
-            for step in steps:
-                kind_, now = step[0], clock[0]
-                shard = int(step[1]) if kind_ in ("arrive", "ask", "die") else -1  # type: ignore[call-overload]
-                if kind_ == "clock":
-                    clock[0] = now + int(step[1])  # type: ignore[call-overload]
-                elif kind_ == "die":
-                    numbers.pop(shard, None)
-                elif kind_ == "arrive" and shard not in numbers:
-                    which, lead = int(step[2]), int(step[3])  # type: ignore[call-overload]
-                    tenant, weight = f"t{which}", weights[which]
-                    reference, expected = protocol.enqueue_and_try(reference, tenant, weight, lead, now)
-                    got = state.execute(
-                        operation("take_and_try", name, terms, lead_us=lead, tenant=tenant, weight=weight)
-                    )
-                    assert got == expected
-                    if isinstance(got, Wait):
-                        numbers[shard] = got.ticket
-                elif kind_ == "try":
-                    which, lead = int(step[1]), int(step[2])  # type: ignore[call-overload]
-                    tenant, weight = f"t{which}", weights[which]
-                    reference, expected = protocol.try_take(
-                        reference, lead, now, tenant=tenant, weight=weight
-                    )
-                    tried = operation("try_take", name, terms, lead_us=lead, tenant=tenant, weight=weight)
-                    got = state.execute(tried)
-                    assert got == expected
-                elif kind_ == "ask" and shard in numbers:
-                    lead = int(step[2])  # type: ignore[call-overload]
-                    reference, expected = protocol.try_turn(reference, numbers[shard], lead, now)
-                    got = state.execute(
-                        operation("try_start", name, terms, ticket=numbers[shard], lead_us=lead)
-                    )
-                    assert got == expected
-                    if not isinstance(got, Wait):
-                        del numbers[shard]
-                elif kind_ in ("pause", "resume"):
-                    reference, _ = protocol.set_paused(reference, kind_ == "pause", now)
-                    state.execute(operation("set_paused", name, terms, paused=kind_ == "pause"))
-                elif kind_ == "hold":
-                    lead = int(step[1])  # type: ignore[call-overload]
-                    reference, _ = protocol.hold(reference, lead, now)
-                    state.execute(operation("hold", name, terms, lead_us=lead))
-                elif kind_ == "lift":
-                    reference, _ = protocol.lift(reference, now)
-                    state.execute(operation("lift", name, terms))
-                elif kind_ == "slow":
-                    lead = int(step[1])  # type: ignore[call-overload]
-                    reference, _ = protocol.slow(reference, lead, now)
-                    state.execute(operation("slow", name, terms, lead_us=lead))
-            # (an ask is made after an arrive only: every other kind writes the record)
-            created = any(step[0] not in ("clock", "die", "ask") for step in steps)
-            assert state.read(name).record == (reference if created else None)
-        finally:
-            state.reset(name)
-
-    check()
+    state, clock = backend.clocked()
+    if not state.fair_queues:
+        pytest.skip(f"fair queues are not carried out on {backend.kind} yet (refused: the test above)")
+    name = backend.fresh_name()
+    clock[0] = epoch
+    terms = Terms.checked(interval, fair=True)
+    reference = protocol.new_record(interval, fair=True)
+    numbers: dict[int, int] = {}
+    try:
+        for step in steps:
+            kind_, now = step[0], clock[0]
+            shard = int(step[1]) if kind_ in ("arrive", "ask", "die") else -1  # type: ignore[call-overload]
+            if kind_ == "clock":
+                clock[0] = now + int(step[1])  # type: ignore[call-overload]
+            elif kind_ == "die":
+                numbers.pop(shard, None)
+            elif kind_ == "arrive" and shard not in numbers:
+                which, lead = int(step[2]), int(step[3])  # type: ignore[call-overload]
+                tenant, weight = f"t{which}", weights[which]
+                reference, expected = protocol.enqueue_and_try(reference, tenant, weight, lead, now)
+                got = state.execute(
+                    operation("take_and_try", name, terms, lead_us=lead, tenant=tenant, weight=weight)
+                )
+                assert got == expected
+                if isinstance(got, Wait):
+                    numbers[shard] = got.ticket
+            elif kind_ == "try":
+                which, lead = int(step[1]), int(step[2])  # type: ignore[call-overload]
+                tenant, weight = f"t{which}", weights[which]
+                reference, expected = protocol.try_take(reference, lead, now, tenant=tenant, weight=weight)
+                tried = operation("try_take", name, terms, lead_us=lead, tenant=tenant, weight=weight)
+                got = state.execute(tried)
+                assert got == expected
+            elif kind_ == "ask" and shard in numbers:
+                lead = int(step[2])  # type: ignore[call-overload]
+                reference, expected = protocol.try_turn(reference, numbers[shard], lead, now)
+                got = state.execute(operation("try_start", name, terms, ticket=numbers[shard], lead_us=lead))
+                assert got == expected
+                if not isinstance(got, Wait):
+                    del numbers[shard]
+            elif kind_ in ("pause", "resume"):
+                reference, _ = protocol.set_paused(reference, kind_ == "pause", now)
+                state.execute(operation("set_paused", name, terms, paused=kind_ == "pause"))
+            elif kind_ == "hold":
+                lead = int(step[1])  # type: ignore[call-overload]
+                reference, _ = protocol.hold(reference, lead, now)
+                state.execute(operation("hold", name, terms, lead_us=lead))
+            elif kind_ == "lift":
+                reference, _ = protocol.lift(reference, now)
+                state.execute(operation("lift", name, terms))
+            elif kind_ == "slow":
+                lead = int(step[1])  # type: ignore[call-overload]
+                reference, _ = protocol.slow(reference, lead, now)
+                state.execute(operation("slow", name, terms, lead_us=lead))
+        # (an ask is made after an arrive only: every other kind writes the record)
+        created = any(step[0] not in ("clock", "die", "ask") for step in steps)
+        assert state.read(name).record == (reference if created else None)
+    finally:
+        state.reset(name)
 
 
 def test_tenants_that_leave_leave_nothing_in_the_record(tmp_path: Path) -> None:
