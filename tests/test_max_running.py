@@ -114,18 +114,25 @@ def test_release_of_a_turn_this_limiter_never_granted_frees_nothing(backend: Bac
     Before lease tokens (issue 27), ``b.release(a_turn)`` answered True and
     freed b's place while b's job still ran: the cap broken by a wrong argument.
     """
-    a = Limiter(backend.url, name=backend.fresh_name(), interval=INTERVAL, max_running=1, lease=30)
-    b = Limiter(backend.url, name=backend.fresh_name(), interval=INTERVAL, max_running=1, lease=30)
-    a_turn, b_turn = a.acquire(), b.acquire()
-    assert a_turn.ticket == b_turn.ticket
-    assert b.release(a_turn) is False
-    assert b.status().running == 1, "b's job still holds its place"
-    assert b.try_acquire() is None, "b is still full"
-    assert a.status().running == 1, "a's place untouched too"
-    assert b.release(b_turn) is True
-    assert a.release(a_turn) is True
-    a.close()
-    b.close()
+    # max_late=None: a late wake-up under load would give ticket 1 up and make the numbers differ
+    a, b = (
+        Limiter(
+            backend.url, name=backend.fresh_name(), interval=INTERVAL, max_running=1, lease=30, max_late=None
+        )
+        for _ in range(2)
+    )
+    try:
+        a_turn, b_turn = a.acquire(), b.acquire()
+        assert a_turn.ticket == b_turn.ticket
+        assert b.release(a_turn) is False
+        assert b.status().running == 1, "b's job still holds its place"
+        assert b.try_acquire() is None, "b is still full"
+        assert a.status().running == 1, "a's place untouched too"
+        assert b.release(b_turn) is True
+        assert a.release(a_turn) is True
+    finally:  # a failed check leaves no lease keeper running into the next tests
+        a.close()
+        b.close()
 
 
 def test_a_job_longer_than_its_lease_keeps_its_place_by_renewing_it(backend: Backend) -> None:
