@@ -32,6 +32,8 @@ def wait_until(predicate: object, timeout: float = 10.0) -> None:
 
 
 def fresh(interval: float, **kwargs: object) -> Limiter:
+    # max_late=None: a late wake-up under load would give a ticket up and shift the numbers
+    kwargs.setdefault("max_late", None)
     return Limiter(MemoryState(private=True), name="q", interval=interval, **kwargs)  # type: ignore[arg-type]
 
 
@@ -101,7 +103,8 @@ def test_a_waiting_caller_behind_the_head_times_out() -> None:
 def test_pause_holds_waiting_callers_and_calls_nothing(tmp_path: Path) -> None:
     """G6: a paused shard keeps its callers waiting and does not touch the state; resume releases them."""
     path = tmp_path / "state.json"
-    limiter = Limiter(f"file://{path}", name="q", interval=0.01)
+    # max_late=None: a late wake-up under load would give a ticket up and shift the numbers
+    limiter = Limiter(f"file://{path}", name="q", interval=0.01, max_late=None)
     limiter.acquire()
     limiter.pause()
     assert limiter.paused
@@ -172,7 +175,8 @@ def test_context_manager_returns_the_turn() -> None:
 
 def test_pickles_as_configuration(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/state.json"
-    limiter = Limiter(url, name="q", interval=0.01)
+    # max_late=None: a late wake-up under load would give a ticket up and shift the numbers
+    limiter = Limiter(url, name="q", interval=0.01, max_late=None)
     limiter.acquire()
     again = pickle.loads(pickle.dumps(limiter))
     assert (again.name, again.interval, again.state.url) == ("q", 0.01, url)
@@ -191,7 +195,8 @@ def test_status_reports_record_and_shard() -> None:
 
 
 def test_memory_urls_share_a_store_per_name() -> None:
-    a = Limiter("memory://shared-test", name="q", interval=LONG)
+    # max_late=None: a late wake-up under load would give ticket 1 up and move pos on
+    a = Limiter("memory://shared-test", name="q", interval=LONG, max_late=None)
     b = Limiter("memory://shared-test", name="q", interval=LONG)
     c = Limiter("memory://other-test", name="q", interval=LONG)
     a.acquire()

@@ -36,6 +36,8 @@ PROMPT = 1.0
 
 
 def fresh(interval: float, **kwargs: object) -> Queue:
+    # max_late=None: a late wake-up under load would give a ticket up and shift the numbers
+    kwargs.setdefault("max_late", None)
     return Queue(MemoryState(private=True), name="q", interval=interval, **kwargs)  # type: ignore[arg-type]
 
 

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,24 @@ def local_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"file://{tmp_path / 'state.json'}"
 
 
+#: the limiters :func:`capped` made in this test, closed at its teardown
+_made: list[Limiter] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_capped() -> Iterator[None]:
+    """Close every limiter :func:`capped` made, even when the test failed (a second close does nothing)."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def capped(url: str, name: str, cap: int, **options: Any) -> Limiter:
-    settings: dict[str, Any] = {"interval": INTERVAL, "lease": 5.0} | options
-    return Limiter(url, name=name, fair=True, tenant_max_running=cap, **settings)
+    # max_late=None: a late wake-up under load would give a turn up and shift the tickets and tries
+    settings: dict[str, Any] = {"interval": INTERVAL, "lease": 5.0, "max_late": None} | options
+    limiter = Limiter(url, name=name, fair=True, tenant_max_running=cap, **settings)
+    _made.append(limiter)
+    return limiter
 
 
 # 1-3: the cap, on every state
