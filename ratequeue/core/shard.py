@@ -71,8 +71,6 @@ _CHECKED_FROM = 4
 _MAX_RETIMES = 2
 #: the protocol's resolution (s): lateness within it is rounding, not late
 _RESOLUTION = 1e-6
-#: what a moved start allows (s) beyond a round-trip and the usual wake-up lateness
-_RETIME_MARGIN = 0.0005
 #: how many recent wake-up latenesses the early wake-up is the median of, and its cap (s)
 _WAKE_SAMPLES = 9
 _MAX_EARLY = 0.002
@@ -379,12 +377,15 @@ class Shard:
 
     @property
     def retime_lead(self) -> float:
-        """How far ahead a late turn's start is moved: its answer's way back, a wake-up, a margin.
+        """How far ahead a late turn's start is moved: its answer's way back and a wake-up.
 
         The caller is awake: less than the lead, which also covers sleeping
-        until the slot (every microsecond of it the queue stands still).
+        until the slot (every microsecond of it the queue stands still). No
+        margin beyond: a begin is allowed ``max_late`` after the moved start,
+        and one later still is moved again. (A 0.5 ms margin cost each move
+        that much, and spared no second move beside two busy loops.)
         """
-        return min(self.lead, self.rtt + self.early + _RETIME_MARGIN)
+        return min(self.lead, self.rtt + self.early)
 
     @property
     def early(self) -> float:
