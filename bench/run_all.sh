@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run every benchmark with its defaults and keep what docs/performance.md shows:
 # the Markdown output of each script and its plots, in bench/results/.
-# Usage: sh bench/run_all.sh [PYTHON]      (about twelve minutes)
+# Usage: sh bench/run_all.sh [PYTHON]      (about fifteen minutes)
 set -eu
 python="${1:-python}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -16,4 +16,5 @@ mkdir -p "$out"
 "$python" "$here/call_cpu.py" | tee "$out/call_cpu.md"
 "$python" "$here/fleet_start.py" --hog 2 | tee "$out/fleet_start.md"
 "$python" "$here/check_to_return.py" --hog 2 | tee "$out/check_to_return.md"
+"$python" "$here/rate_loss.py" | tee "$out/rate_loss.md"
 "$python" "$here/bursts.py" --plot "$out" | tee "$out/bursts.md"
