@@ -690,6 +690,33 @@ def test_only_the_first_answer_is_doubted() -> None:
     )
 
 
+def test_a_start_whose_bounds_loosened_in_flight_is_doubted_by_the_growth() -> None:
+    """The tightest bound ages out while a slow call is in flight: its start is converted with
+    looser bounds than the doubt it carried allowed for, so it is moved (carrying the new doubt)
+    before it begins. Seen on secantusdb under load: two begins 16 ms apart for 20.5."""
+    shard = make_shard(0.05, lead=0.0, max_late=0.0003)
+    first = shard.add()
+    assert is_step(shard.step(first, 10.0), "take_and_try")
+    # a quick first answer: the offset bounded to 0.2 ms (true offset 10.0001)
+    shard.receive(first, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.0002)
+    assert first.turn is not None
+    assert shard.step(first, 10.0002) == Begin(first.turn)
+    second = shard.add()
+    call = shard.step(second, 11.95)
+    assert is_step(call, "take_and_try")
+    assert isinstance(call, Operation)
+    carried = 0.0002 + 2 * clock_module.DRIFT * 1.9498  # the bound's 0.2 ms, loosened by its age
+    assert call.doubt_us == round((carried - DOUBT_FREE + DEFAULT_MAX_LATE) * US), "still tight"
+    # answered 60 ms later, after the tight bound aged out: this answer's own bound is 60 ms wide
+    shard.receive(second, protocol.Started(ticket=2, start=1_980_000, now=1_980_000), 11.95, 12.01)
+    assert second.turn is not None
+    assert second.doubt == pytest.approx(0.06 - carried, abs=1e-6), "the growth past what the call carried"
+    moved = shard.step(second, 12.01)
+    assert is_step(moved, "retime"), "converted 60 ms loosely, it does not begin unmoved"
+    assert isinstance(moved, Operation)
+    assert moved.doubt_us >= 59_000, "the move carries the new doubt: the next start comes that much later"
+
+
 def _idle_acquire(
     shard: Shard, now: float, *, rtt: float, state_behind: float = 10.0
 ) -> tuple[list[str], float]:

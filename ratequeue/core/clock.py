@@ -117,13 +117,17 @@ class OffsetEstimator:
         converted that much later than it truly was: the doubt a shard adds
         to its starts (docs/design.md, "Doubt"). 0 without recent bounds (a
         shard's first answer is doubted otherwise) or for an offset read
-        directly.
+        directly. ``now`` may lie ahead (when a call in flight is answered):
+        bounds aged out by then are left out.
         """
-        bounds, lows = self._bounds, self._lows
-        if not bounds or not lows or now - bounds[0][0] > OFFSET_WINDOW or now - lows[0][0] > OFFSET_WINDOW:
+        # the tightest of those still in the window at ``now``: the first of each deque not aged out
+        # (the next answer drops the older ones; until then they must not hide the rest)
+        bound = next((b for b in self._bounds if now - b[0] <= OFFSET_WINDOW), None)
+        low = next((b for b in self._lows if now - b[0] <= OFFSET_WINDOW), None)
+        if bound is None or low is None:
             return 0.0
-        upper = bounds[0][1] + DRIFT * (now - bounds[0][0])
-        lower = lows[0][1] - DRIFT * (now - lows[0][0])
+        upper = bound[1] + DRIFT * (now - bound[0])
+        lower = low[1] - DRIFT * (now - low[0])
         return upper - lower if upper > lower else 0.0
 
     def direct(self, offset: float) -> None:

@@ -257,6 +257,8 @@ class Shard:
         self._retimes_failed: deque[bool] = deque(maxlen=_LATE_ANSWERS)
         #: the late-answer allowance (us) the call in flight carries in its doubt
         self._call_allowance_us = 0
+        #: the width of the offset's bounds (s) the call in flight's doubt allowed for
+        self._call_width = 0.0
         #: the ticket held, the cost it was taken for, the local time of its slot if known, and
         #: whether that slot is a time to ask again (a paused or full record's answer) rather than a start
         self._ticket: int | None = None
@@ -561,6 +563,9 @@ class Shard:
         """
         if not self.doubting:
             return self.margin_us
+        # as wide as the bounds may be when the answer comes, should the tightest age out meanwhile
+        estimator = self.estimator
+        self._call_width = max(estimator.width(now), estimator.width(now + 2 * self.rtt))
         doubt = self._doubt_us(now)
         self._call_allowance_us = min(self._allowance_us(), MAX_DOUBT_US - doubt)
         return doubt + self._call_allowance_us
@@ -706,6 +711,12 @@ class Shard:
         # round-trip earlier: the begin is checked as that much later (with a burst, gaps are not
         # promised). Later bounds are the tightest of several answers.
         doubt = rtt if first and self.burst == 1 else 0.0
+        if self.doubting and not first and self._call_width > 0.0:
+            # The bounds may have loosened since the call carried its doubt (the tightest ones
+            # aged out of the window while it was in flight, on a slow state under load): the
+            # start is converted later than the doubt moved the next one, by up to the growth.
+            grown = self.estimator.width(received) - max(self._call_width, DOUBT_FREE)
+            doubt = grown if grown > doubt else doubt
         if self._retiming:
             self._retiming = False
             if self._holder is not place or place.turn is None:
