@@ -156,11 +156,12 @@ def test_the_width_covers_the_true_offset_and_is_the_tightest_recent_one(
         recent_lower = max(b - DRIFT * (received - at) for at, b in lowers if received - at <= OFFSET_WINDOW)
         assert width == pytest.approx(max(0.0, recent_upper - recent_lower), abs=1e-9)
         # Asked ahead (for a call in flight): the bounds aged out by then are left out, not the rest.
-        ahead = received + 1.5
-        ups = [b + DRIFT * (ahead - at) for at, b in uppers if ahead - at <= OFFSET_WINDOW]
-        lows = [b - DRIFT * (ahead - at) for at, b in lowers if ahead - at <= OFFSET_WINDOW]
-        expected = max(0.0, min(ups) - max(lows)) if ups and lows else 0.0
-        assert estimator.width(ahead) == pytest.approx(expected, abs=1e-9)
+        for now, ahead in ((received + 1.5, None), (received, received + 1.5)):
+            until = ahead if ahead is not None else now
+            ups = [b + DRIFT * (now - at) for at, b in uppers if until - at <= OFFSET_WINDOW]
+            lows = [b - DRIFT * (now - at) for at, b in lowers if until - at <= OFFSET_WINDOW]
+            expected = max(0.0, min(ups) - max(lows)) if ups and lows else 0.0
+            assert estimator.width(now, kept_until=ahead) == pytest.approx(expected, abs=1e-9)
 
 
 def test_no_width_without_recent_bounds_and_none_after_a_step() -> None:

@@ -110,20 +110,21 @@ class OffsetEstimator:
         first_received, tightest = bounds[0]
         return tightest + DRIFT * (received - first_received), first
 
-    def width(self, now: float) -> float:
+    def width(self, now: float, *, kept_until: float | None = None) -> float:
         """How far apart (s) the tightest upper and lower bounds of the offset are at local time ``now``.
 
         A start converted with the upper bound (as every start is) may be
         converted that much later than it truly was: the doubt a shard adds
         to its starts (docs/design.md, "Doubt"). 0 without recent bounds (a
         shard's first answer is doubted otherwise) or for an offset read
-        directly. ``now`` may lie ahead (when a call in flight is answered):
-        bounds aged out by then are left out.
+        directly. With ``kept_until`` (when a call in flight will be
+        answered), only the bounds still in the window then count.
         """
-        # the tightest of those still in the window at ``now``: the first of each deque not aged out
-        # (the next answer drops the older ones; until then they must not hide the rest)
-        bound = next((b for b in self._bounds if now - b[0] <= OFFSET_WINDOW), None)
-        low = next((b for b in self._lows if now - b[0] <= OFFSET_WINDOW), None)
+        # the tightest of those still in the window: the first of each deque not aged out (the next
+        # answer drops the older ones; until then they must not hide the rest)
+        horizon = now if kept_until is None else kept_until
+        bound = next((b for b in self._bounds if horizon - b[0] <= OFFSET_WINDOW), None)
+        low = next((b for b in self._lows if horizon - b[0] <= OFFSET_WINDOW), None)
         if bound is None or low is None:
             return 0.0
         upper = bound[1] + DRIFT * (now - bound[0])

@@ -563,25 +563,25 @@ class Shard:
         """
         if not self.doubting:
             return self.margin_us
-        # as wide as the bounds may be when the answer comes, should the tightest age out meanwhile
-        estimator = self.estimator
-        self._call_width = max(estimator.width(now), estimator.width(now + 2 * self.rtt))
-        doubt = self._doubt_us(now)
+        # as wide as the bounds will be when the answer comes, should the tightest age out meanwhile
+        self._call_width = width = self.estimator.width(now, kept_until=now + 2 * self.rtt)
+        doubt = self._doubt_us(width)
         self._call_allowance_us = min(self._allowance_us(), MAX_DOUBT_US - doubt)
         return doubt + self._call_allowance_us
 
-    def _doubt_us(self, now: float) -> int:
-        """How much (us) a start made now moves the next one, for this shard's doubt of the state's clock.
+    def _doubt_us(self, width: float) -> int:
+        """How much (us) a start moves the next one, for this shard's doubt of the state's clock.
 
         Its begin may come as much later than its start as the offset's
-        bounds are apart (:meth:`OffsetEstimator.width`); past
+        bounds are apart (``width``, :meth:`OffsetEstimator.width` when the
+        answer comes); past
         :data:`DOUBT_FREE`, the next start waits that much longer, so that
         the next begin, in any process, comes an interval after this one
         (G7, docs/design.md "Doubt"); plus the :attr:`margin_us` every start
         adds. A :attr:`doubting` shard's only (there is no doubt with a
         burst, whose begins are not spaced).
         """
-        excess = self.estimator.width(now) - DOUBT_FREE
+        excess = width - DOUBT_FREE
         return self.margin_us if excess <= 0 else min(round(excess * US) + self.margin_us, MAX_DOUBT_US)
 
     def _allowance_us(self) -> int:
