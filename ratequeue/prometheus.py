@@ -27,7 +27,9 @@ name                                            labels       what it counts or t
                                                 outcome      a turn's start: ``moved``,
                                                              ``given_up``, ``begun`` (a wake-up,
                                                              not a begin: a moved or given-up
-                                                             turn did not begin late)
+                                                             turn did not begin late); ``sent``:
+                                                             a call sent that late, the queue
+                                                             held (``Limiter.sent``)
 ``ratequeue_state_errors_total``                queue,       state calls that raised, by error type
                                                 operation,
                                                 error

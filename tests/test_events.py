@@ -669,6 +669,22 @@ def test_the_prometheus_exporter_counts_late_wakeups_by_outcome() -> None:
         assert found["ratequeue_late_wakeups_total", (("outcome", outcome), ("queue", "api"))] == 1
 
 
+def test_a_late_send_is_counted_as_a_late_wakeup_sent() -> None:
+    """``Limiter.sent`` of a send later than ``max_late`` reaches the exporter as ``outcome="sent"``."""
+    registry = prometheus_client.CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    limiter = ratequeue.Limiter(MemoryState(private=True), name="api", interval=0.2, on_event=metrics)
+    try:
+        turn = limiter.acquire()
+        assert limiter.sent(turn) is False  # in time: nothing counted
+        assert limiter.sent(turn._replace(local_start=turn.local_start - 0.05)) is True  # sent 50 ms late
+        flush()
+    finally:
+        limiter.close()
+    found = samples(registry)
+    assert found["ratequeue_late_wakeups_total", (("outcome", "sent"), ("queue", "api"))] == 1
+
+
 def test_the_prometheus_exporter_can_label_a_group_by_its_name() -> None:
     registry = prometheus_client.CollectorRegistry()
     metrics = PrometheusMetrics(registry, namespace="app", queue_label=lambda name: name.split(":")[0])
