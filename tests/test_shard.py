@@ -672,14 +672,19 @@ def test_a_first_answer_begins_at_once_when_its_doubt_does_not_matter(
     assert shard.step(job, max(10.0 + rtt, job.turn.local_start)) == Begin(job.turn)
 
 
+def _first_begun(shard: Shard, rtt: float) -> None:
+    """The shard's first turn, taken at local 10.0 (state time 0) and answered ``rtt`` later, begun."""
+    first = shard.add()
+    assert is_step(shard.step(first, 10.0), "take_and_try")
+    shard.receive(first, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.0 + rtt)
+    assert first.turn is not None
+    assert shard.step(first, 10.0 + rtt) == Begin(first.turn)
+
+
 def test_only_the_first_answer_is_doubted() -> None:
     """A later slow answer is converted with the tighter bounds before it: its start begins at once."""
     shard = make_shard(0.01, lead=0.0, max_late=0.0003)
-    first = shard.add()
-    assert is_step(shard.step(first, 10.0), "take_and_try")
-    shard.receive(first, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.0001)
-    assert first.turn is not None
-    assert shard.step(first, 10.0001) == Begin(first.turn)
+    _first_begun(shard, 0.0001)
     second = shard.add()
     assert is_step(shard.step(second, 10.02), "take_and_try")
     shard.receive(second, protocol.Started(ticket=2, start=20_000, now=20_000), 10.02, 10.022)
@@ -695,12 +700,7 @@ def test_a_start_whose_bounds_loosened_in_flight_is_doubted_by_the_growth() -> N
     looser bounds than the doubt it carried allowed for, so it is moved (carrying the new doubt)
     before it begins. Seen on secantusdb under load: two begins 16 ms apart for 20.5."""
     shard = make_shard(0.05, lead=0.0, max_late=0.0003)
-    first = shard.add()
-    assert is_step(shard.step(first, 10.0), "take_and_try")
-    # a quick first answer: the offset bounded to 0.2 ms (true offset 10.0001)
-    shard.receive(first, protocol.Started(ticket=1, start=0, now=0), 10.0, 10.0002)
-    assert first.turn is not None
-    assert shard.step(first, 10.0002) == Begin(first.turn)
+    _first_begun(shard, 0.0002)  # a quick first answer: the offset bounded to 0.2 ms
     second = shard.add()
     call = shard.step(second, 11.95)
     assert is_step(call, "take_and_try")
